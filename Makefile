@@ -1,0 +1,27 @@
+# mixprec quick start: `make run` (set up, build, run the main job) and `make test` (set up, build, all tests).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DMP_WERROR=ON
+
+.PHONY: setup configure build run test bench clean
+
+setup:
+	./scripts/setup.sh
+
+configure: setup
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/apps/mixprec/mixprec demo
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+bench: build
+	./bench/run_all.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

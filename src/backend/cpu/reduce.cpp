@@ -1,0 +1,219 @@
+// CPU reductions. The input arrives as [kept..., reduced...] (a strided view). Two loop shapes cover
+// what training needs without copies: "inner" when the innermost reduced dim is unit-stride (row
+// sums, softmax denominators, layer-norm statistics) and "outer" when the innermost kept dim is
+// unit-stride (bias gradients: column sums; batch-norm over N of NCHW after coalescing). Anything
+// else gathers with strides.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/loops.hpp"
+#include "backend/reduce_kernels.hpp"
+
+namespace mp::backend::cpu {
+namespace {
+
+struct Dims {
+  std::vector<int64_t> sizes, strides;  // coalesced, outermost first
+  int64_t numel = 1;
+};
+
+Dims coalesce(const Shape& sizes, const Shape& strides, size_t begin, size_t end) {
+  Dims d;
+  for (size_t i = begin; i < end; ++i) {
+    if (sizes[i] == 1) continue;
+    d.numel *= sizes[i];
+    if (!d.sizes.empty() && d.strides.back() == strides[i] * sizes[i]) {
+      d.sizes.back() *= sizes[i];
+      d.strides.back() = strides[i];
+    } else {
+      d.sizes.push_back(sizes[i]);
+      d.strides.push_back(strides[i]);
+    }
+  }
+  for (size_t i = begin; i < end; ++i)
+    if (sizes[i] == 0) d.numel = 0;
+  return d;
+}
+
+// Element offset of linear index `i` within coalesced dims.
+int64_t offset_of(const Dims& d, int64_t i) {
+  int64_t off = 0;
+  for (size_t k = d.sizes.size(); k-- > 0;) {
+    off += (i % d.sizes[k]) * d.strides[k];
+    i /= d.sizes[k];
+  }
+  return off;
+}
+
+template <class A>
+struct SumAcc {
+  static A init() { return A(0); }
+  static A combine(A a, A b) { return a + b; }
+};
+template <class A>
+struct MaxAcc {
+  static A init() { return std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity() : std::numeric_limits<A>::lowest(); }
+  static A combine(A a, A b) { return (a != a || a > b) ? a : b; }  // NaN propagates
+};
+template <class A>
+struct MinAcc {
+  static A init() { return std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity() : std::numeric_limits<A>::max(); }
+  static A combine(A a, A b) { return (a != a || a < b) ? a : b; }
+};
+
+template <class A, class Acc>
+void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
+  const size_t nd = in.sizes().size();
+  const size_t nk = nd - static_cast<size_t>(nreduce);
+  const Dims keep = coalesce(in.sizes(), in.strides(), 0, nk);
+  Dims red = coalesce(in.sizes(), in.strides(), nk, nd);
+  if (red.sizes.empty() && red.numel == 1) {  // nothing to reduce: each output is one element
+    red.sizes = {1};
+    red.strides = {1};
+  }
+  const int64_t nout = keep.numel;
+  const char* base = static_cast<const char*>(in.raw_data());
+  const DType dt = in.dtype();
+  const auto es = static_cast<int64_t>(in.element_size());
+  std::vector<A> result(static_cast<size_t>(nout), Acc::init());
+  const int64_t total = nout * std::max<int64_t>(red.numel, 1);
+  const bool parallel = total >= kParallelGrain && !omp_in_parallel();
+
+  if (red.numel > 0 && red.strides.back() == 1) {
+    // inner: each output reduces rows of unit-stride elements.
+    const int64_t row = red.sizes.back();
+    const int64_t nrows = red.numel / row;
+    Dims outer_red = red;
+    outer_red.sizes.pop_back();
+    outer_red.strides.pop_back();
+#pragma omp parallel for if (parallel) schedule(static)
+    for (int64_t o = 0; o < nout; ++o) {
+      alignas(64) A buf[kBlock];
+      const int64_t ko = offset_of(keep, o);
+      A acc = Acc::init();
+      for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t ro = ko + offset_of(outer_red, r);
+        for (int64_t j0 = 0; j0 < row; j0 += kBlock) {
+          const int64_t n = std::min(kBlock, row - j0);
+          const A* v = load_block<A>(base + (ro + j0) * es, 1, dt, n, buf);
+          A part = Acc::init();
+          if constexpr (std::is_same_v<Acc, SumAcc<A>>) {
+#pragma omp simd reduction(+ : part)
+            for (int64_t j = 0; j < n; ++j) part += v[j];
+          } else {
+            for (int64_t j = 0; j < n; ++j) part = Acc::combine(part, v[j]);
+          }
+          acc = Acc::combine(acc, part);
+        }
+      }
+      result[static_cast<size_t>(o)] = acc;
+    }
+  } else if (nout > 0 && !keep.sizes.empty() && keep.strides.back() == 1) {
+    // outer: vectors of unit-stride outputs accumulate across the reduced indices.
+    const int64_t inner = keep.sizes.back();
+    const int64_t nblk = (inner + kBlock - 1) / kBlock;
+    const int64_t nouter = nout / inner;
+    Dims outer_keep = keep;
+    outer_keep.sizes.pop_back();
+    outer_keep.strides.pop_back();
+#pragma omp parallel for if (parallel) schedule(static)
+    for (int64_t w = 0; w < nouter * nblk; ++w) {
+      alignas(64) A buf[kBlock];
+      const int64_t oo = w / nblk, j0 = (w % nblk) * kBlock;
+      const int64_t n = std::min(kBlock, inner - j0);
+      A* acc = result.data() + oo * inner + j0;
+      const int64_t ko = offset_of(outer_keep, oo) + j0;
+      for (int64_t r = 0; r < red.numel; ++r) {
+        const A* v = load_block<A>(base + (ko + offset_of(red, r)) * es, 1, dt, n, buf);
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) acc[j] = Acc::combine(acc[j], v[j]);
+      }
+    }
+  } else if (red.numel > 0) {
+    const int64_t row = red.sizes.back(), rstride = red.strides.back();
+    const int64_t nrows = red.numel / row;
+    Dims outer_red = red;
+    outer_red.sizes.pop_back();
+    outer_red.strides.pop_back();
+#pragma omp parallel for if (parallel) schedule(static)
+    for (int64_t o = 0; o < nout; ++o) {
+      alignas(64) A buf[kBlock];
+      const int64_t ko = offset_of(keep, o);
+      A acc = Acc::init();
+      for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t ro = ko + offset_of(outer_red, r);
+        for (int64_t j0 = 0; j0 < row; j0 += kBlock) {
+          const int64_t n = std::min(kBlock, row - j0);
+          const A* v = load_block<A>(base + (ro + j0 * rstride) * es, rstride, dt, n, buf);
+          for (int64_t j = 0; j < n; ++j) acc = Acc::combine(acc, v[j]);
+        }
+      }
+      result[static_cast<size_t>(o)] = acc;
+    }
+  }
+  store_block<A>(static_cast<char*>(out.raw_data()), 1, out.dtype(), nout, result.data());
+}
+
+template <class A>
+void reduce_typed(ReduceOp op, const Tensor& out, const Tensor& in, int64_t nreduce) {
+  switch (op) {
+    case ReduceOp::sum: return reduce_impl<A, SumAcc<A>>(out, in, nreduce);
+    case ReduceOp::max: return reduce_impl<A, MaxAcc<A>>(out, in, nreduce);
+    case ReduceOp::min: return reduce_impl<A, MinAcc<A>>(out, in, nreduce);
+  }
+}
+
+void reduce_cpu(ReduceOp op, const Tensor& out, const Tensor& in, int64_t nreduce) {
+  MP_CHECK(op == ReduceOp::sum || in.numel() > 0 || nreduce == 0,
+           "max/min: cannot reduce an empty dimension (input ", in.describe(), ")");
+  switch (in.dtype()) {
+    case DType::f64: return reduce_typed<double>(op, out, in, nreduce);
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16: return reduce_typed<float>(op, out, in, nreduce);
+    default: return reduce_typed<int64_t>(op, out, in, nreduce);
+  }
+}
+
+void arg_reduce_cpu(bool is_max, const Tensor& values, const Tensor& indices, const Tensor& in) {
+  const int64_t n = in.sizes().back();
+  MP_CHECK(n > 0, is_max ? "max" : "min", ": cannot reduce an empty dimension (input ", in.describe(), ")");
+  const size_t nd = in.sizes().size();
+  const Dims keep = coalesce(in.sizes(), in.strides(), 0, nd - 1);
+  const int64_t stride = in.strides().back();
+  const char* base = static_cast<const char*>(in.raw_data());
+  const auto es = static_cast<int64_t>(in.element_size());
+  int64_t* idx = indices.data_ptr<int64_t>();
+  visit_dtype(in.dtype(), [&]<class T>() {
+    using A = std::conditional_t<std::is_same_v<T, double>, double,
+                                 std::conditional_t<std::is_floating_point_v<acc_t<T>>, float, int64_t>>;
+    std::vector<A> vals(static_cast<size_t>(keep.numel));
+#pragma omp parallel for if (keep.numel * n >= kParallelGrain) schedule(static)
+    for (int64_t o = 0; o < keep.numel; ++o) {
+      const char* p = base + offset_of(keep, o) * es;
+      A best = scalar_cast<A>(reinterpret_cast<const T*>(p)[0]);
+      int64_t bi = 0;
+      for (int64_t j = 1; j < n && best == best; ++j) {
+        const A v = scalar_cast<A>(reinterpret_cast<const T*>(p)[j * stride]);
+        if (v != v || (is_max ? v > best : v < best)) {
+          best = v;
+          bi = j;
+        }
+      }
+      vals[static_cast<size_t>(o)] = best;
+      idx[o] = bi;
+    }
+    store_block<A>(static_cast<char*>(values.raw_data()), 1, values.dtype(), keep.numel, vals.data());
+  });
+}
+
+}  // namespace
+
+MP_REGISTER_KERNEL(reduce_kernel, DeviceType::cpu, &reduce_cpu);
+MP_REGISTER_KERNEL(arg_reduce_kernel, DeviceType::cpu, &arg_reduce_cpu);
+
+}  // namespace mp::backend::cpu

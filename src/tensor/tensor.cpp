@@ -1,0 +1,404 @@
+#include "mp/tensor/tensor.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "backend/pointwise_kernels.hpp"
+#include "mp/autograd/node.hpp"
+#include "mp/ops/reduce.hpp"
+
+namespace mp {
+
+std::string shape_str(const Shape& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t v : s) n *= v;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(s[i], 1);
+  }
+  return st;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);
+  MP_CHECK(dim >= -n && dim < n, op, ": dim ", dim, " is out of range for a tensor with ", ndim,
+           " dims (expected -", n, " <= dim < ", n, ")");
+  return dim < 0 ? dim + n : dim;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape r(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    MP_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+             " cannot be broadcast together (dim ", i, ": ", da, " vs ", db, ")");
+    r[i] = da == 1 ? db : da;
+  }
+  return r;
+}
+
+TensorImpl::TensorImpl(std::shared_ptr<Storage> storage, int64_t offset, Shape sizes, Shape strides, DType dtype)
+    : storage_(std::move(storage)), offset_(offset), sizes_(std::move(sizes)), strides_(std::move(strides)),
+      dtype_(dtype) {}
+
+TensorImpl::~TensorImpl() = default;
+
+TensorImpl& Tensor::impl() const {
+  MP_CHECK(impl_ != nullptr, "use of an undefined Tensor (default-constructed or an absent gradient)");
+  return *impl_;
+}
+
+int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    if (sizes()[i] == 1) continue;
+    if (strides()[i] != expected) return false;
+    expected *= sizes()[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  return static_cast<char*>(impl().storage_->data.get()) + impl().offset_ * static_cast<int64_t>(element_size());
+}
+
+void Tensor::check_dtype(DType expected, const char* op) const {
+  MP_CHECK(dtype() == expected, op, ": expected a tensor of dtype ", dtype_name(expected), ", got ",
+           dtype_name(dtype()), " (", describe(), ")");
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "undefined Tensor";
+  return "Tensor" + shape_str(sizes()) + " " + dtype_name(dtype()) + " " + device().str();
+}
+
+// ---------------------------------------------------------------- views
+namespace {
+
+Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset) {
+  return Tensor(std::make_shared<TensorImpl>(base.storage(), offset, std::move(sizes), std::move(strides),
+                                             base.dtype()));
+}
+
+Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
+  Shape r = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r[i] == -1) {
+      MP_CHECK(infer < 0, op, ": only one dim may be -1, got ", shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      MP_CHECK(r[i] >= 0, op, ": invalid size ", r[i], " in ", shape_str(shape));
+      known *= r[i];
+    }
+  }
+  if (infer >= 0) {
+    MP_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for ", numel,
+             " elements");
+    r[infer] = numel / known;
+  }
+  MP_CHECK(shape_numel(r) == numel, op, ": shape ", shape_str(shape), " is invalid for a tensor of ", numel,
+           " elements");
+  return r;
+}
+
+// Strides for viewing (sizes, strides) as `shape` without a copy, or empty when impossible
+// (the same chunk-matching rule as PyTorch's computeStride).
+bool view_strides(const Shape& sizes, const Shape& strides, const Shape& shape, Shape& out) {
+  out.assign(shape.size(), 0);
+  if (sizes.empty()) {
+    out = contiguous_strides(shape);
+    return true;
+  }
+  int64_t view_d = static_cast<int64_t>(shape.size()) - 1;
+  int64_t chunk_base_stride = strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    tensor_numel *= sizes[d];
+    if (d == 0 || (sizes[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base_stride = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+}  // namespace
+
+Tensor Tensor::view(const Shape& shape) const {
+  const Shape target = infer_shape(shape, numel(), "view");
+  Shape st;
+  MP_CHECK(view_strides(sizes(), strides(), target, st), "view: cannot view a tensor of sizes ",
+           shape_str(sizes()), " and strides ", shape_str(strides()), " as ", shape_str(target),
+           " without a copy; use reshape() or contiguous() first");
+  Tensor out = make_view(*this, target, st, storage_offset());
+  Shape in_sizes = sizes();
+  autograd::record("ViewBackward", {*this}, {out},
+                   [in_sizes](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].reshape(in_sizes)}; });
+  return out;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  const Shape target = infer_shape(shape, numel(), "reshape");
+  Shape st;
+  if (view_strides(sizes(), strides(), target, st)) return view(target);
+  return contiguous().view(target);
+}
+
+Tensor Tensor::permute(const Shape& dims) const {
+  MP_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: expected ", dim(), " dims, got ",
+           shape_str(dims));
+  Shape ns(dims.size()), nst(dims.size()), inv(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = wrap_dim(dims[i], dim(), "permute");
+    MP_CHECK(!seen[d], "permute: dim ", d, " repeated in ", shape_str(dims));
+    seen[d] = true;
+    ns[i] = sizes()[d];
+    nst[i] = strides()[d];
+    inv[d] = static_cast<int64_t>(i);
+  }
+  Tensor out = make_view(*this, ns, nst, storage_offset());
+  autograd::record("PermuteBackward", {*this}, {out},
+                   [inv](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].permute(inv)}; });
+  return out;
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  Shape p(dim());
+  std::iota(p.begin(), p.end(), 0);
+  if (dim() == 0) return *this;
+  std::swap(p[wrap_dim(d0, dim(), "transpose")], p[wrap_dim(d1, dim(), "transpose")]);
+  return permute(p);
+}
+
+Tensor Tensor::t() const {
+  MP_CHECK(dim() <= 2, "t: expected a tensor with <= 2 dims, got ", describe());
+  return dim() < 2 ? *this : transpose(0, 1);
+}
+
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  d = wrap_dim(d, dim(), "slice");
+  MP_CHECK(step > 0, "slice: step must be positive, got ", step);
+  const int64_t n = sizes()[d];
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  Shape ns = sizes(), nst = strides();
+  ns[d] = (end - start + step - 1) / step;
+  nst[d] *= step;
+  Tensor out = make_view(*this, ns, nst, storage_offset() + start * strides()[d]);
+  Shape in_sizes = sizes();
+  DType dt = dtype();
+  autograd::record("SliceBackward", {*this}, {out}, [in_sizes, dt, d, start, end, step](const std::vector<Tensor>& g) {
+    Tensor gi = zeros(in_sizes, {.dtype = dt, .device = g[0].device()});
+    gi.slice(d, start, end, step).copy_(g[0]);
+    return std::vector<Tensor>{gi};
+  });
+  return out;
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  d = wrap_dim(d, dim(), "narrow");
+  MP_CHECK(start >= 0 && length >= 0 && start + length <= sizes()[d], "narrow: range [", start, ", ",
+           start + length, ") is outside dim ", d, " of size ", sizes()[d]);
+  return slice(d, start, start + length);
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  d = wrap_dim(d, dim(), "select");
+  const int64_t n = sizes()[d];
+  MP_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dim ", d, " of size ", n);
+  if (index < 0) index += n;
+  return slice(d, index, index + 1).squeeze(d);
+}
+
+Tensor Tensor::expand(const Shape& shape) const {
+  MP_CHECK(shape.size() >= sizes().size(), "expand: cannot expand ", shape_str(sizes()), " to fewer dims ",
+           shape_str(shape));
+  const size_t lead = shape.size() - sizes().size();
+  Shape ns(shape.size()), nst(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i < lead) {
+      MP_CHECK(shape[i] >= 0, "expand: new leading dims need explicit sizes, got ", shape_str(shape));
+      ns[i] = shape[i];
+      nst[i] = 0;
+      continue;
+    }
+    const int64_t cur = sizes()[i - lead];
+    const int64_t want = shape[i] == -1 ? cur : shape[i];
+    MP_CHECK(cur == want || cur == 1, "expand: cannot expand ", shape_str(sizes()), " to ", shape_str(shape),
+             " (dim ", i, ": size ", cur, " is not 1)");
+    ns[i] = want;
+    nst[i] = cur == want ? strides()[i - lead] : 0;
+  }
+  if (ns == sizes()) return *this;
+  Tensor out = make_view(*this, ns, nst, storage_offset());
+  Shape in_sizes = sizes();
+  autograd::record("ExpandBackward", {*this}, {out},
+                   [in_sizes](const std::vector<Tensor>& g) { return std::vector<Tensor>{sum_to_size(g[0], in_sizes)}; });
+  return out;
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+  d = wrap_dim(d, dim() + 1, "unsqueeze");
+  Shape ns = sizes();
+  ns.insert(ns.begin() + d, 1);
+  return view(ns);
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+  d = wrap_dim(d, dim(), "squeeze");
+  if (sizes()[d] != 1) return *this;
+  Shape ns = sizes(), nst = strides();
+  ns.erase(ns.begin() + d);
+  nst.erase(nst.begin() + d);
+  Tensor out = make_view(*this, ns, nst, storage_offset());
+  Shape in_sizes = sizes();
+  autograd::record("SqueezeBackward", {*this}, {out},
+                   [in_sizes](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].reshape(in_sizes)}; });
+  return out;
+}
+
+Tensor Tensor::flatten(int64_t start, int64_t end) const {
+  if (dim() == 0) return reshape({1});
+  start = wrap_dim(start, dim(), "flatten");
+  end = wrap_dim(end, dim(), "flatten");
+  MP_CHECK(start <= end, "flatten: start dim ", start, " is after end dim ", end);
+  Shape ns(sizes().begin(), sizes().begin() + start);
+  int64_t m = 1;
+  for (int64_t i = start; i <= end; ++i) m *= sizes()[i];
+  ns.push_back(m);
+  ns.insert(ns.end(), sizes().begin() + end + 1, sizes().end());
+  return reshape(ns);
+}
+
+// ---------------------------------------------------------------- copies and casts
+namespace {
+
+// out = src converted, element-wise (no autograd).
+void copy_into(const Tensor& out, const Tensor& src) {
+  Tensor s = src.expand(out.sizes());
+  MP_CHECK(out.device() == src.device(), "copy_: source on ", src.device().str(), ", destination on ",
+           out.device().str(), "; use .to(device) to move tensors between devices");
+  const Tensor ins[1] = {s};
+  const DType compute = is_floating(out.dtype()) || is_floating(src.dtype()) ? promote_types(out.dtype(), src.dtype())
+                                                                            : DType::i64;
+  backend::pointwise_kernel.get(out.device())(backend::PointwiseOp::copy, out, std::span<const Tensor>(ins, 1), compute, {});
+}
+
+}  // namespace
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  autograd::NoGradGuard ng;
+  copy_into(*this, src.detach());
+  bump_version();
+  return *this;
+}
+
+Tensor& Tensor::fill_(double v) {
+  autograd::NoGradGuard ng;
+  copy_into(*this, scalar_tensor(v, {.dtype = is_floating(dtype()) ? DType::f64 : DType::i64, .device = device()}));
+  bump_version();
+  return *this;
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(sizes(), {.dtype = dtype(), .device = device()});
+  {
+    autograd::NoGradGuard ng;
+    copy_into(out, detach());
+  }
+  autograd::record("CloneBackward", {*this}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+
+Tensor Tensor::to(DType dt) const {
+  if (dt == dtype()) return *this;
+  Tensor out = empty(sizes(), {.dtype = dt, .device = device()});
+  {
+    autograd::NoGradGuard ng;
+    copy_into(out, detach());
+  }
+  if (is_floating(dt) && is_floating(dtype())) {
+    DType src_dt = dtype();
+    autograd::record("ToCopyBackward", {*this}, {out},
+                     [src_dt](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(src_dt)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  MP_FAIL("to(", d.str(), "): copies between ", device().str(), " and ", d.str(),
+          " need the CUDA backend, which this build does not have (configure with -DMP_CUDA=ON)");
+}
+
+Tensor Tensor::detach() const {
+  return Tensor(std::make_shared<TensorImpl>(storage(), storage_offset(), sizes(), strides(), dtype()));
+}
+
+template <class T>
+T Tensor::item() const {
+  MP_CHECK(numel() == 1, "item: expected a tensor with one element, got ", describe());
+  Tensor c = to(kCPU);
+  T r{};
+  visit_dtype(dtype(), [&]<class S>() { r = scalar_cast<T>(*static_cast<const S*>(c.raw_data())); });
+  return r;
+}
+
+double Tensor::item_double() const { return item<double>(); }
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor c = detach().to(dtype_of<T>()).contiguous();
+  const T* p = static_cast<const T*>(c.raw_data());
+  return std::vector<T>(p, p + c.numel());
+}
+
+#define MP_INSTANTIATE_TENSOR_ACCESS(T)  \
+  template T Tensor::item<T>() const; \
+  template std::vector<T> Tensor::to_vector<T>() const;
+MP_INSTANTIATE_TENSOR_ACCESS(float)
+MP_INSTANTIATE_TENSOR_ACCESS(double)
+MP_INSTANTIATE_TENSOR_ACCESS(Half)
+MP_INSTANTIATE_TENSOR_ACCESS(BFloat16)
+MP_INSTANTIATE_TENSOR_ACCESS(int64_t)
+MP_INSTANTIATE_TENSOR_ACCESS(int32_t)
+MP_INSTANTIATE_TENSOR_ACCESS(uint8_t)
+MP_INSTANTIATE_TENSOR_ACCESS(bool)
+#undef MP_INSTANTIATE_TENSOR_ACCESS
+
+}  // namespace mp

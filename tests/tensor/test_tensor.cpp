@@ -1,0 +1,147 @@
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "mp/mp.hpp"
+
+using namespace mp;
+
+TEST(Tensor, FactoriesShapeAndValues) {
+  Tensor z = zeros({2, 3});
+  EXPECT_EQ(z.sizes(), (Shape{2, 3}));
+  EXPECT_EQ(z.strides(), (Shape{3, 1}));
+  EXPECT_EQ(z.numel(), 6);
+  EXPECT_EQ(z.dtype(), DType::f32);
+  EXPECT_TRUE(z.device().is_cpu());
+  for (float v : z.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+  for (float v : ones({4}).to_vector<float>()) EXPECT_EQ(v, 1.0f);
+  for (double v : full({3}, 2.5, {.dtype = DType::f64}).to_vector<double>()) EXPECT_EQ(v, 2.5);
+  auto ar = arange(5).to_vector<int64_t>();
+  EXPECT_EQ(ar, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(arange(0.0, 1.0, 0.25, {.dtype = DType::f32}).numel(), 4);
+  EXPECT_EQ(scalar_tensor(3.0).dim(), 0);
+  EXPECT_EQ(scalar_tensor(3.0).item<float>(), 3.0f);
+}
+
+TEST(Tensor, AllDtypesRoundTrip) {
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64, DType::i32, DType::u8, DType::b8}) {
+    Tensor t = arange(0.0, 6.0, 1.0, {.dtype = dt}).reshape({2, 3});
+    EXPECT_EQ(t.dtype(), dt);
+    EXPECT_EQ(t.element_size(), dtype_size(dt));
+    auto v = t.to(DType::f64).to_vector<double>();
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(v[i], dt == DType::b8 ? (i != 0 ? 1.0 : 0.0) : i) << dtype_name(dt);
+  }
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor a = arange(0.0, 24.0, 1.0, {.dtype = DType::f32}).reshape({2, 3, 4});
+  Tensor t = a.transpose(0, 2);
+  EXPECT_EQ(t.sizes(), (Shape{4, 3, 2}));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_TRUE(t.is_alias_of(a));
+  EXPECT_EQ(t.contiguous().to_vector<float>()[1], 12.0f);  // t[0,0,1] = a[1,0,0]
+  Tensor n = a.narrow(2, 1, 2);
+  EXPECT_EQ(n.sizes(), (Shape{2, 3, 2}));
+  EXPECT_EQ(n.contiguous().to_vector<float>()[0], 1.0f);
+  Tensor s = a.slice(1, 0, 3, 2);
+  EXPECT_EQ(s.sizes(), (Shape{2, 2, 4}));
+  EXPECT_EQ(s.contiguous().to_vector<float>()[4], 8.0f);
+  Tensor e = ones({3, 1}).expand({2, 3, 4});
+  EXPECT_EQ(e.strides(), (Shape{0, 1, 0}));
+  EXPECT_EQ(sum(e).item<float>(), 24.0f);
+  Tensor sel = a.select(0, 1);
+  EXPECT_EQ(sel.sizes(), (Shape{3, 4}));
+  EXPECT_EQ(sel.to_vector<float>()[0], 12.0f);
+  EXPECT_EQ(a.permute({2, 0, 1}).sizes(), (Shape{4, 2, 3}));
+  EXPECT_EQ(a.flatten(1).sizes(), (Shape{2, 12}));
+  EXPECT_EQ(a.unsqueeze(1).sizes(), (Shape{2, 1, 3, 4}));
+  EXPECT_EQ(a.unsqueeze(1).squeeze(1).sizes(), (Shape{2, 3, 4}));
+  // Writing through a view changes the base.
+  a.narrow(0, 0, 1).fill_(7.0);
+  EXPECT_EQ(a.to_vector<float>()[11], 7.0f);
+  EXPECT_EQ(a.to_vector<float>()[12], 12.0f);
+}
+
+TEST(Tensor, ReshapeCopiesOnlyWhenNeeded) {
+  Tensor a = arange(0.0, 12.0, 1.0, {.dtype = DType::f32}).reshape({3, 4});
+  EXPECT_TRUE(a.reshape({4, 3}).is_alias_of(a));
+  EXPECT_TRUE(a.reshape({-1}).is_alias_of(a));
+  Tensor t = a.t();
+  EXPECT_FALSE(t.reshape({12}).is_alias_of(a));
+  EXPECT_EQ(t.reshape({12}).to_vector<float>()[1], 4.0f);
+  EXPECT_THROW(t.view({12}), Error);
+}
+
+TEST(Tensor, CastsRoundToNearestEven) {
+  Tensor a = from_vector<float>({1.0f, 1.00390625f, 1.01171875f, 70000.0f, 1e-8f}, {5});
+  auto bf = a.to(DType::bf16).to_vector<BFloat16>();
+  EXPECT_EQ(static_cast<float>(bf[0]), 1.0f);
+  EXPECT_EQ(static_cast<float>(bf[1]), 1.0f);       // tie -> even
+  EXPECT_EQ(static_cast<float>(bf[2]), 1.015625f);  // tie -> even (up)
+  auto h = a.to(DType::f16).to_vector<Half>();
+  EXPECT_TRUE(std::isinf(static_cast<float>(h[3])));  // overflow -> inf
+  EXPECT_EQ(static_cast<float>(h[4]), 0.0f);            // below half subnormals (2^-25 ~ 3e-8)
+}
+
+TEST(Tensor, RandomIsSeededAndDeterministic) {
+  manual_seed(42);
+  Tensor a = randn({1000});
+  manual_seed(42);
+  Tensor b = randn({1000});
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  Tensor c = randn({1000});
+  EXPECT_NE(a.to_vector<float>(), c.to_vector<float>());
+  const double m = mean(a).item<double>();
+  EXPECT_NEAR(m, 0.0, 0.15);  // 1000 samples: std of mean 0.032, bound ~4.7 sigma
+  Tensor u = rand({10000}, {}, 2.0, 3.0);
+  EXPECT_GE(amin(u, {}).item<float>(), 2.0f);
+  EXPECT_LT(amax(u, {}).item<float>(), 3.0f);
+  Tensor r = randint(0, 10, {1000});
+  EXPECT_GE(amin(r, {}).item<int64_t>(), 0);
+  EXPECT_LE(amax(r, {}).item<int64_t>(), 9);
+}
+
+TEST(Tensor, Printing) {
+  std::ostringstream os;
+  os << arange(0.0, 3.0, 1.0, {.dtype = DType::f32});
+  EXPECT_NE(os.str().find("shape=[3]"), std::string::npos);
+  EXPECT_NE(os.str().find("f32"), std::string::npos);
+  EXPECT_NE(os.str().find("2"), std::string::npos);
+}
+
+TEST(Tensor, ErrorsNameOpExpectedAndGot) {
+  Tensor a = zeros({2, 3});
+  try {
+    a.view({4, 2});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("view"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("[4, 2]"), std::string::npos);
+  }
+  try {
+    (void)(zeros({2, 3}) + zeros({4}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("[2, 3]"), std::string::npos);
+  }
+  EXPECT_THROW(a.data_ptr<double>(), Error);
+  EXPECT_THROW(a.size(5), Error);
+  EXPECT_THROW(Tensor().sizes(), Error);
+  EXPECT_THROW(dtype_from_string("f8"), Error);
+  EXPECT_THROW(Device("tpu"), Error);
+  EXPECT_THROW(a.to(Device("cuda:0")), Error);
+}
+
+TEST(Memory, PeakStatsTrackAllocations) {
+  memory::reset_peak_memory_stats();
+  const auto before = memory::memory_stats();
+  {
+    Tensor big = empty({1 << 20});  // 4 MiB
+    const auto during = memory::memory_stats();
+    EXPECT_GE(during.allocated - before.allocated, 4 << 20);
+  }
+  const auto after = memory::memory_stats();
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_GE(after.peak_allocated - before.allocated, 4 << 20);
+}
