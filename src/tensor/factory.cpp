@@ -68,9 +68,8 @@ Tensor random_fill(const Shape& shape, TensorOptions opt, const char* op, Draw d
   MP_CHECK(is_floating(opt.dtype), op, ": expected a floating dtype, got ", dtype_name(opt.dtype));
   Tensor t = empty(shape, {.dtype = opt.dtype});
   const int64_t n = t.numel();
-  Generator& gen = default_generator();
-  const uint64_t seed = gen.seed();
-  const uint64_t offset = gen.advance(static_cast<uint64_t>(n));
+  const PhiloxState st = default_generator().reserve(static_cast<uint64_t>(n));
+  const uint64_t seed = st.seed, offset = st.offset;
   visit_floating(opt.dtype, op, [&]<class T>() {
     T* p = static_cast<T*>(t.raw_data());
 #pragma omp parallel for if (n > 65536) schedule(static)
@@ -99,9 +98,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opt)
   MP_CHECK(high > low, "randint: expected low < high, got [", low, ", ", high, ")");
   Tensor t = empty(shape, {.dtype = opt.dtype});
   const int64_t n = t.numel();
-  Generator& gen = default_generator();
-  const uint64_t seed = gen.seed();
-  const uint64_t offset = gen.advance(static_cast<uint64_t>(n));
+  const PhiloxState st = default_generator().reserve(static_cast<uint64_t>(n));
+  const uint64_t seed = st.seed, offset = st.offset;
   const auto range = static_cast<double>(high - low);
   visit_dtype(opt.dtype, [&]<class T>() {
     T* p = static_cast<T*>(t.raw_data());

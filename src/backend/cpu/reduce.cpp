@@ -84,33 +84,47 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
   const bool parallel = total >= kParallelGrain && !omp_in_parallel();
 
   if (red.numel > 0 && red.strides.back() == 1) {
-    // inner: each output reduces rows of unit-stride elements.
+    // inner: each output reduces rows of unit-stride elements. reduce_range covers reduced linear
+    // indices [r0, r1) of output o, so few outputs with long rows (a full sum) split across threads.
     const int64_t row = red.sizes.back();
-    const int64_t nrows = red.numel / row;
     Dims outer_red = red;
     outer_red.sizes.pop_back();
     outer_red.strides.pop_back();
-#pragma omp parallel for if (parallel) schedule(static)
-    for (int64_t o = 0; o < nout; ++o) {
+    auto reduce_range = [&](int64_t o, int64_t r0, int64_t r1) {
       alignas(64) A buf[kBlock];
       const int64_t ko = offset_of(keep, o);
       A acc = Acc::init();
-      for (int64_t r = 0; r < nrows; ++r) {
-        const int64_t ro = ko + offset_of(outer_red, r);
-        for (int64_t j0 = 0; j0 < row; j0 += kBlock) {
-          const int64_t n = std::min(kBlock, row - j0);
-          const A* v = load_block<A>(base + (ro + j0) * es, 1, dt, n, buf);
-          A part = Acc::init();
-          if constexpr (std::is_same_v<Acc, SumAcc<A>>) {
+      while (r0 < r1) {
+        const int64_t rr = r0 / row, j0 = r0 % row;
+        const int64_t n = std::min({kBlock, row - j0, r1 - r0});
+        const A* v = load_block<A>(base + (ko + offset_of(outer_red, rr) + j0) * es, 1, dt, n, buf);
+        A part = Acc::init();
+        if constexpr (std::is_same_v<Acc, SumAcc<A>>) {
 #pragma omp simd reduction(+ : part)
-            for (int64_t j = 0; j < n; ++j) part += v[j];
-          } else {
-            for (int64_t j = 0; j < n; ++j) part = Acc::combine(part, v[j]);
-          }
-          acc = Acc::combine(acc, part);
+          for (int64_t j = 0; j < n; ++j) part += v[j];
+        } else {
+          for (int64_t j = 0; j < n; ++j) part = Acc::combine(part, v[j]);
         }
+        acc = Acc::combine(acc, part);
+        r0 += n;
       }
-      result[static_cast<size_t>(o)] = acc;
+      return acc;
+    };
+    const int nthreads = parallel ? omp_get_max_threads() : 1;
+    if (nout >= 4 * nthreads || !parallel) {
+#pragma omp parallel for if (parallel) schedule(static)
+      for (int64_t o = 0; o < nout; ++o) result[static_cast<size_t>(o)] = reduce_range(o, 0, red.numel);
+    } else {
+      const int64_t chunks = 4 * nthreads, len = (red.numel + chunks - 1) / chunks;
+      std::vector<A> part(static_cast<size_t>(chunks));
+      for (int64_t o = 0; o < nout; ++o) {
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < chunks; ++c)
+          part[static_cast<size_t>(c)] = reduce_range(o, std::min(red.numel, c * len), std::min(red.numel, (c + 1) * len));
+        A acc = Acc::init();
+        for (A v : part) acc = Acc::combine(acc, v);
+        result[static_cast<size_t>(o)] = acc;
+      }
     }
   } else if (nout > 0 && !keep.sizes.empty() && keep.strides.back() == 1) {
     // outer: vectors of unit-stride outputs accumulate across the reduced indices.
