@@ -9,5 +9,8 @@
 #include "mp/core/half.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/memory/allocator.hpp"
+#include "mp/nn/nn.hpp"
+#include "mp/optim/optim.hpp"
 #include "mp/ops/ops.hpp"
+#include "mp/system.hpp"
 #include "mp/tensor/tensor.hpp"

@@ -1,0 +1,31 @@
+#include <cstdio>
+
+#include "commands.hpp"
+#include "mp/system.hpp"
+
+namespace mixprec {
+
+void add_info_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Show CPU/GPU features, library versions and the advised precision");
+  cmd->callback([] {
+    const mp::SystemInfo s = mp::system_info();
+    std::printf("mixprec %s\n\n", s.version.c_str());
+    std::printf("CPU: %s (%d logical cores)\n", s.cpu.brand.c_str(), s.cpu.logical_cores);
+    auto yn = [](bool b) { return b ? "yes" : "no"; };
+    std::printf("  AVX-512F %s | AVX512-BF16 %s | AMX-BF16 %s | F16C %s | AVX512-FP16 %s\n", yn(s.cpu.avx512f),
+                yn(s.cpu.avx512_bf16), yn(s.cpu.amx_bf16), yn(s.cpu.f16c), yn(s.cpu.avx512_fp16));
+    std::printf("  oneDNN %s: f32 matmul kernel '%s', bf16 matmul kernel '%s'\n", s.onednn_version.c_str(),
+                s.onednn_f32_matmul_impl.c_str(), s.onednn_bf16_matmul_impl.c_str());
+    const mp::PrecisionAdvice cpu = mp::cpu_precision_advice(s.cpu);
+    std::printf("  advised precision: %s — %s\n", mp::dtype_name(cpu.dtype), cpu.reason.c_str());
+    std::printf("  f16 on the CPU is storage-only (oneDNN 2.6 has no f16 matmul/convolution here).\n\n");
+    std::printf("CUDA: %s\n", s.cuda_status.c_str());
+    for (const auto& g : s.gpus) {
+      const mp::PrecisionAdvice a = mp::gpu_precision_advice(g);
+      std::printf("  cuda:%d %s, compute capability %d.%d, %.1f GiB: advised %s — %s\n", g.index, g.name.c_str(),
+                  g.cc_major, g.cc_minor, g.memory_gib, mp::dtype_name(a.dtype), a.reason.c_str());
+    }
+  });
+}
+
+}  // namespace mixprec

@@ -1,0 +1,16 @@
+#pragma once
+/// Every nn module, layer and initialiser.
+#include "mp/nn/activation.hpp"
+#include "mp/nn/batch_norm.hpp"
+#include "mp/nn/conv.hpp"
+#include "mp/nn/dropout.hpp"
+#include "mp/nn/embedding.hpp"
+#include "mp/nn/flatten.hpp"
+#include "mp/nn/init.hpp"
+#include "mp/nn/layer_norm.hpp"
+#include "mp/nn/linear.hpp"
+#include "mp/nn/module.hpp"
+#include "mp/nn/pooling.hpp"
+#include "mp/nn/rnn.hpp"
+#include "mp/nn/sequential.hpp"
+#include "mp/nn/state_dict.hpp"

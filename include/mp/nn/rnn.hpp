@@ -1,0 +1,96 @@
+#pragma once
+#include <utility>
+#include <vector>
+
+#include "mp/nn/module.hpp"
+
+namespace mp::nn {
+
+/// Options of LSTM, GRU and RNN (PyTorch's arguments; unidirectional).
+struct RNNOptions {
+  int64_t input_size = 0;    ///< I, features per time step
+  int64_t hidden_size = 0;   ///< H
+  int64_t num_layers = 1;    ///< stacked layers
+  bool bias = true;          ///< learn bias_ih_l* and bias_hh_l*
+  bool batch_first = false;  ///< input/output [B, T, *] instead of [T, B, *]
+  double dropout = 0.0;      ///< dropout on the outputs of every layer but the last, when training
+};
+/// Options of LSTM.
+using LSTMOptions = RNNOptions;
+/// Options of GRU.
+using GRUOptions = RNNOptions;
+
+/// Hidden and cell state of an LSTM: h and c [num_layers, B, H] ([num_layers, H] unbatched).
+struct LSTMState {
+  Tensor h;  ///< hidden state (h_n)
+  Tensor c;  ///< cell state (c_n)
+};
+
+/// Shared machinery of the recurrent layers: per layer l the parameters weight_ih_l{l} [G*H, in],
+/// weight_hh_l{l} [G*H, H], bias_ih_l{l} and bias_hh_l{l} [G*H] (G = 4 LSTM, 3 GRU, 1 RNN; PyTorch's
+/// names, order and U(-1/sqrt(H), 1/sqrt(H)) initialisation).
+class RNNBase : public Module {
+ public:
+  /// `gates` is G.
+  RNNBase(std::string type_name, const RNNOptions& options, int64_t gates);
+  /// Redraw every weight and bias from U(-1/sqrt(H), 1/sqrt(H)).
+  void reset_parameters();
+  /// "32, 64, num_layers=2, batch_first=true".
+  std::string extra_repr() const override;
+  /// The options it was built with.
+  const RNNOptions& options() const { return options_; }
+  /// weight_ih_l{layer} [G*H, in].
+  const Tensor& weight_ih(int64_t layer) const { return *w_ih_.at(static_cast<size_t>(layer)); }
+  /// weight_hh_l{layer} [G*H, H].
+  const Tensor& weight_hh(int64_t layer) const { return *w_hh_.at(static_cast<size_t>(layer)); }
+  /// bias_ih_l{layer} [G*H] (undefined without bias).
+  const Tensor& bias_ih(int64_t layer) const { return *b_ih_.at(static_cast<size_t>(layer)); }
+  /// bias_hh_l{layer} [G*H] (undefined without bias).
+  const Tensor& bias_hh(int64_t layer) const { return *b_hh_.at(static_cast<size_t>(layer)); }
+
+ protected:
+  /// Check the input and bring it to time-major [T, B, I]; `unbatched` is set for a [T, I] input.
+  Tensor time_major(const Tensor& input, bool& unbatched) const;
+  /// Check (or create as zeros) an initial state [L, B, H] for a time-major input.
+  Tensor initial_state(const Tensor& given, const Tensor& x, bool unbatched, const char* what) const;
+  /// The per-layer output [T, B, H] back to the caller's layout, with dropout between layers applied
+  /// by the caller; this undoes time_major for the final output.
+  Tensor caller_layout(const Tensor& y, bool unbatched) const;
+  /// Dropout between layers (not after the last) in training mode.
+  Tensor between_layers(const Tensor& y, int64_t layer) const;
+
+  RNNOptions options_;
+  int64_t gates_;
+  std::vector<Tensor*> w_ih_, w_hh_, b_ih_, b_hh_;
+};
+
+/// Multi-layer LSTM (PyTorch's nn.LSTM, gate order i, f, g, o). Per layer, the input projection of
+/// all time steps is one matmul; each step adds h W_hh^T + b_hh and runs the fused gate kernel.
+class LSTM : public RNNBase {
+ public:
+  /// A layer stack with freshly initialised parameters.
+  explicit LSTM(const LSTMOptions& options) : RNNBase("LSTM", options, 4) {}
+  /// input [T, B, I] ([B, T, I] batch_first; [T, I] unbatched) and optional (h0, c0) [L, B, H]
+  /// (zeros when undefined) -> (output [T, B, H] of the last layer, (h_n, c_n) [L, B, H]).
+  std::pair<Tensor, LSTMState> forward(const Tensor& input, const LSTMState& state = {});
+};
+
+/// Multi-layer GRU (PyTorch's nn.GRU, gate order r, z, n).
+class GRU : public RNNBase {
+ public:
+  /// A layer stack with freshly initialised parameters.
+  explicit GRU(const GRUOptions& options) : RNNBase("GRU", options, 3) {}
+  /// input as LSTM, optional h0 [L, B, H] -> (output [T, B, H], h_n [L, B, H]).
+  std::pair<Tensor, Tensor> forward(const Tensor& input, const Tensor& h0 = Tensor());
+};
+
+/// Multi-layer Elman RNN with tanh (PyTorch's nn.RNN(nonlinearity='tanh')).
+class RNN : public RNNBase {
+ public:
+  /// A layer stack with freshly initialised parameters.
+  explicit RNN(const RNNOptions& options) : RNNBase("RNN", options, 1) {}
+  /// input as LSTM, optional h0 [L, B, H] -> (output [T, B, H], h_n [L, B, H]).
+  std::pair<Tensor, Tensor> forward(const Tensor& input, const Tensor& h0 = Tensor());
+};
+
+}  // namespace mp::nn

@@ -1,0 +1,177 @@
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "mp/nn/state_dict.hpp"
+#include "mp/tensor/tensor.hpp"
+
+namespace mp::optim {
+
+/// Hyper-parameters by name ("lr", "momentum", "beta1", ...): the serialisable form of an options
+/// struct, as stored in a state dict's param groups (booleans are 0/1).
+using OptionsMap = std::map<std::string, double>;
+
+/// The optimizer state of one parameter (PyTorch's optimizer.state[p]). Buffers are f32 (f64 for
+/// f64 parameters) whatever the parameter's dtype.
+struct ParamState {
+  int64_t step = 0;                       ///< updates applied to this parameter
+  std::map<std::string, Tensor> buffers;  ///< "momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
+};
+
+/// One parameter group as saved in a state dict.
+struct ParamGroupState {
+  OptionsMap options;           ///< the group's hyper-parameters
+  std::vector<int64_t> params;  ///< indices into the optimizer's flat parameter order
+};
+
+/// An optimizer's state dict (PyTorch's {'state': {index: {...}}, 'param_groups': [...]}): the
+/// parameters are numbered 0, 1, ... over the groups in order.
+struct OptimizerStateDict {
+  std::map<int64_t, ParamState> state;        ///< per parameter index (absent: no update yet)
+  std::vector<ParamGroupState> param_groups;  ///< per group, in order
+
+  /// Flat tensor form for checkpoint files: "state.{i}.{buffer}", "state.{i}.step" (i64 scalar),
+  /// "param_groups.{g}.params" (i64 [n]) and "param_groups.{g}.{option}" (f64 scalar).
+  nn::StateDict flatten() const;
+  /// Inverse of flatten(); throws naming a key it cannot parse.
+  static OptimizerStateDict unflatten(const nn::StateDict& flat);
+};
+
+/// The base of every optimizer (PyTorch's torch.optim.Optimizer): parameter groups with their own
+/// hyper-parameters, per-parameter state, zero_grad(), step() and state dicts. Each concrete
+/// optimizer updates one tensor per fused kernel call (Note [fused optimizer step] in
+/// src/backend/optim_pointwise.hpp), skipping parameters whose gradient is undefined.
+class Optimizer {
+ public:
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// Apply one update to every parameter that has a gradient (runs without recording gradients).
+  virtual void step() = 0;
+  /// Drop every parameter's gradient (PyTorch's zero_grad(set_to_none=True)).
+  void zero_grad();
+
+  /// Number of parameter groups.
+  virtual size_t num_param_groups() const = 0;
+  /// The parameters of group g.
+  virtual const std::vector<Tensor>& group_params(size_t g) const = 0;
+  /// Learning rate of group g.
+  virtual double lr(size_t g) const = 0;
+  /// Set the learning rate of group g (what LR schedulers call).
+  virtual void set_lr(size_t g, double lr) = 0;
+  /// Hyper-parameters of group g by name.
+  virtual OptionsMap group_options(size_t g) const = 0;
+  /// Replace hyper-parameters of group g from a map (unknown names throw; absent names keep their value).
+  virtual void set_group_options(size_t g, const OptionsMap& options) = 0;
+
+  /// All parameters over the groups in order (the numbering of the state dict).
+  std::vector<Tensor> parameters() const;
+  /// The state of p, or null before its first update.
+  const ParamState* state(const Tensor& p) const;
+  /// The state of every parameter by index, hyper-parameters of every group. Buffers alias the
+  /// live state (as PyTorch); clone them to snapshot.
+  OptimizerStateDict state_dict() const;
+  /// Restore state and group hyper-parameters saved by state_dict() of an optimizer over
+  /// parameters of the same shapes, grouped alike. Buffers are copied (converted to the state
+  /// dtype). Throws, changing nothing, when groups, parameter counts or shapes differ.
+  void load_state_dict(const OptimizerStateDict& state_dict);
+
+ protected:
+  Optimizer() = default;
+  /// The state of p, created empty on first use.
+  ParamState& state_for(const Tensor& p);
+  /// A state buffer of p named `name`, created as zeros of the state dtype on first use; `created`
+  /// tells whether it was.
+  Tensor& state_buffer(ParamState& st, const Tensor& p, const std::string& name, bool* created = nullptr);
+  /// Check a parameter about to join a group: defined, floating, a leaf, not already present.
+  void check_new_param(const Tensor& p, const char* optimizer) const;
+  /// The gradient of p ready for a kernel (contiguous, p's shape), or undefined to skip p.
+  static Tensor grad_for_step(const Tensor& p, const char* optimizer);
+  /// Run `update` on p's data as a contiguous tensor (p itself when contiguous, else a copy that is
+  /// written back), then bump p's version.
+  static void update_in_place(const Tensor& p, const std::function<void(const Tensor&)>& update);
+
+ private:
+  std::unordered_map<const TensorImpl*, ParamState> state_;
+};
+
+/// The state dtype of a parameter: f64 for f64 parameters, f32 otherwise.
+DType state_dtype(DType param_dtype);
+
+/// A group of parameters sharing one options struct.
+template <class Options>
+struct ParamGroup {
+  std::vector<Tensor> params;  ///< the parameters (leaves with requires_grad)
+  Options options;             ///< their hyper-parameters
+};
+
+/// An optimizer whose groups carry a typed options struct. Options must have a `double lr` member
+/// and ADL-visible to_options_map(const Options&), from_options_map(Options&, const OptionsMap&)
+/// and validate_options(const Options&).
+template <class Options>
+class OptimizerWith : public Optimizer {
+ public:
+  /// The groups (options may be edited between steps, e.g. lr).
+  std::vector<ParamGroup<Options>>& param_groups() { return groups_; }
+  /// The groups, read-only.
+  const std::vector<ParamGroup<Options>>& param_groups() const { return groups_; }
+  /// The options new groups get by default.
+  const Options& defaults() const { return defaults_; }
+  /// Add a group of parameters with the default options.
+  void add_param_group(std::vector<Tensor> params) {
+    add_param_group(ParamGroup<Options>{std::move(params), defaults_});
+  }
+  /// Add a group with its own options; throws on invalid options or a parameter already optimized.
+  void add_param_group(ParamGroup<Options> group) {
+    validate_options(group.options);
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      check_new_param(group.params[i], name_);
+      for (size_t j = 0; j < i; ++j)
+        MP_CHECK(group.params[j].impl_ptr() != group.params[i].impl_ptr(), name_,
+                 ": a parameter appears twice in one group (positions ", j, " and ", i, "); pass each once");
+    }
+    groups_.push_back(std::move(group));
+  }
+
+  size_t num_param_groups() const override { return groups_.size(); }
+  const std::vector<Tensor>& group_params(size_t g) const override { return groups_.at(g).params; }
+  double lr(size_t g) const override { return groups_.at(g).options.lr; }
+  void set_lr(size_t g, double lr) override { groups_.at(g).options.lr = lr; }
+  OptionsMap group_options(size_t g) const override { return to_options_map(groups_.at(g).options); }
+  void set_group_options(size_t g, const OptionsMap& options) override {
+    Options o = groups_.at(g).options;
+    from_options_map(o, options);
+    validate_options(o);
+    groups_.at(g).options = o;
+  }
+
+ protected:
+  /// `name` names the optimizer in errors.
+  OptimizerWith(const char* name, std::vector<ParamGroup<Options>> groups, const Options& defaults)
+      : name_(name), defaults_(defaults) {
+    validate_options(defaults);
+    MP_CHECK(!groups.empty(), name, ": got no parameter groups; pass model.parameters()");
+    for (auto& g : groups) add_param_group(std::move(g));
+  }
+
+  const char* name_;
+  Options defaults_;
+  std::vector<ParamGroup<Options>> groups_;
+};
+
+namespace detail {
+/// Read `key` from `m` into `dst` when present (helpers for from_options_map).
+void read_option(const OptionsMap& m, const char* key, double& dst);
+/// Boolean form: nonzero = true.
+void read_option(const OptionsMap& m, const char* key, bool& dst);
+/// Throw when `m` has a key outside `known`, naming the optimizer.
+void check_option_keys(const OptionsMap& m, std::initializer_list<const char*> known, const char* optimizer);
+}  // namespace detail
+
+}  // namespace mp::optim

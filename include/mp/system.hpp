@@ -1,0 +1,44 @@
+#pragma once
+#include <string>
+#include <vector>
+
+#include "mp/core/cpu_features.hpp"
+#include "mp/core/dtype.hpp"
+
+namespace mp {
+
+/// One GPU as the CUDA runtime reports it.
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;  ///< compute capability
+  double memory_gib = 0.0;
+};
+
+/// What this build and machine offer for mixed precision.
+struct SystemInfo {
+  std::string version;                 ///< mixprec version
+  CpuFeatures cpu;                     ///< CPU features
+  std::string onednn_version;          ///< e.g. "2.6.3"
+  std::string onednn_bf16_matmul_impl;  ///< kernel oneDNN picks for a bf16 matmul, e.g. "brg:avx512_core_amx"
+  std::string onednn_f32_matmul_impl;   ///< kernel oneDNN picks for an f32 matmul
+  bool cuda_built = false;             ///< the CUDA backend is compiled in
+  std::string cuda_status;             ///< "n devices" or why none (e.g. insufficient driver)
+  std::vector<GpuInfo> gpus;           ///< visible GPUs
+};
+
+/// Gather SystemInfo (builds two tiny oneDNN primitives to see which kernels they choose).
+SystemInfo system_info();
+
+/// A recommendation of a compute dtype for a device and why.
+struct PrecisionAdvice {
+  DType dtype = DType::f32;
+  std::string reason;
+};
+
+/// What precision the CPU should train in, and why.
+PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu);
+/// What precision a GPU should train in, and why (tensor cores need compute capability >= 7.0).
+PrecisionAdvice gpu_precision_advice(const GpuInfo& gpu);
+
+}  // namespace mp

@@ -1,0 +1,48 @@
+#pragma once
+// 2-D convolution kernels (forward, backward data, backward weights). Activations are NCHW, weights OIHW
+// ([O, C/groups, kH, kW]), PyTorch semantics (symmetric zero padding, dilation 1 = dense kernel).
+// x and weight share one dtype: f32, f64, bf16 or f16. f32 and bf16 run on oneDNN with f32 accumulation;
+// f64 runs plain loops (gradient checks); f16 is storage-only on the CPU (oneDNN 2.6 has no f16
+// convolution there) and computes through f32, rounding the result once.
+#include <array>
+#include <cstdint>
+
+#include "backend/registry.hpp"
+#include "mp/tensor/tensor.hpp"
+
+namespace mp::backend {
+
+/// Geometry of a 2-D convolution: strides (>= 1), padding on each side (>= 0), dilations (>= 1), groups.
+struct Conv2dGeometry {
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> dilation{1, 1};
+  int64_t groups = 1;
+};
+
+/// Output extent of one spatial dim: (in + 2 pad - dil (k - 1) - 1) / stride + 1, or <= 0 when the dilated
+/// kernel does not fit the padded input.
+inline int64_t conv_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
+  const int64_t span = in + 2 * pad - dil * (k - 1) - 1;
+  return span < 0 ? 0 : span / stride + 1;
+}
+
+/// out [N, O, oh, ow] (contiguous, x's dtype) = conv(x, weight) + bias. x [N, C, H, W] and weight
+/// [O, C/groups, kH, kW] share a dtype and may be strided; bias [O] of any floating dtype or undefined.
+using Conv2dForwardKernel = void(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 const Conv2dGeometry& g);
+inline constinit KernelSlot<Conv2dForwardKernel> conv2d_forward_kernel{"conv2d_forward"};
+
+/// dx [N, C, H, W] (contiguous, weight's dtype; overwritten) = gradient of the convolution with respect to its
+/// input, from dy [N, O, oh, ow] and weight (same dtype, may be strided).
+using Conv2dBackwardDataKernel = void(const Tensor& dx, const Tensor& dy, const Tensor& weight,
+                                      const Conv2dGeometry& g);
+inline constinit KernelSlot<Conv2dBackwardDataKernel> conv2d_backward_data_kernel{"conv2d_backward_data"};
+
+/// dweight [O, C/groups, kH, kW] and dbias [O] (contiguous, overwritten; dbias may be undefined) from x and dy
+/// (same dtype, may be strided). dweight/dbias are f64 for f64 inputs and f32 otherwise (f32 accumulation).
+using Conv2dBackwardWeightsKernel = void(const Tensor& dweight, const Tensor& dbias, const Tensor& x, const Tensor& dy,
+                                         const Conv2dGeometry& g);
+inline constinit KernelSlot<Conv2dBackwardWeightsKernel> conv2d_backward_weights_kernel{"conv2d_backward_weights"};
+
+}  // namespace mp::backend

@@ -1,0 +1,219 @@
+// CPU conv2d: oneDNN for f32 and bf16 (f32 accumulation; AMX-BF16 where the CPU has it), plain OpenMP loops in
+// double for f64 (gradient checks: correctness over speed), and f16 through f32 (oneDNN 2.6 has no f16
+// convolution on the CPU: f16 is storage-only here, and the result is rounded to f16 once).
+#include <omp.h>
+
+#include "backend/conv_kernels.hpp"
+#include "backend/cpu/loops.hpp"
+#include "backend/cpu/onednn_conv.hpp"
+
+namespace mp::backend::cpu {
+namespace {
+
+// Shapes of one convolution call, read from x [N, C, H, W] and weight [O, C/groups, kH, kW] (or dy's channels).
+Conv2dArgs make_args(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oc, int64_t kh, int64_t kw,
+                     const Conv2dGeometry& g, DType dt) {
+  Conv2dArgs a;
+  a.n = n;
+  a.c = c;
+  a.h = h;
+  a.w = w;
+  a.oc = oc;
+  a.kh = kh;
+  a.kw = kw;
+  a.stride_h = g.stride[0];
+  a.stride_w = g.stride[1];
+  a.pad_h = g.padding[0];
+  a.pad_w = g.padding[1];
+  a.dil_h = g.dilation[0];
+  a.dil_w = g.dilation[1];
+  a.groups = g.groups;
+  a.src_dtype = dt;
+  a.dst_dtype = dt;
+  return a;
+}
+
+// ----------------------------------------------------------------------------------------- f64 loops
+// All operands contiguous. Each loop nest writes every output element from one thread (a gather), so no
+// atomics are needed and the result does not depend on the thread count.
+
+void forward_f64(const Conv2dArgs& a, const double* x, const double* w, const double* bias, double* y) {
+  const int64_t oh = a.out_h(), ow = a.out_w(), cpg = a.c / a.groups, opg = a.oc / a.groups;
+  const int64_t work = a.n * a.oc * oh * ow * cpg * a.kh * a.kw;
+#pragma omp parallel for collapse(2) if (work >= kParallelGrain && !omp_in_parallel()) schedule(static)
+  for (int64_t n = 0; n < a.n; ++n)
+    for (int64_t o = 0; o < a.oc; ++o) {
+      const int64_t c0 = (o / opg) * cpg;
+      double* yp = y + (n * a.oc + o) * oh * ow;
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          double s = bias ? bias[o] : 0.0;
+          for (int64_t ci = 0; ci < cpg; ++ci) {
+            const double* xp = x + (n * a.c + c0 + ci) * a.h * a.w;
+            const double* wp = w + (o * cpg + ci) * a.kh * a.kw;
+            for (int64_t ky = 0; ky < a.kh; ++ky) {
+              const int64_t iy = oy * a.stride_h - a.pad_h + ky * a.dil_h;
+              if (iy < 0 || iy >= a.h) continue;
+              for (int64_t kx = 0; kx < a.kw; ++kx) {
+                const int64_t ix = ox * a.stride_w - a.pad_w + kx * a.dil_w;
+                if (ix < 0 || ix >= a.w) continue;
+                s += xp[iy * a.w + ix] * wp[ky * a.kw + kx];
+              }
+            }
+          }
+          yp[oy * ow + ox] = s;
+        }
+    }
+}
+
+void backward_data_f64(const Conv2dArgs& a, const double* dy, const double* w, double* dx) {
+  const int64_t oh = a.out_h(), ow = a.out_w(), cpg = a.c / a.groups, opg = a.oc / a.groups;
+  const int64_t work = a.n * a.c * a.h * a.w * opg * a.kh * a.kw;
+#pragma omp parallel for collapse(2) if (work >= kParallelGrain && !omp_in_parallel()) schedule(static)
+  for (int64_t n = 0; n < a.n; ++n)
+    for (int64_t c = 0; c < a.c; ++c) {
+      const int64_t grp = c / cpg, ci = c % cpg;
+      double* dxp = dx + (n * a.c + c) * a.h * a.w;
+      for (int64_t iy = 0; iy < a.h; ++iy)
+        for (int64_t ix = 0; ix < a.w; ++ix) {
+          double s = 0.0;
+          for (int64_t oi = 0; oi < opg; ++oi) {
+            const int64_t o = grp * opg + oi;
+            const double* dyp = dy + (n * a.oc + o) * oh * ow;
+            const double* wp = w + (o * cpg + ci) * a.kh * a.kw;
+            for (int64_t ky = 0; ky < a.kh; ++ky) {
+              // Output row oy reads input row iy through tap ky when oy * stride - pad + ky * dil == iy.
+              const int64_t ty = iy + a.pad_h - ky * a.dil_h;
+              if (ty < 0 || ty % a.stride_h != 0 || ty / a.stride_h >= oh) continue;
+              const int64_t oy = ty / a.stride_h;
+              for (int64_t kx = 0; kx < a.kw; ++kx) {
+                const int64_t tx = ix + a.pad_w - kx * a.dil_w;
+                if (tx < 0 || tx % a.stride_w != 0 || tx / a.stride_w >= ow) continue;
+                s += dyp[oy * ow + tx / a.stride_w] * wp[ky * a.kw + kx];
+              }
+            }
+          }
+          dxp[iy * a.w + ix] = s;
+        }
+    }
+}
+
+void backward_weights_f64(const Conv2dArgs& a, const double* x, const double* dy, double* dw, double* db) {
+  const int64_t oh = a.out_h(), ow = a.out_w(), cpg = a.c / a.groups, opg = a.oc / a.groups;
+  const int64_t work = a.n * a.oc * oh * ow * cpg * a.kh * a.kw;
+#pragma omp parallel for collapse(2) if (work >= kParallelGrain && !omp_in_parallel()) schedule(static)
+  for (int64_t o = 0; o < a.oc; ++o)
+    for (int64_t ci = 0; ci < cpg; ++ci) {
+      const int64_t c = (o / opg) * cpg + ci;
+      for (int64_t ky = 0; ky < a.kh; ++ky)
+        for (int64_t kx = 0; kx < a.kw; ++kx) {
+          double s = 0.0;
+          for (int64_t n = 0; n < a.n; ++n) {
+            const double* xp = x + (n * a.c + c) * a.h * a.w;
+            const double* dyp = dy + (n * a.oc + o) * oh * ow;
+            for (int64_t oy = 0; oy < oh; ++oy) {
+              const int64_t iy = oy * a.stride_h - a.pad_h + ky * a.dil_h;
+              if (iy < 0 || iy >= a.h) continue;
+              for (int64_t ox = 0; ox < ow; ++ox) {
+                const int64_t ix = ox * a.stride_w - a.pad_w + kx * a.dil_w;
+                if (ix < 0 || ix >= a.w) continue;
+                s += xp[iy * a.w + ix] * dyp[oy * ow + ox];
+              }
+            }
+          }
+          dw[((o * cpg + ci) * a.kh + ky) * a.kw + kx] = s;
+        }
+    }
+  if (db == nullptr) return;
+  for (int64_t o = 0; o < a.oc; ++o) {
+    double s = 0.0;
+    for (int64_t n = 0; n < a.n; ++n) {
+      const double* dyp = dy + (n * a.oc + o) * oh * ow;
+      for (int64_t i = 0; i < oh * ow; ++i) s += dyp[i];
+    }
+    db[o] = s;
+  }
+}
+
+// ----------------------------------------------------------------------------------------- kernels
+
+void check_out(const Tensor& t, const char* what) {
+  MP_ASSERT(t.is_contiguous(), "conv2d kernel: ", what, " must be contiguous, got ", t.describe());
+}
+
+// Compute dtype of the oneDNN path: f16 runs through f32 (storage-only f16).
+DType compute_dtype(DType dt) { return dt == DType::f16 ? DType::f32 : dt; }
+
+void conv2d_forward_cpu(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const Conv2dGeometry& g) {
+  check_out(out, "output");
+  MP_ASSERT(x.dtype() == weight.dtype() && out.dtype() == x.dtype(), "conv2d kernel: dtypes differ");
+  const Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
+                                 weight.size(3), g, compute_dtype(x.dtype()));
+  MP_ASSERT(out.size(2) == a.out_h() && out.size(3) == a.out_w(), "conv2d kernel: output ", out.describe(),
+            " does not match the geometry");
+  if (x.dtype() == DType::f64) {
+    const Tensor xc = x.contiguous(), wc = weight.contiguous();
+    const Tensor bc = bias.defined() ? bias.to(DType::f64).contiguous() : Tensor();
+    forward_f64(a, xc.data_ptr<double>(), wc.data_ptr<double>(), bc.defined() ? bc.data_ptr<double>() : nullptr,
+                out.data_ptr<double>());
+    return;
+  }
+  const DType ct = a.src_dtype;
+  const Tensor xc = x.to(ct).contiguous(), wc = weight.to(ct).contiguous();
+  const Tensor bc = bias.defined() ? bias.to(DType::f32).contiguous() : Tensor();
+  // f16: the f32 result goes to a scratch tensor and is rounded into `out` once.
+  const Tensor dst = out.dtype() == ct ? out : empty(out.sizes(), {.dtype = ct, .device = out.device()});
+  conv2d_forward(a, xc.raw_data(), wc.raw_data(), bc.defined() ? bc.raw_data() : nullptr, dst.raw_data());
+  if (dst.raw_data() != out.raw_data()) Tensor(out).copy_(dst);
+}
+
+void conv2d_backward_data_cpu(const Tensor& dx, const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
+  check_out(dx, "dx");
+  MP_ASSERT(dy.dtype() == weight.dtype() && dx.dtype() == weight.dtype(), "conv2d backward kernel: dtypes differ");
+  const Conv2dArgs a = make_args(dx.size(0), dx.size(1), dx.size(2), dx.size(3), weight.size(0), weight.size(2),
+                                 weight.size(3), g, compute_dtype(dx.dtype()));
+  MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
+            " does not match the geometry");
+  if (dx.dtype() == DType::f64) {
+    const Tensor dyc = dy.contiguous(), wc = weight.contiguous();
+    backward_data_f64(a, dyc.data_ptr<double>(), wc.data_ptr<double>(), dx.data_ptr<double>());
+    return;
+  }
+  const DType ct = a.src_dtype;
+  const Tensor dyc = dy.to(ct).contiguous(), wc = weight.to(ct).contiguous();
+  const Tensor dst = dx.dtype() == ct ? dx : empty(dx.sizes(), {.dtype = ct, .device = dx.device()});
+  conv2d_backward_data(a, dyc.raw_data(), wc.raw_data(), dst.raw_data());
+  if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
+}
+
+void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, const Tensor& x, const Tensor& dy,
+                                 const Conv2dGeometry& g) {
+  check_out(dweight, "dweight");
+  if (dbias.defined()) check_out(dbias, "dbias");
+  MP_ASSERT(x.dtype() == dy.dtype(), "conv2d backward kernel: x and dy dtypes differ");
+  const Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), dweight.size(0), dweight.size(2),
+                                 dweight.size(3), g, compute_dtype(x.dtype()));
+  MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
+            " does not match the geometry");
+  if (x.dtype() == DType::f64) {
+    const Tensor xc = x.contiguous(), dyc = dy.contiguous();
+    backward_weights_f64(a, xc.data_ptr<double>(), dyc.data_ptr<double>(), dweight.data_ptr<double>(),
+                         dbias.defined() ? dbias.data_ptr<double>() : nullptr);
+    return;
+  }
+  MP_ASSERT(dweight.dtype() == DType::f32 && (!dbias.defined() || dbias.dtype() == DType::f32),
+            "conv2d backward kernel: dweight/dbias must be f32 for ", dtype_name(x.dtype()), " inputs");
+  const DType ct = a.src_dtype;
+  const Tensor xc = x.to(ct).contiguous(), dyc = dy.to(ct).contiguous();
+  conv2d_backward_weights(a, xc.raw_data(), dyc.raw_data(), dweight.raw_data(),
+                          dbias.defined() ? dbias.raw_data() : nullptr);
+}
+
+}  // namespace
+
+MP_REGISTER_KERNEL(conv2d_forward_kernel, DeviceType::cpu, &conv2d_forward_cpu);
+MP_REGISTER_KERNEL(conv2d_backward_data_kernel, DeviceType::cpu, &conv2d_backward_data_cpu);
+MP_REGISTER_KERNEL(conv2d_backward_weights_kernel, DeviceType::cpu, &conv2d_backward_weights_cpu);
+
+}  // namespace mp::backend::cpu

@@ -1,0 +1,77 @@
+// CPU matmul: oneDNN for f32 and bf16 (AMX on Sapphire Rapids), a blocked loop for f64 (gradient
+// checks), and f16 through f32 (oneDNN 2.6 has no f16 GEMM on CPU: f16 is storage-only here).
+#include <omp.h>
+
+#include "backend/cpu/onednn_matmul.hpp"
+#include "backend/linalg_kernels.hpp"
+
+namespace mp::backend::cpu {
+namespace {
+
+void matmul_f64(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate) {
+  const int64_t B = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
+  const double* pa = a.data_ptr<double>();
+  const double* pb = b.data_ptr<double>();
+  double* pc = out.data_ptr<double>();
+  const double* pbias = bias.defined() ? bias.data_ptr<double>() : nullptr;
+  const auto& as = a.strides();
+  const auto& bs = b.strides();
+  const auto& cs = out.strides();
+  const int64_t biasst = bias.defined() ? bias.stride(0) : 0;
+#pragma omp parallel for collapse(2) if (B * m * n * k >= 32768) schedule(static)
+  for (int64_t bb = 0; bb < B; ++bb)
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = pbias ? pbias[j * biasst] : 0.0;
+        for (int64_t p = 0; p < k; ++p)
+          s += pa[bb * as[0] + i * as[1] + p * as[2]] * pb[bb * bs[0] + p * bs[1] + j * bs[2]];
+        double& c = pc[bb * cs[0] + i * cs[1] + j * cs[2]];
+        c = accumulate ? c + s : s;
+      }
+    }
+}
+
+void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate) {
+  MP_ASSERT(a.dim() == 3 && b.dim() == 3 && out.dim() == 3, "matmul kernel wants 3-D operands");
+  if (a.dtype() == DType::f64) return matmul_f64(out, a, b, bias, accumulate);
+  if (a.dtype() == DType::f16) {
+    // Storage-only f16: compute through f32 and round the result once.
+    Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32);
+    Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
+    if (out.dtype() == DType::f32) return matmul_cpu(out, a32, b32, bias32, accumulate);
+    Tensor o32 = accumulate ? out.to(DType::f32) : empty(out.sizes());
+    matmul_cpu(o32, a32, b32, bias32, accumulate);
+    Tensor(out).copy_(o32);
+    return;
+  }
+  MatmulArgs args;
+  args.batch = out.size(0);
+  args.m = out.size(1);
+  args.n = out.size(2);
+  args.k = a.size(2);
+  args.a_dtype = a.dtype();
+  args.b_dtype = b.dtype();
+  args.c_dtype = out.dtype();
+  for (int i = 0; i < 3; ++i) {
+    args.a_strides[i] = a.size(i) == 1 && i == 0 ? 0 : a.stride(i);
+    args.b_strides[i] = b.size(i) == 1 && i == 0 ? 0 : b.stride(i);
+    args.c_strides[i] = out.stride(i);
+  }
+  if (a.size(0) == 1) args.a_strides[0] = 0;
+  if (b.size(0) == 1) args.b_strides[0] = 0;
+  args.accumulate = accumulate;
+  Tensor bias_c;
+  if (bias.defined()) {
+    bias_c = bias.contiguous();
+    if (bias_c.dtype() != DType::f32 && bias_c.dtype() != a.dtype()) bias_c = bias_c.to(DType::f32);
+    args.has_bias = true;
+    args.bias_dtype = bias_c.dtype();
+  }
+  matmul(args, a.raw_data(), b.raw_data(), out.raw_data(), bias_c.defined() ? bias_c.raw_data() : nullptr);
+}
+
+}  // namespace
+
+MP_REGISTER_KERNEL(matmul_kernel, DeviceType::cpu, &matmul_cpu);
+
+}  // namespace mp::backend::cpu

@@ -1,0 +1,130 @@
+// CPU kernels of the fused optimizer updates: one blocked pass per tensor; each block of the
+// parameter and gradient is brought to the compute type (bulk-converted when 16-bit), the shared
+// functor runs over plain arrays with the f32 state updated in place, and the new weights are
+// stored back (rounded when the parameter is 16-bit). Note [fused optimizer step].
+#include <omp.h>
+
+#include <algorithm>
+
+#include "backend/cpu/loops.hpp"
+#include "backend/optim_kernels.hpp"
+
+namespace mp::backend::cpu {
+namespace {
+
+// The state dtype that goes with a parameter dtype.
+template <class C>
+void check_state(const Tensor& param, const Tensor& s, const char* what) {
+  MP_ASSERT(s.dtype() == dtype_of<C>() && s.is_contiguous() && s.numel() == param.numel(), what,
+            " must be a contiguous ", dtype_name(dtype_of<C>()), " tensor of the parameter's size, got ", s.describe());
+}
+
+// Run body(j0, len) over blocks of kBlock elements of an n-element tensor, in parallel when large.
+template <class Body>
+void for_blocks(int64_t n, Body&& body) {
+  const int64_t nblocks = (n + kBlock - 1) / kBlock;
+  const bool parallel = n >= kParallelGrain && !omp_in_parallel() && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t j0 = b * kBlock;
+    body(j0, std::min(kBlock, n - j0));
+  }
+}
+
+template <class C>
+void sgd_step_impl(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SgdStepParams& p) {
+  const SgdStepFn<C> f(p);
+  MP_ASSERT(!f.use_momentum || momentum_buffer.defined(), "sgd_step: momentum needs a momentum buffer");
+  if (momentum_buffer.defined()) check_state<C>(param, momentum_buffer, "sgd_step: momentum_buffer");
+  char* pw = static_cast<char*>(param.raw_data());
+  const char* pg = static_cast<const char*>(grad.raw_data());
+  C* pb = momentum_buffer.defined() ? static_cast<C*>(momentum_buffer.raw_data()) : nullptr;
+  const DType wdt = param.dtype(), gdt = grad.dtype();
+  const auto wsz = static_cast<int64_t>(dtype_size(wdt)), gsz = static_cast<int64_t>(dtype_size(gdt));
+  const bool direct = wdt == dtype_of<C>();
+  for_blocks(param.numel(), [&](int64_t j0, int64_t len) {
+    alignas(64) C wbuf[kBlock];
+    alignas(64) C gbuf[kBlock];
+    const C* w = load_block<C>(pw + j0 * wsz, 1, wdt, len, wbuf);
+    const C* g = load_block<C>(pg + j0 * gsz, 1, gdt, len, gbuf);
+    C* out = direct ? reinterpret_cast<C*>(pw + j0 * wsz) : wbuf;
+    if (pb != nullptr) {
+      C* buf = pb + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) out[j] = f(w[j], g[j], buf[j]);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) {
+        C unused = C(0);  // no momentum: the buffer is neither read nor written
+        out[j] = f(w[j], g[j], unused);
+      }
+    }
+    if (!direct) store_block<C>(pw + j0 * wsz, 1, wdt, len, out);
+  });
+}
+
+template <class C>
+void adam_step_impl(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                    const Tensor& max_exp_avg_sq, const AdamStepParams& p) {
+  const AdamStepFn<C> f(p);
+  check_state<C>(param, exp_avg, "adam_step: exp_avg");
+  check_state<C>(param, exp_avg_sq, "adam_step: exp_avg_sq");
+  MP_ASSERT(!p.amsgrad || max_exp_avg_sq.defined(), "adam_step: amsgrad needs max_exp_avg_sq");
+  if (p.amsgrad) check_state<C>(param, max_exp_avg_sq, "adam_step: max_exp_avg_sq");
+  char* pw = static_cast<char*>(param.raw_data());
+  const char* pg = static_cast<const char*>(grad.raw_data());
+  C* pm = static_cast<C*>(exp_avg.raw_data());
+  C* pv = static_cast<C*>(exp_avg_sq.raw_data());
+  C* pvmax = p.amsgrad ? static_cast<C*>(max_exp_avg_sq.raw_data()) : nullptr;
+  const DType wdt = param.dtype(), gdt = grad.dtype();
+  const auto wsz = static_cast<int64_t>(dtype_size(wdt)), gsz = static_cast<int64_t>(dtype_size(gdt));
+  const bool direct = wdt == dtype_of<C>();
+  for_blocks(param.numel(), [&](int64_t j0, int64_t len) {
+    alignas(64) C wbuf[kBlock];
+    alignas(64) C gbuf[kBlock];
+    const C* w = load_block<C>(pw + j0 * wsz, 1, wdt, len, wbuf);
+    const C* g = load_block<C>(pg + j0 * gsz, 1, gdt, len, gbuf);
+    C* m = pm + j0;
+    C* v = pv + j0;
+    C* out = direct ? reinterpret_cast<C*>(pw + j0 * wsz) : wbuf;
+    if (pvmax != nullptr) {
+      C* vmax = pvmax + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) out[j] = f(w[j], g[j], m[j], v[j], vmax[j]);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) {
+        C unused = C(0);  // no amsgrad: max_exp_avg_sq is neither read nor written
+        out[j] = f(w[j], g[j], m[j], v[j], unused);
+      }
+    }
+    if (!direct) store_block<C>(pw + j0 * wsz, 1, wdt, len, out);
+  });
+}
+
+void check_operands(const Tensor& param, const Tensor& grad, const char* op) {
+  MP_ASSERT(param.is_contiguous() && grad.is_contiguous() && param.numel() == grad.numel(), op,
+            ": expected contiguous param and grad of one size, got ", param.describe(), " and ", grad.describe());
+}
+
+void sgd_step_cpu(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SgdStepParams& p) {
+  check_operands(param, grad, "sgd_step");
+  if (param.dtype() == DType::f64) return sgd_step_impl<double>(param, grad, momentum_buffer, p);
+  MP_CHECK(is_floating(param.dtype()), "sgd_step: expected a floating parameter, got ", param.describe());
+  sgd_step_impl<float>(param, grad, momentum_buffer, p);
+}
+
+void adam_step_cpu(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                   const Tensor& max_exp_avg_sq, const AdamStepParams& p) {
+  check_operands(param, grad, "adam_step");
+  if (param.dtype() == DType::f64) return adam_step_impl<double>(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, p);
+  MP_CHECK(is_floating(param.dtype()), "adam_step: expected a floating parameter, got ", param.describe());
+  adam_step_impl<float>(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, p);
+}
+
+}  // namespace
+
+MP_REGISTER_KERNEL(sgd_step_kernel, DeviceType::cpu, &sgd_step_cpu);
+MP_REGISTER_KERNEL(adam_step_kernel, DeviceType::cpu, &adam_step_cpu);
+
+}  // namespace mp::backend::cpu

@@ -1,0 +1,436 @@
+// CPU softmax family: softmax / log-softmax along any dim (forward and backward) and the fused class
+// losses (cross entropy = log-softmax + NLL, and NLL on log-probabilities), all in one place because
+// they share the two loop shapes:
+//  * rows (inner == 1: the dim is last and unit-stride): each OpenMP thread takes whole rows; a row is
+//    brought into a compute-type buffer once (no copy for f32/f64) and passed over: max, sum of exp, write.
+//  * columns (inner > 1: the dim is not last): no transposing copy; a block of up to kCol neighbouring
+//    columns is processed together, walking the dim with stride `inner` so every load is a short
+//    unit-stride segment, and each pass (max, sum, write) re-reads the segments.
+// 16-bit tensors compute in f32 and store rounded; f64 computes in double.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/loops.hpp"
+#include "backend/softmax_kernels.hpp"
+
+namespace mp::backend::cpu {
+namespace {
+
+/// Columns processed together by the strided (inner > 1) loops.
+constexpr int64_t kCol = 128;
+
+template <class A>
+constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+
+// n values of contiguous tensor t from element `off`, as A (a pointer into t when no conversion is needed).
+template <class A>
+const A* load(const Tensor& t, int64_t off, int64_t n, A* buf) {
+  return load_block<A>(static_cast<const char*>(t.raw_data()) + off * static_cast<int64_t>(t.element_size()), 1,
+                       t.dtype(), n, buf);
+}
+
+// Where to write n results for t at `off`: straight into t when it holds A, else into buf (then flush()).
+template <class A>
+A* dest(const Tensor& t, int64_t off, A* buf) {
+  return t.dtype() == dtype_of<A>() ? static_cast<A*>(t.raw_data()) + off : buf;
+}
+template <class A>
+void flush(const Tensor& t, int64_t off, int64_t n, const A* vals) {
+  if (t.dtype() != dtype_of<A>())
+    store_block<A>(static_cast<char*>(t.raw_data()) + off * static_cast<int64_t>(t.element_size()), 1, t.dtype(), n,
+                   vals);
+}
+
+bool parallel_for(int64_t work) { return work >= kParallelGrain && omp_get_max_threads() > 1 && !omp_in_parallel(); }
+
+// ---------------------------------------------------------------- softmax forward
+
+template <class A>
+void softmax_rows(bool log, const Tensor& out, const Tensor& in, int64_t rows, int64_t n) {
+#pragma omp parallel if (parallel_for(rows * n))
+  {
+    std::vector<A> xbuf(static_cast<size_t>(n)), ybuf(static_cast<size_t>(n));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const A* x = load<A>(in, r * n, n, xbuf.data());
+      A m = kNegInf<A>;
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+      A* y = dest<A>(out, r * n, ybuf.data());
+      A s = 0;
+      if (log) {
+        for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - m);
+        // (x - m) - log s, not x - (m + log s): m + log s would round at the magnitude of m.
+        const A ls = std::log(s);
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - m) - ls;
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+          y[j] = std::exp(x[j] - m);
+          s += y[j];
+        }
+        const A inv = A(1) / s;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) y[j] *= inv;
+      }
+      flush<A>(out, r * n, n, y);
+    }
+  }
+}
+
+template <class A>
+void softmax_cols(bool log, const Tensor& out, const Tensor& in, const SoftmaxShape& s) {
+  const int64_t nblk = (s.inner + kCol - 1) / kCol;
+#pragma omp parallel for if (parallel_for(s.outer * s.n * s.inner)) schedule(static)
+  for (int64_t w = 0; w < s.outer * nblk; ++w) {
+    const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, s.inner - j0);
+    const int64_t base = o * s.n * s.inner + j0;
+    alignas(64) A m[kCol], sum[kCol], xbuf[kCol], ybuf[kCol];
+    std::fill(m, m + wd, kNegInf<A>);
+    std::fill(sum, sum + wd, A(0));
+    for (int64_t c = 0; c < s.n; ++c) {
+      const A* x = load<A>(in, base + c * s.inner, wd, xbuf);
+      for (int64_t j = 0; j < wd; ++j) m[j] = std::max(m[j], x[j]);
+    }
+    // softmax into an output of the compute type keeps exp(x - m) there and rescales it in place;
+    // otherwise the write pass recomputes it (a 16-bit output must be rounded only once).
+    const bool keep_exp = !log && out.dtype() == dtype_of<A>();
+    for (int64_t c = 0; c < s.n; ++c) {
+      const A* x = load<A>(in, base + c * s.inner, wd, xbuf);
+      if (keep_exp) {
+        A* y = static_cast<A*>(out.raw_data()) + base + c * s.inner;
+        for (int64_t j = 0; j < wd; ++j) {
+          y[j] = std::exp(x[j] - m[j]);
+          sum[j] += y[j];
+        }
+      } else {
+        for (int64_t j = 0; j < wd; ++j) sum[j] += std::exp(x[j] - m[j]);
+      }
+    }
+    for (int64_t j = 0; j < wd; ++j) sum[j] = log ? std::log(sum[j]) : A(1) / sum[j];
+    if (keep_exp) {
+      for (int64_t c = 0; c < s.n; ++c) {
+        A* y = static_cast<A*>(out.raw_data()) + base + c * s.inner;
+        for (int64_t j = 0; j < wd; ++j) y[j] *= sum[j];
+      }
+      continue;
+    }
+    for (int64_t c = 0; c < s.n; ++c) {
+      const int64_t off = base + c * s.inner;
+      const A* x = load<A>(in, off, wd, xbuf);
+      A* y = dest<A>(out, off, ybuf);
+      if (log) {
+        for (int64_t j = 0; j < wd; ++j) y[j] = (x[j] - m[j]) - sum[j];
+      } else {
+        for (int64_t j = 0; j < wd; ++j) y[j] = std::exp(x[j] - m[j]) * sum[j];
+      }
+      flush<A>(out, off, wd, y);
+    }
+  }
+}
+
+void softmax_cpu(bool log, const Tensor& out, const Tensor& in, const SoftmaxShape& s) {
+  if (s.outer * s.n * s.inner == 0) return;
+  auto run = [&]<class A>() {
+    if (s.inner == 1) softmax_rows<A>(log, out, in, s.outer, s.n);
+    else softmax_cols<A>(log, out, in, s);
+  };
+  if (in.dtype() == DType::f64 || out.dtype() == DType::f64) run.template operator()<double>();
+  else run.template operator()<float>();
+}
+
+// ---------------------------------------------------------------- softmax backward
+
+template <class A>
+void softmax_backward_rows(bool log, const Tensor& gi, const Tensor& go, const Tensor& y, int64_t rows, int64_t n) {
+#pragma omp parallel if (parallel_for(rows * n))
+  {
+    std::vector<A> gbuf(static_cast<size_t>(n)), ybuf(static_cast<size_t>(n)), obuf(static_cast<size_t>(n));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const A* g = load<A>(go, r * n, n, gbuf.data());
+      const A* yy = load<A>(y, r * n, n, ybuf.data());
+      A* o = dest<A>(gi, r * n, obuf.data());
+      A acc = 0;
+      if (log) {
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < n; ++j) acc += g[j];
+        const LogSoftmaxGradFn<A> f;
+        for (int64_t j = 0; j < n; ++j) o[j] = f(g[j], yy[j], acc);
+      } else {
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < n; ++j) acc += g[j] * yy[j];
+        const SoftmaxGradFn<A> f;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) o[j] = f(g[j], yy[j], acc);
+      }
+      flush<A>(gi, r * n, n, o);
+    }
+  }
+}
+
+template <class A>
+void softmax_backward_cols(bool log, const Tensor& gi, const Tensor& go, const Tensor& y, const SoftmaxShape& s) {
+  const int64_t nblk = (s.inner + kCol - 1) / kCol;
+#pragma omp parallel for if (parallel_for(s.outer * s.n * s.inner)) schedule(static)
+  for (int64_t w = 0; w < s.outer * nblk; ++w) {
+    const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, s.inner - j0);
+    const int64_t base = o * s.n * s.inner + j0;
+    alignas(64) A acc[kCol], gbuf[kCol], ybuf[kCol], obuf[kCol];
+    std::fill(acc, acc + wd, A(0));
+    for (int64_t c = 0; c < s.n; ++c) {
+      const A* g = load<A>(go, base + c * s.inner, wd, gbuf);
+      if (log) {
+        for (int64_t j = 0; j < wd; ++j) acc[j] += g[j];
+      } else {
+        const A* yy = load<A>(y, base + c * s.inner, wd, ybuf);
+        for (int64_t j = 0; j < wd; ++j) acc[j] += g[j] * yy[j];
+      }
+    }
+    for (int64_t c = 0; c < s.n; ++c) {
+      const int64_t off = base + c * s.inner;
+      const A* g = load<A>(go, off, wd, gbuf);
+      const A* yy = load<A>(y, off, wd, ybuf);
+      A* out = dest<A>(gi, off, obuf);
+      if (log) {
+        const LogSoftmaxGradFn<A> f;
+        for (int64_t j = 0; j < wd; ++j) out[j] = f(g[j], yy[j], acc[j]);
+      } else {
+        const SoftmaxGradFn<A> f;
+        for (int64_t j = 0; j < wd; ++j) out[j] = f(g[j], yy[j], acc[j]);
+      }
+      flush<A>(gi, off, wd, out);
+    }
+  }
+}
+
+void softmax_backward_cpu(bool log, const Tensor& gi, const Tensor& go, const Tensor& y, const SoftmaxShape& s) {
+  if (s.outer * s.n * s.inner == 0) return;
+  auto run = [&]<class A>() {
+    if (s.inner == 1) softmax_backward_rows<A>(log, gi, go, y, s.outer, s.n);
+    else softmax_backward_cols<A>(log, gi, go, y, s);
+  };
+  if (gi.dtype() == DType::f64 || y.dtype() == DType::f64) run.template operator()<double>();
+  else run.template operator()<float>();
+}
+
+// ---------------------------------------------------------------- class losses
+
+// Keep the smallest flat position of an out-of-range target (threads race to report; rare).
+void note_bad(int64_t& bad, int64_t r) {
+#pragma omp critical(mp_class_loss_bad)
+  {
+    if (bad < 0 || r < bad) bad = r;
+  }
+}
+
+// Max of a row.
+template <class A>
+A row_max(const A* x, int64_t C) {
+  A m = kNegInf<A>;
+  for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
+  return m;
+}
+
+// Log-sum-exp of a row shifted by its max m (Note [class loss with label smoothing]).
+template <class A>
+A row_shifted_lse(const A* x, int64_t C, A m) {
+  A s = 0;
+  for (int64_t c = 0; c < C; ++c) s += std::exp(x[c] - m);
+  return std::log(s);
+}
+
+template <class A>
+void class_loss_rows(const Tensor& losses, const Tensor& stats, const Tensor& input, const int64_t* tgt,
+                     const SoftmaxShape& s, const ClassLossParams& p, int64_t& bad) {
+  const int64_t rows = s.outer, C = s.n;
+  const A eps = static_cast<A>(p.label_smoothing);
+  A* L = losses.data_ptr<A>();
+  A* S = stats.defined() ? stats.data_ptr<A>() : nullptr;
+#pragma omp parallel if (parallel_for(rows * C))
+  {
+    std::vector<A> xbuf(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = tgt[r];
+      L[r] = 0;
+      if (S) S[2 * r] = S[2 * r + 1] = 0;
+      if (t == p.ignore_index) continue;
+      if (t < 0 || t >= C) {
+        note_bad(bad, r);
+        continue;
+      }
+      const A* x = load<A>(input, r * C, C, xbuf.data());
+      // Shifted by the row max m (0 for log-probabilities): l = lse', xs = x' (Note [class loss with label smoothing]).
+      const A m = p.log_probs ? A(0) : row_max(x, C);
+      const A l = p.log_probs ? A(0) : row_shifted_lse(x, C, m);
+      A mean_x = 0;
+      if (eps != A(0)) {
+        A sx = 0;
+#pragma omp simd reduction(+ : sx)
+        for (int64_t c = 0; c < C; ++c) sx += x[c] - m;
+        mean_x = sx / static_cast<A>(C);
+      }
+      L[r] = class_loss_value<A>(l, x[t] - m, mean_x, eps);
+      if (S) {
+        S[2 * r] = m;
+        S[2 * r + 1] = l;
+      }
+    }
+  }
+}
+
+template <class A>
+void class_loss_cols(const Tensor& losses, const Tensor& stats, const Tensor& input, const int64_t* tgt,
+                     const SoftmaxShape& s, const ClassLossParams& p, int64_t& bad) {
+  const int64_t C = s.n, inner = s.inner, nblk = (inner + kCol - 1) / kCol;
+  const A eps = static_cast<A>(p.label_smoothing);
+  A* L = losses.data_ptr<A>();
+  A* S = stats.defined() ? stats.data_ptr<A>() : nullptr;
+#pragma omp parallel for if (parallel_for(s.outer * C * inner)) schedule(static)
+  for (int64_t w = 0; w < s.outer * nblk; ++w) {
+    const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, inner - j0);
+    const int64_t base = o * C * inner + j0, rbase = o * inner + j0;
+    alignas(64) A m[kCol], sum[kCol], sx[kCol], xt[kCol], xbuf[kCol];
+    std::fill(m, m + wd, p.log_probs ? A(0) : kNegInf<A>);
+    std::fill(sum, sum + wd, A(0));
+    std::fill(sx, sx + wd, A(0));
+    std::fill(xt, xt + wd, A(0));
+    if (!p.log_probs) {
+      for (int64_t c = 0; c < C; ++c) {
+        const A* x = load<A>(input, base + c * inner, wd, xbuf);
+        for (int64_t j = 0; j < wd; ++j) m[j] = std::max(m[j], x[j]);
+      }
+    }
+    // Shifted by the column max m (0 for log-probabilities): Note [class loss with label smoothing].
+    for (int64_t c = 0; c < C; ++c) {
+      const A* x = load<A>(input, base + c * inner, wd, xbuf);
+      for (int64_t j = 0; j < wd; ++j) {
+        const A xs = x[j] - m[j];
+        if (!p.log_probs) sum[j] += std::exp(xs);
+        sx[j] += xs;
+        if (tgt[rbase + j] == c) xt[j] = xs;
+      }
+    }
+    for (int64_t j = 0; j < wd; ++j) {
+      const int64_t r = rbase + j, t = tgt[r];
+      L[r] = 0;
+      if (S) S[2 * r] = S[2 * r + 1] = 0;
+      if (t == p.ignore_index) continue;
+      if (t < 0 || t >= C) {
+        note_bad(bad, r);
+        continue;
+      }
+      const A l = p.log_probs ? A(0) : std::log(sum[j]);
+      L[r] = class_loss_value<A>(l, xt[j], sx[j] / static_cast<A>(C), eps);
+      if (S) {
+        S[2 * r] = m[j];
+        S[2 * r + 1] = l;
+      }
+    }
+  }
+}
+
+void class_loss_cpu(const char* op, const Tensor& losses, const Tensor& stats, const Tensor& input,
+                    const Tensor& target, const SoftmaxShape& s, const ClassLossParams& p) {
+  const int64_t* tgt = target.data_ptr<int64_t>();
+  int64_t bad = -1;
+  if (s.outer * s.inner > 0) {
+    auto run = [&]<class A>() {
+      if (s.inner == 1) class_loss_rows<A>(losses, stats, input, tgt, s, p, bad);
+      else class_loss_cols<A>(losses, stats, input, tgt, s, p, bad);
+    };
+    if (losses.dtype() == DType::f64) run.template operator()<double>();
+    else run.template operator()<float>();
+  }
+  MP_CHECK(bad < 0, op, ": target ", bad >= 0 ? tgt[bad] : 0, " (at flat position ", bad,
+           ") is out of range for ", s.n, " classes; expected 0 <= target < ", s.n, " or target == ignore_index (",
+           p.ignore_index, ")");
+}
+
+template <class A>
+void class_loss_backward_rows(const Tensor& gi, const A* W, bool shared_w, const Tensor& input, const A* S,
+                              const int64_t* tgt, const SoftmaxShape& s, const ClassLossParams& p) {
+  const int64_t rows = s.outer, C = s.n;
+  const A eps = static_cast<A>(p.label_smoothing), eps_c = eps / static_cast<A>(C);
+#pragma omp parallel if (parallel_for(rows * C))
+  {
+    std::vector<A> xbuf(static_cast<size_t>(C)), obuf(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = tgt[r];
+      A* out = dest<A>(gi, r * C, obuf.data());
+      if (t == p.ignore_index || t < 0 || t >= C) {
+        std::fill(out, out + C, A(0));
+      } else {
+        const A w = W[shared_w ? 0 : r];
+        if (p.log_probs) {
+          for (int64_t c = 0; c < C; ++c) out[c] = class_loss_grad<A>(A(0), c == t, eps, eps_c, w);
+        } else {
+          const A* x = load<A>(input, r * C, C, xbuf.data());
+          const A m = S[2 * r], l = S[2 * r + 1];
+          for (int64_t c = 0; c < C; ++c) out[c] = class_loss_grad<A>(std::exp((x[c] - m) - l), c == t, eps, eps_c, w);
+        }
+      }
+      flush<A>(gi, r * C, C, out);
+    }
+  }
+}
+
+template <class A>
+void class_loss_backward_cols(const Tensor& gi, const A* W, bool shared_w, const Tensor& input, const A* S,
+                              const int64_t* tgt, const SoftmaxShape& s, const ClassLossParams& p) {
+  const int64_t C = s.n, inner = s.inner, nblk = (inner + kCol - 1) / kCol;
+  const A eps = static_cast<A>(p.label_smoothing), eps_c = eps / static_cast<A>(C);
+#pragma omp parallel for if (parallel_for(s.outer * C * inner)) schedule(static)
+  for (int64_t w = 0; w < s.outer * nblk; ++w) {
+    const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, inner - j0);
+    const int64_t base = o * C * inner + j0, rbase = o * inner + j0;
+    alignas(64) A wt[kCol], m[kCol], l[kCol], xbuf[kCol], obuf[kCol];
+    for (int64_t j = 0; j < wd; ++j) {
+      const int64_t r = rbase + j, t = tgt[r];
+      const bool valid = t != p.ignore_index && t >= 0 && t < C;
+      wt[j] = valid ? W[shared_w ? 0 : r] : A(0);
+      m[j] = S ? S[2 * r] : A(0);
+      l[j] = S ? S[2 * r + 1] : A(0);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t off = base + c * inner;
+      A* out = dest<A>(gi, off, obuf);
+      const A* x = p.log_probs ? nullptr : load<A>(input, off, wd, xbuf);
+      for (int64_t j = 0; j < wd; ++j) {
+        const A pc = x ? std::exp((x[j] - m[j]) - l[j]) : A(0);
+        // Ignored rows have weight 0; their (possibly garbage) probability must not leak NaN into the zero.
+        out[j] = wt[j] == A(0) ? A(0) : class_loss_grad<A>(pc, tgt[rbase + j] == c, eps, eps_c, wt[j]);
+      }
+      flush<A>(gi, off, wd, out);
+    }
+  }
+}
+
+void class_loss_backward_cpu(const Tensor& gi, const Tensor& grad_rows, const Tensor& input, const Tensor& stats,
+                             const Tensor& target, const SoftmaxShape& s, const ClassLossParams& p) {
+  if (s.outer * s.n * s.inner == 0) return;
+  const int64_t* tgt = target.data_ptr<int64_t>();
+  auto run = [&]<class A>() {
+    const A* W = grad_rows.data_ptr<A>();
+    const bool shared = grad_rows.numel() == 1 && s.outer * s.inner != 1;
+    const A* S = stats.defined() ? stats.data_ptr<A>() : nullptr;
+    if (s.inner == 1) class_loss_backward_rows<A>(gi, W, shared, input, S, tgt, s, p);
+    else class_loss_backward_cols<A>(gi, W, shared, input, S, tgt, s, p);
+  };
+  if (grad_rows.dtype() == DType::f64) run.template operator()<double>();
+  else run.template operator()<float>();
+}
+
+}  // namespace
+
+MP_REGISTER_KERNEL(softmax_kernel, DeviceType::cpu, &softmax_cpu);
+MP_REGISTER_KERNEL(softmax_backward_kernel, DeviceType::cpu, &softmax_backward_cpu);
+MP_REGISTER_KERNEL(class_loss_kernel, DeviceType::cpu, &class_loss_cpu);
+MP_REGISTER_KERNEL(class_loss_backward_kernel, DeviceType::cpu, &class_loss_backward_cpu);
+
+}  // namespace mp::backend::cpu

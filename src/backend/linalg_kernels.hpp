@@ -1,0 +1,13 @@
+#pragma once
+#include "backend/registry.hpp"
+#include "mp/tensor/tensor.hpp"
+
+namespace mp::backend {
+
+/// out[b] (+)= a[b] x b[b] (+ bias): a [B, m, k] and b [B, k, n] are strided 3-D views (batch stride 0
+/// broadcasts), out [B, m, n] is written through its strides, bias [n] or undefined. a and b share a
+/// dtype; out may be wider (f32 out for bf16 inputs). Accumulation is f32 (f64 for f64).
+using MatmulKernel = void(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate);
+inline constinit KernelSlot<MatmulKernel> matmul_kernel{"matmul"};
+
+}  // namespace mp::backend

@@ -1,0 +1,60 @@
+#pragma once
+// Normalisation kernels (batch norm, layer norm). Statistics are kept in the "statistics dtype":
+// f64 when x is f64, f32 otherwise (f32, f16, bf16). weight/bias may have any floating dtype (f32
+// parameters with 16-bit activations are the amp "keep batch norm in fp32" case); they are converted
+// to the statistics type once per call. Outputs keep x's dtype.
+#include "backend/registry.hpp"
+#include "mp/core/macros.hpp"
+#include "mp/tensor/tensor.hpp"
+
+namespace mp::backend {
+
+/// Per-element affine normalisation y = (x - mean) * invstd * w + b as (x - mean) * scale + shift with
+/// scale = invstd * w and shift = b. Not folded to x * scale + (b - mean * scale): that form cancels
+/// catastrophically when |mean| >> std (x * scale and mean * scale are both large).
+template <class T> struct NormAffineFn {
+  T mean, scale, shift;
+  MP_HD T operator()(T x) const { return (x - mean) * scale + shift; }
+};
+
+/// Normalisation backward for one element, with the per-group sums folded into three constants:
+/// dx = a * dy + b * (x - mean) + c, where (M elements per group, w the weight, r = invstd)
+///   training: a = w r, b = -w r^3 sum(dy (x - mean)) / M, c = -w r sum(dy) / M
+///   eval (batch norm with running statistics, which are constants): a = w r, b = c = 0.
+/// This is dx = w r (dy - mean(dy) - xhat mean(dy xhat)) with xhat = (x - mean) r.
+template <class T> struct NormBackwardFn {
+  T a, b, c, mean;
+  MP_HD T operator()(T dy, T x) const { return a * dy + b * (x - mean) + c; }
+};
+
+/// Batch norm forward over x [N, C, S] (contiguous; S = product of the spatial dims, 1 for [N, C]).
+/// y: [N, C, S] in x's dtype. mean, var, invstd: contiguous [C] in the statistics dtype.
+/// training: writes the batch mean and biased variance into mean/var and invstd = 1/sqrt(var + eps);
+/// else reads mean/var (the running statistics) and writes invstd. weight/bias: [C] or undefined.
+using BatchNormForwardKernel = void(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd,
+                                    const Tensor& x, const Tensor& weight, const Tensor& bias, bool training,
+                                    double eps);
+inline constinit KernelSlot<BatchNormForwardKernel> batch_norm_forward_kernel{"batch_norm_forward"};
+
+/// Batch norm backward. dy, x: [N, C, S] contiguous; mean, invstd: [C] statistics dtype (the saved
+/// batch statistics in training, the running ones in eval); weight [C] or undefined (= 1).
+/// Writes dx ([N, C, S], its own dtype), dweight and dbias ([C], statistics dtype); each may be
+/// undefined when not needed. training selects the full formula, else statistics are constants.
+using BatchNormBackwardKernel = void(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                                     const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                                     bool training);
+inline constinit KernelSlot<BatchNormBackwardKernel> batch_norm_backward_kernel{"batch_norm_backward"};
+
+/// Layer norm forward over the rows of x [M, N] (contiguous): y [M, N] in x's dtype; mean, rstd [M]
+/// in the statistics dtype; weight/bias [N] or undefined.
+using LayerNormForwardKernel = void(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                    const Tensor& weight, const Tensor& bias, double eps);
+inline constinit KernelSlot<LayerNormForwardKernel> layer_norm_forward_kernel{"layer_norm_forward"};
+
+/// Layer norm backward: dy, x [M, N] contiguous, saved mean/rstd [M], weight [N] or undefined.
+/// Writes dx ([M, N], its own dtype), dweight and dbias ([N], statistics dtype); each may be undefined.
+using LayerNormBackwardKernel = void(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                                     const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight);
+inline constinit KernelSlot<LayerNormBackwardKernel> layer_norm_backward_kernel{"layer_norm_backward"};
+
+}  // namespace mp::backend

@@ -1,0 +1,153 @@
+// nn::LSTM, GRU, RNN: layer loops over time on top of the cell ops.
+#include "mp/nn/rnn.hpp"
+
+#include <cmath>
+#include <sstream>
+#include <tuple>
+
+#include "mp/nn/init.hpp"
+#include "mp/ops/embedding.hpp"
+#include "mp/ops/linalg.hpp"
+#include "mp/ops/pointwise.hpp"
+#include "mp/ops/rnn.hpp"
+#include "mp/ops/shape.hpp"
+
+namespace mp::nn {
+
+RNNBase::RNNBase(std::string type_name, const RNNOptions& o, int64_t gates)
+    : Module(std::move(type_name)), options_(o), gates_(gates) {
+  MP_CHECK(o.input_size > 0 && o.hidden_size > 0 && o.num_layers > 0, this->type_name(),
+           ": expected positive input_size, hidden_size and num_layers, got ", o.input_size, ", ", o.hidden_size, ", ",
+           o.num_layers);
+  MP_CHECK(o.dropout >= 0.0 && o.dropout <= 1.0, this->type_name(), ": expected dropout in [0, 1], got ", o.dropout);
+  const int64_t GH = gates * o.hidden_size;
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    const std::string s = std::to_string(l);
+    const int64_t in = l == 0 ? o.input_size : o.hidden_size;
+    w_ih_.push_back(&register_parameter("weight_ih_l" + s, empty({GH, in})));
+    w_hh_.push_back(&register_parameter("weight_hh_l" + s, empty({GH, o.hidden_size})));
+    b_ih_.push_back(&register_parameter("bias_ih_l" + s, o.bias ? empty({GH}) : Tensor()));
+    b_hh_.push_back(&register_parameter("bias_hh_l" + s, o.bias ? empty({GH}) : Tensor()));
+  }
+  reset_parameters();
+}
+
+void RNNBase::reset_parameters() {
+  const double k = 1.0 / std::sqrt(static_cast<double>(options_.hidden_size));
+  for (const Tensor& p : parameters(false)) init::uniform_(p, -k, k);
+}
+
+std::string RNNBase::extra_repr() const {
+  std::ostringstream os;
+  os << options_.input_size << ", " << options_.hidden_size;
+  if (options_.num_layers != 1) os << ", num_layers=" << options_.num_layers;
+  if (!options_.bias) os << ", bias=false";
+  if (options_.batch_first) os << ", batch_first=true";
+  if (options_.dropout != 0.0) os << ", dropout=" << options_.dropout;
+  return os.str();
+}
+
+Tensor RNNBase::time_major(const Tensor& input, bool& unbatched) const {
+  MP_CHECK(input.defined() && (input.dim() == 3 || input.dim() == 2), type_name(),
+           "::forward: expected input [T, B, I] (",
+           options_.batch_first ? "[B, T, I] with batch_first" : "batch_first=false", ") or unbatched [T, I], got ",
+           input.defined() ? input.describe() : std::string("an undefined tensor"));
+  MP_CHECK(input.size(-1) == options_.input_size, type_name(), "::forward: expected ", options_.input_size,
+           " input features in the last dim, got ", input.describe());
+  unbatched = input.dim() == 2;
+  if (unbatched) return input.unsqueeze(1);
+  return options_.batch_first ? input.transpose(0, 1) : input;
+}
+
+Tensor RNNBase::initial_state(const Tensor& given, const Tensor& x, bool unbatched, const char* what) const {
+  const Shape want{options_.num_layers, x.size(1), options_.hidden_size};
+  if (!given.defined()) return zeros(want, {.dtype = x.dtype(), .device = x.device()});
+  const Tensor s = unbatched && given.dim() == 2 ? given.unsqueeze(1) : given;
+  MP_CHECK(s.sizes() == want, type_name(), "::forward: expected ", what, " of shape ",
+           shape_str(unbatched ? Shape{want[0], want[2]} : want), " [num_layers, B, H], got ", given.describe());
+  return s;
+}
+
+Tensor RNNBase::caller_layout(const Tensor& y, bool unbatched) const {
+  if (unbatched) return y.squeeze(1);
+  return options_.batch_first ? y.transpose(0, 1) : y;
+}
+
+Tensor RNNBase::between_layers(const Tensor& y, int64_t layer) const {
+  if (options_.dropout > 0.0 && is_training() && layer + 1 < options_.num_layers)
+    return dropout(y, options_.dropout, true);
+  return y;
+}
+
+std::pair<Tensor, LSTMState> LSTM::forward(const Tensor& input, const LSTMState& state) {
+  bool unbatched = false;
+  Tensor x = time_major(input, unbatched);
+  const Tensor h0 = initial_state(state.h, x, unbatched, "h0");
+  const Tensor c0 = initial_state(state.c, x, unbatched, "c0");
+  const int64_t T = x.size(0);
+  std::vector<Tensor> h_n, c_n;
+  for (int64_t l = 0; l < options_.num_layers; ++l) {
+    // The input projection of every time step at once: [T, B, 4H].
+    const Tensor gx = linear(x, *w_ih_[l], *b_ih_[l]);
+    Tensor h = h0.select(0, l), c = c0.select(0, l);
+    std::vector<Tensor> outs;
+    outs.reserve(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      std::tie(h, c) = lstm_gates(add(gx.select(0, t), linear(h, *w_hh_[l], *b_hh_[l])), c);
+      outs.push_back(h);
+    }
+    h_n.push_back(h);
+    c_n.push_back(c);
+    x = between_layers(stack(outs, 0), l);
+  }
+  Tensor hn = stack(h_n, 0), cn = stack(c_n, 0);
+  if (unbatched) {
+    hn = hn.squeeze(1);
+    cn = cn.squeeze(1);
+  }
+  return {caller_layout(x, unbatched), LSTMState{hn, cn}};
+}
+
+std::pair<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& h0_in) {
+  bool unbatched = false;
+  Tensor x = time_major(input, unbatched);
+  const Tensor h0 = initial_state(h0_in, x, unbatched, "h0");
+  const int64_t T = x.size(0);
+  std::vector<Tensor> h_n;
+  for (int64_t l = 0; l < options_.num_layers; ++l) {
+    Tensor h = h0.select(0, l);
+    std::vector<Tensor> outs;
+    outs.reserve(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      h = gru_cell(x.select(0, t), h, *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
+      outs.push_back(h);
+    }
+    h_n.push_back(h);
+    x = between_layers(stack(outs, 0), l);
+  }
+  Tensor hn = stack(h_n, 0);
+  return {caller_layout(x, unbatched), unbatched ? hn.squeeze(1) : hn};
+}
+
+std::pair<Tensor, Tensor> RNN::forward(const Tensor& input, const Tensor& h0_in) {
+  bool unbatched = false;
+  Tensor x = time_major(input, unbatched);
+  const Tensor h0 = initial_state(h0_in, x, unbatched, "h0");
+  const int64_t T = x.size(0);
+  std::vector<Tensor> h_n;
+  for (int64_t l = 0; l < options_.num_layers; ++l) {
+    Tensor h = h0.select(0, l);
+    std::vector<Tensor> outs;
+    outs.reserve(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      h = rnn_tanh_cell(x.select(0, t), h, *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
+      outs.push_back(h);
+    }
+    h_n.push_back(h);
+    x = between_layers(stack(outs, 0), l);
+  }
+  Tensor hn = stack(h_n, 0);
+  return {caller_layout(x, unbatched), unbatched ? hn.squeeze(1) : hn};
+}
+
+}  // namespace mp::nn

@@ -1,0 +1,165 @@
+// Normalisation ops: batch_norm and layer_norm (argument checks, dispatch to the fused kernels,
+// running-statistics update, autograd).
+#include "mp/ops/norm.hpp"
+
+#include <utility>
+
+#include "backend/norm_kernels.hpp"
+#include "mp/autograd/node.hpp"
+#include "mp/ops/pointwise.hpp"
+
+namespace mp {
+
+namespace {
+
+// f64 statistics for f64 input, f32 otherwise (Note [normalisation statistics on the CPU]).
+DType stats_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
+
+// A [C]-shaped parameter or buffer: undefined, or floating, 1-D of size C, on x's device.
+void check_channel_vector(const Tensor& t, const Tensor& x, int64_t C, const char* op, const char* what) {
+  if (!t.defined()) return;
+  MP_CHECK(t.dim() == 1 && t.size(0) == C, op, ": expected ", what, " of shape [", C, "] (one value per channel of ",
+           "input ", shape_str(x.sizes()), "), got ", shape_str(t.sizes()),
+           "; the channel count is dim 1 of the input (layout [N, C, ...])");
+  MP_CHECK(is_floating(t.dtype()), op, ": expected a floating ", what, ", got ", t.describe());
+  MP_CHECK(t.device() == x.device(), op, ": ", what, " is on ", t.device().str(), " but the input is on ",
+           x.device().str(), "; move it with .to(device)");
+}
+
+// A fresh contiguous copy of t in dtype dt (never aliases t, so later in-place updates of t do not
+// change what a backward closure captured).
+Tensor fresh_copy(const Tensor& t, DType dt) {
+  Tensor out = empty(t.sizes(), {.dtype = dt, .device = t.device()});
+  out.copy_(t);
+  return out;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  constexpr const char* op = "batch_norm";
+  MP_CHECK(x.defined(), op, ": got an undefined input");
+  MP_CHECK(x.dim() >= 2, op, ": expected an input of shape [N, C, ...] (at least 2 dims), got ",
+           shape_str(x.sizes()));
+  MP_CHECK(is_floating(x.dtype()), op, ": expected a floating input (f32, f64, f16, bf16), got ", x.describe(),
+           "; convert with .to(mp::DType::f32)");
+  MP_CHECK(eps >= 0.0, op, ": expected eps >= 0, got ", eps);
+  const int64_t N = x.size(0), C = x.size(1);
+  const int64_t S = shape_numel(Shape(x.sizes().begin() + 2, x.sizes().end()));  // spatial size (1 for [N, C])
+  check_channel_vector(weight, x, C, op, "weight");
+  check_channel_vector(bias, x, C, op, "bias");
+  check_channel_vector(running_mean, x, C, op, "running_mean");
+  check_channel_vector(running_var, x, C, op, "running_var");
+  MP_CHECK(running_mean.defined() == running_var.defined(), op,
+           ": expected running_mean and running_var both defined or both undefined, got only ",
+           running_mean.defined() ? "running_mean" : "running_var");
+  // As PyTorch: without running statistics the batch statistics are used even in eval.
+  const bool use_batch_stats = training || !running_mean.defined();
+  const int64_t M = N * S;  // values per channel
+  MP_CHECK(!use_batch_stats || M > 1, op, ": expected more than 1 value per channel when using batch statistics, ",
+           "got input ", shape_str(x.sizes()), "; use a larger batch or eval mode with running statistics");
+
+  const DType sdt = stats_dtype(x.dtype());
+  const Device dev = x.device();
+  Tensor xc = x.detach().contiguous().reshape({N, C, S});
+  Tensor y = empty({N, C, S}, {.dtype = x.dtype(), .device = dev});
+  Tensor mean, var;
+  if (use_batch_stats) {
+    mean = empty({C}, {.dtype = sdt, .device = dev});
+    var = empty({C}, {.dtype = sdt, .device = dev});
+  } else {
+    mean = fresh_copy(running_mean.detach(), sdt);
+    var = fresh_copy(running_var.detach(), sdt);
+  }
+  Tensor invstd = empty({C}, {.dtype = sdt, .device = dev});
+  Tensor wd = weight.defined() ? weight.detach().contiguous() : Tensor();
+  Tensor bd = bias.defined() ? bias.detach().contiguous() : Tensor();
+  backend::batch_norm_forward_kernel.get(dev)(y, mean, var, invstd, xc, wd, bd, use_batch_stats, eps);
+
+  if (training && running_mean.defined()) {
+    // new = (1 - m) old + m batch, with the unbiased batch variance (n / (n - 1)) for running_var.
+    autograd::NoGradGuard ng;
+    const double unbias = static_cast<double>(M) / static_cast<double>(M - 1);
+    Tensor rm = running_mean, rv = running_var;
+    rm.copy_(add(mul(rm.detach(), 1.0 - momentum), mul(mean, momentum)));
+    rv.copy_(add(mul(rv.detach(), 1.0 - momentum), mul(var, momentum * unbias)));
+  }
+
+  Tensor out = y.view(x.sizes());
+  if (autograd::any_requires_grad({&x, &weight, &bias})) {
+    const bool need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad();
+    const bool need_b = bias.defined() && bias.requires_grad();
+    const Shape xs = x.sizes();
+    autograd::record("BatchNormBackward", {x, weight, bias}, {out},
+                     [xc, wd, mean, invstd, use_batch_stats, need_x, need_w, need_b, xs, sdt](
+                         const std::vector<Tensor>& g) {
+                       const Tensor dy = g[0].contiguous().reshape(xc.sizes());
+                       const Device d = xc.device();
+                       Tensor dx = need_x ? empty(xc.sizes(), {.dtype = xc.dtype(), .device = d}) : Tensor();
+                       Tensor dw = need_w ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
+                       Tensor db = need_b ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
+                       backend::batch_norm_backward_kernel.get(d)(dx, dw, db, dy, xc, mean, invstd, wd,
+                                                                  use_batch_stats);
+                       return std::vector<Tensor>{need_x ? dx.view(xs) : Tensor(), dw, db};
+                     });
+  }
+  return out;
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  constexpr const char* op = "layer_norm";
+  MP_CHECK(x.defined(), op, ": got an undefined input");
+  MP_CHECK(is_floating(x.dtype()), op, ": expected a floating input (f32, f64, f16, bf16), got ", x.describe(),
+           "; convert with .to(mp::DType::f32)");
+  const auto nd = static_cast<int64_t>(normalized_shape.size());
+  MP_CHECK(nd >= 1, op, ": expected a non-empty normalized_shape, got []");
+  MP_CHECK(eps >= 0.0, op, ": expected eps >= 0, got ", eps);
+  const Shape tail = x.dim() >= nd ? Shape(x.sizes().end() - nd, x.sizes().end()) : Shape{};
+  MP_CHECK(tail == normalized_shape, op, ": expected an input whose trailing dims are normalized_shape ",
+           shape_str(normalized_shape), ", got input ", shape_str(x.sizes()),
+           "; normalized_shape must equal the last dims of the input");
+  for (const auto& [t, what] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
+    if (!t->defined()) continue;
+    MP_CHECK(t->sizes() == normalized_shape, op, ": expected ", what, " of shape ", shape_str(normalized_shape),
+             " (normalized_shape), got ", shape_str(t->sizes()));
+    MP_CHECK(is_floating(t->dtype()), op, ": expected a floating ", what, ", got ", t->describe());
+    MP_CHECK(t->device() == x.device(), op, ": ", what, " is on ", t->device().str(), " but the input is on ",
+             x.device().str(), "; move it with .to(device)");
+  }
+  const int64_t N = shape_numel(normalized_shape);
+  MP_CHECK(N > 0, op, ": expected normalized_shape with at least one element, got ", shape_str(normalized_shape));
+  const int64_t M = x.numel() / N;
+
+  const DType sdt = stats_dtype(x.dtype());
+  const Device dev = x.device();
+  Tensor xc = x.detach().contiguous().reshape({M, N});
+  Tensor y = empty({M, N}, {.dtype = x.dtype(), .device = dev});
+  Tensor mean = empty({M}, {.dtype = sdt, .device = dev});
+  Tensor rstd = empty({M}, {.dtype = sdt, .device = dev});
+  Tensor wd = weight.defined() ? weight.detach().contiguous().reshape({N}) : Tensor();
+  Tensor bd = bias.defined() ? bias.detach().contiguous().reshape({N}) : Tensor();
+  backend::layer_norm_forward_kernel.get(dev)(y, mean, rstd, xc, wd, bd, eps);
+
+  Tensor out = y.view(x.sizes());
+  if (autograd::any_requires_grad({&x, &weight, &bias})) {
+    const bool need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad();
+    const bool need_b = bias.defined() && bias.requires_grad();
+    const Shape xs = x.sizes(), ns = normalized_shape;
+    autograd::record("LayerNormBackward", {x, weight, bias}, {out},
+                     [xc, wd, mean, rstd, need_x, need_w, need_b, xs, ns, sdt](const std::vector<Tensor>& g) {
+                       const Tensor dy = g[0].contiguous().reshape(xc.sizes());
+                       const Device d = xc.device();
+                       Tensor dx = need_x ? empty(xc.sizes(), {.dtype = xc.dtype(), .device = d}) : Tensor();
+                       Tensor dw = need_w ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
+                       Tensor db = need_b ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
+                       backend::layer_norm_backward_kernel.get(d)(dx, dw, db, dy, xc, mean, rstd, wd);
+                       return std::vector<Tensor>{need_x ? dx.view(xs) : Tensor(), need_w ? dw.view(ns) : Tensor(),
+                                                  need_b ? db.view(ns) : Tensor()};
+                     });
+  }
+  return out;
+}
+
+}  // namespace mp

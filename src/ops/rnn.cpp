@@ -1,0 +1,146 @@
+// Recurrent cells: lstm_gates (fused gate arithmetic, forward and backward kernels), lstm_cell,
+// gru_cell and rnn_tanh_cell (matmuls through mp::linear plus point-wise ops).
+#include "mp/ops/rnn.hpp"
+
+#include "backend/rnn_kernels.hpp"
+#include "mp/autograd/node.hpp"
+#include "mp/ops/linalg.hpp"
+#include "mp/ops/pointwise.hpp"
+
+namespace mp {
+
+// Note [lstm_gates saves pre-activations]
+// The backward needs the activated gates i, f, g, o, the previous cell state c and tanh(c'). We save
+// only the forward's inputs (pre-activation gates and c) and recompute the rest in the backward
+// kernel rather than saving the activations:
+//  * memory: the saved tensors are the inputs, which already exist (the gates are the matmul output,
+//    c is the previous step's output), so saving them allocates nothing; saving activations would add
+//    a [B, 4H] buffer (plus [B, H] for tanh(c')) per time step and write it in the forward pass.
+//  * precision: recomputation happens in f32 from the same inputs with the same functor, so the
+//    backward sees exactly the forward's values; activations saved in a 16-bit gates dtype would be
+//    rounded (sigmoid near 1 in bf16 has ~3 significant digits, making 1 - sigmoid inaccurate).
+//  * cost: 5 transcendentals per hidden unit, small next to the two matmuls of the cell.
+//
+// Output dtype: h' and c' have promote_types(gates, c), so an f32 cell state stays f32 when the gates
+// come from a 16-bit matmul (the cell state is a running accumulator across steps).
+
+namespace {
+
+void check_floating(const Tensor& t, const char* op, const char* what) {
+  MP_CHECK(t.defined(), op, ": got an undefined ", what);
+  MP_CHECK(is_floating(t.dtype()), op, ": expected a floating ", what, " (f32, f64, f16, bf16), got ", t.describe(),
+           "; convert with .to(mp::DType::f32)");
+}
+
+void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* what) {
+  MP_CHECK(a.device() == b.device(), op, ": ", what, " is on ", b.device().str(), " but the input is on ",
+           a.device().str(), "; move it with .to(device)");
+}
+
+// Shape checks shared by the cells: x [B, I] or [I], h [B, H] or [H], w_ih [G*H, I], w_hh [G*H, H],
+// biases [G*H] or undefined, where G is the number of gates (4 LSTM, 3 GRU, 1 Elman).
+void check_cell(const char* op, int64_t G, const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
+                const Tensor& b_ih, const Tensor& b_hh) {
+  check_floating(x, op, "input x");
+  check_floating(h, op, "hidden state h");
+  check_floating(w_ih, op, "w_ih");
+  check_floating(w_hh, op, "w_hh");
+  MP_CHECK(x.dim() == 1 || x.dim() == 2, op, ": expected input x of shape [B, I] (or [I] unbatched), got ",
+           shape_str(x.sizes()));
+  MP_CHECK(h.dim() == x.dim(), op, ": expected hidden state h with ", x.dim(), " dims like the input x ",
+           shape_str(x.sizes()), ", got ", shape_str(h.sizes()));
+  MP_CHECK(x.dim() == 1 || h.size(0) == x.size(0), op, ": expected hidden state h with batch size ", x.size(0),
+           " (the input's), got ", shape_str(h.sizes()));
+  const int64_t I = x.size(-1), H = h.size(-1);
+  MP_CHECK(w_ih.sizes() == (Shape{G * H, I}), op, ": expected w_ih of shape [", G * H, ", ", I, "] (", G,
+           " gates x hidden ", H, ", input ", I, "), got ", shape_str(w_ih.sizes()));
+  MP_CHECK(w_hh.sizes() == (Shape{G * H, H}), op, ": expected w_hh of shape [", G * H, ", ", H, "] (", G,
+           " gates x hidden ", H, "), got ", shape_str(w_hh.sizes()));
+  for (const auto& [b, what] : {std::pair{&b_ih, "b_ih"}, std::pair{&b_hh, "b_hh"}}) {
+    if (!b->defined()) continue;
+    check_floating(*b, op, what);
+    MP_CHECK(b->sizes() == (Shape{G * H}), op, ": expected ", what, " of shape [", G * H, "], got ",
+             shape_str(b->sizes()));
+    check_same_device(x, *b, op, what);
+  }
+  check_same_device(x, h, op, "h");
+  check_same_device(x, w_ih, op, "w_ih");
+  check_same_device(x, w_hh, op, "w_hh");
+}
+
+// [I] -> [1, I] for the unbatched form.
+Tensor batched(const Tensor& t) { return t.dim() == 1 ? t.unsqueeze(0) : t; }
+
+// x W_ih^T + b_ih + h W_hh^T + b_hh.
+Tensor cell_gates(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                  const Tensor& b_hh) {
+  return add(linear(x, w_ih, b_ih), linear(h, w_hh, b_hh));
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> lstm_gates(const Tensor& gates, const Tensor& c) {
+  constexpr const char* op = "lstm_gates";
+  check_floating(gates, op, "gates");
+  check_floating(c, op, "cell state c");
+  MP_CHECK(c.dim() == 2, op, ": expected cell state c of shape [B, H], got ", shape_str(c.sizes()));
+  const int64_t B = c.size(0), H = c.size(1);
+  MP_CHECK(gates.sizes() == (Shape{B, 4 * H}), op, ": expected gates of shape [", B, ", ", 4 * H,
+           "] ([B, 4H] for cell state c ", shape_str(c.sizes()), ", gate order i, f, g, o), got ",
+           shape_str(gates.sizes()));
+  check_same_device(gates, c, op, "c");
+  const Device dev = c.device();
+  const DType out_dt = promote_types(gates.dtype(), c.dtype());
+  Tensor gc = gates.detach().contiguous(), cc = c.detach().contiguous();
+  Tensor h_out = empty({B, H}, {.dtype = out_dt, .device = dev});
+  Tensor c_out = empty({B, H}, {.dtype = out_dt, .device = dev});
+  backend::lstm_gates_forward_kernel.get(dev)(h_out, c_out, gc, cc);
+  if (autograd::any_requires_grad({&gates, &c})) {
+    const bool need_c = c.requires_grad();
+    autograd::record("LstmGatesBackward", {gates, c}, {h_out, c_out}, [gc, cc, need_c](const std::vector<Tensor>& g) {
+      const Device d = gc.device();
+      Tensor dgates = empty(gc.sizes(), {.dtype = gc.dtype(), .device = d});
+      Tensor dc = empty(cc.sizes(), {.dtype = cc.dtype(), .device = d});
+      backend::lstm_gates_backward_kernel.get(d)(dgates, dc, g[0].contiguous(), g[1].contiguous(), gc, cc);
+      return std::vector<Tensor>{dgates, need_c ? dc : Tensor()};
+    });
+  }
+  return {h_out, c_out};
+}
+
+std::pair<Tensor, Tensor> lstm_cell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& w_ih,
+                                    const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh) {
+  constexpr const char* op = "lstm_cell";
+  check_cell(op, 4, x, h, w_ih, w_hh, b_ih, b_hh);
+  check_floating(c, op, "cell state c");
+  MP_CHECK(c.sizes() == h.sizes(), op, ": expected cell state c of the hidden state's shape ", shape_str(h.sizes()),
+           ", got ", shape_str(c.sizes()));
+  check_same_device(x, c, op, "c");
+  auto [h1, c1] = lstm_gates(cell_gates(batched(x), batched(h), w_ih, w_hh, b_ih, b_hh), batched(c));
+  if (x.dim() == 1) return {h1.squeeze(0), c1.squeeze(0)};
+  return {h1, c1};
+}
+
+Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                const Tensor& b_hh) {
+  check_cell("gru_cell", 3, x, h, w_ih, w_hh, b_ih, b_hh);
+  const Tensor xb = batched(x), hb = batched(h);
+  const int64_t H = hb.size(1);
+  // PyTorch's formula: r and z see both projections summed; n sees r * (W_hn h + b_hn).
+  const Tensor gi = linear(xb, w_ih, b_ih), gh = linear(hb, w_hh, b_hh);
+  auto part = [H](const Tensor& t, int64_t k) { return t.narrow(1, k * H, H); };
+  const Tensor r = sigmoid(add(part(gi, 0), part(gh, 0)));
+  const Tensor z = sigmoid(add(part(gi, 1), part(gh, 1)));
+  const Tensor n = tanh(add(part(gi, 2), mul(r, part(gh, 2))));
+  const Tensor h1 = add(n, mul(z, sub(hb, n)));  // (1 - z) n + z h
+  return x.dim() == 1 ? h1.squeeze(0) : h1;
+}
+
+Tensor rnn_tanh_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                     const Tensor& b_hh) {
+  check_cell("rnn_tanh_cell", 1, x, h, w_ih, w_hh, b_ih, b_hh);
+  const Tensor h1 = tanh(cell_gates(batched(x), batched(h), w_ih, w_hh, b_ih, b_hh));
+  return x.dim() == 1 ? h1.squeeze(0) : h1;
+}
+
+}  // namespace mp

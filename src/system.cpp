@@ -1,0 +1,55 @@
+#include "mp/system.hpp"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "backend/cpu/onednn_matmul.hpp"
+
+namespace mp {
+
+SystemInfo system_info() {
+  SystemInfo s;
+  s.version = "0.1.0";
+  s.cpu = cpu_features();
+  const dnnl_version_t* v = dnnl_version();
+  s.onednn_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  auto impl = [](DType dt) {
+    try {
+      return backend::cpu::matmul_impl_info(backend::cpu::MatmulArgs::contiguous(1, 256, 256, 256, dt, DType::f32));
+    } catch (const Error& e) {
+      return std::string("unavailable: ") + e.what();
+    }
+  };
+  s.onednn_f32_matmul_impl = impl(DType::f32);
+  s.onednn_bf16_matmul_impl = impl(DType::bf16);
+#if defined(MP_HAVE_CUDA)
+  s.cuda_built = true;
+  s.cuda_status = "CUDA backend compiled in; device query not yet implemented";
+#else
+  s.cuda_built = false;
+  s.cuda_status = "not built (configure with -DMP_CUDA=ON on a machine with nvcc)";
+#endif
+  return s;
+}
+
+PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu) {
+  if (cpu.amx_bf16)
+    return {DType::bf16, "AMX-BF16 tiles: bf16 matmul/convolution run several times faster than f32 "
+                         "(f32 accumulation); bf16 keeps f32's range, so no loss scaling is needed"};
+  if (cpu.avx512_bf16)
+    return {DType::bf16, "AVX512-BF16 dot products: bf16 matmul/convolution are faster than f32 and halve "
+                         "activation memory; no loss scaling needed"};
+  return {DType::f32, "no bf16 compute instructions: bf16/f16 on this CPU only save memory (storage-only, "
+                      "computed through f32) and cost conversion time"};
+}
+
+PrecisionAdvice gpu_precision_advice(const GpuInfo& g) {
+  const int cc = g.cc_major * 10 + g.cc_minor;
+  if (cc >= 80)
+    return {DType::bf16, "compute capability >= 8.0: bf16 and f16 tensor cores; prefer bf16 (f32 range, no loss "
+                         "scaling)"};
+  if (cc >= 70)
+    return {DType::f16, "compute capability 7.x: f16 tensor cores (no bf16); use dynamic loss scaling"};
+  return {DType::f16, "compute capability < 7.0: no tensor cores: f16 halves memory but gives no speed-up"};
+}
+
+}  // namespace mp

@@ -1,0 +1,300 @@
+// Recurrent cells: lstm_gates (fused kernels) against hand computations, gradient checks (f64),
+// 16-bit precision against f32 (tolerance table below); lstm_cell, gru_cell and rnn_tanh_cell
+// against loops written out here and gradient checks; error messages.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "mp/mp.hpp"
+
+using namespace mp;
+using autograd::gradcheck;
+
+namespace {
+
+Tensor leaf(const Shape& s, double lo = -1.0, double hi = 1.0) {
+  return rand(s, {.dtype = DType::f64}, lo, hi).requires_grad_();
+}
+void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
+
+template <class F>
+void expect_error(F&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected mp::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+// max over i of |a_i - b_i| - (atol + rtol |b_i|); <= 0 means every element is within tolerance.
+double excess(const Tensor& a, const Tensor& b, double atol, double rtol) {
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  EXPECT_EQ(va.size(), vb.size());
+  double worst = -1e300;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i)
+    worst = std::max(worst, std::abs(va[i] - vb[i]) - (atol + rtol * std::abs(vb[i])));
+  return worst;
+}
+
+// Note [16-bit tolerance table] (same scheme as tests/ops/test_norm.cpp). "same input": the f32 op
+// runs on the 16-bit values converted back to f32, so the arithmetic is identical and only the final
+// rounding differs (<= half an ulp); one ulp allowed. "lstm end to end": gates uniform in [-4, 4], c
+// in [-2, 2], all rounded (relative u = 2^-9 bf16, 2^-11 f16): dc' <= |c| sigma'(f) 4u + |g| sigma'(i)
+// 4u + tanh'(g) 4u + f 2u + |c'| u = (2 + 1 + 4 + 2 + 3) u = 12 u; dh' <= sigma'(o) 4u + dc' + |h'| u
+// ~ 11 u. Allowed 12 u for both.
+struct Tol {
+  const char* what;
+  DType dtype;
+  double atol, rtol;
+  const char* reason;
+};
+const Tol kTolerances[] = {
+    {"same input", DType::bf16, 1e-6, 1.0 / 256, "identical f32 math, one final rounding (<= 2^-9 rel)"},
+    {"same input", DType::f16, 1e-6, 1.0 / 1024, "identical f32 math, one final rounding (<= 2^-11 rel)"},
+    {"lstm end to end", DType::bf16, 12.0 / 512, 0.0, "gate and cell rounding through the sigmoid/tanh slopes"},
+    {"lstm end to end", DType::f16, 12.0 / 2048, 0.0, "gate and cell rounding through the sigmoid/tanh slopes"},
+};
+const Tol& tol(const std::string& what, DType dt) {
+  for (const Tol& t : kTolerances)
+    if (what == t.what && t.dtype == dt) return t;
+  throw std::runtime_error("no tolerance for " + what);
+}
+
+double sigm(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+
+// Row-major helpers for the hand references.
+std::vector<double> vec(const Tensor& t) { return t.to_vector<double>(); }
+// y[b][o] = sum_i x[b][i] w[o][i] + bias[o] (bias may be empty).
+std::vector<double> affine(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& bias,
+                           int64_t B, int64_t in, int64_t out) {
+  std::vector<double> y(static_cast<size_t>(B * out), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = bias.empty() ? 0.0 : bias[o];
+      for (int64_t i = 0; i < in; ++i) s += x[b * in + i] * w[o * in + i];
+      y[b * out + o] = s;
+    }
+  return y;
+}
+
+// Forward of the fused gates by hand: returns (h', c').
+std::pair<std::vector<double>, std::vector<double>> lstm_ref(const std::vector<double>& gates,
+                                                             const std::vector<double>& c, int64_t B, int64_t H) {
+  std::vector<double> h1(c.size()), c1(c.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < H; ++j) {
+      const double* g = gates.data() + b * 4 * H;
+      const double i = sigm(g[j]), f = sigm(g[H + j]), gg = std::tanh(g[2 * H + j]), o = sigm(g[3 * H + j]);
+      c1[b * H + j] = f * c[b * H + j] + i * gg;
+      h1[b * H + j] = o * std::tanh(c1[b * H + j]);
+    }
+  return {h1, c1};
+}
+
+void expect_near_vec(const std::vector<double>& a, const std::vector<double>& b, double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], tol) << "element " << i;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ lstm_gates
+
+TEST(LstmGates, ForwardMatchesHandComputation) {
+  const int64_t B = 2, H = 3;
+  Tensor gates = rand({B, 4 * H}, {.dtype = DType::f64}, -3, 3), c = rand({B, H}, {.dtype = DType::f64}, -2, 2);
+  auto [h1, c1] = lstm_gates(gates, c);
+  auto [rh, rc] = lstm_ref(vec(gates), vec(c), B, H);
+  expect_near_vec(vec(h1), rh, 1e-14);
+  expect_near_vec(vec(c1), rc, 1e-14);
+  EXPECT_EQ(h1.sizes(), (Shape{B, H}));
+  // Extreme pre-activations saturate without overflow (sigmoid never evaluates exp(+large)).
+  Tensor big = full({1, 4}, 200.0), c0 = zeros({1, 1});
+  auto [hb, cb] = lstm_gates(big, c0);
+  EXPECT_FLOAT_EQ(cb.item<float>(), 1.0f);
+  EXPECT_FLOAT_EQ(hb.item<float>(), std::tanh(1.0f));
+  auto [hn, cn] = lstm_gates(neg(big), c0);
+  EXPECT_EQ(cn.item<float>(), 0.0f);
+  EXPECT_FALSE(std::isnan(hn.item<float>()));
+}
+
+TEST(LstmGates, Gradcheck) {
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    auto [h, c] = lstm_gates(in[0], in[1]);
+    return std::vector<Tensor>{h, c};
+  }, {leaf({3, 8}, -2, 2), leaf({3, 2}, -1.5, 1.5)}));
+  // Only h' used (c' receives a zero gradient from the engine).
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{lstm_gates(in[0], in[1]).first};
+  }, {leaf({2, 12}, -2, 2), leaf({2, 3})}));
+  // Only c' used; gates only (c constant).
+  Tensor c = rand({2, 3}, {.dtype = DType::f64});
+  expect_ok(gradcheck([&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{lstm_gates(in[0], c).second};
+  }, {leaf({2, 12}, -2, 2)}));
+}
+
+TEST(LstmGates, WideHiddenMatchesCompositeOps) {
+  // H = 600 spans two blocks of the kernel loop; reference built from sigmoid/tanh ops, f64.
+  const int64_t B = 5, H = 600;
+  Tensor gates = rand({B, 4 * H}, {.dtype = DType::f64}, -3, 3).requires_grad_();
+  Tensor c = rand({B, H}, {.dtype = DType::f64}, -2, 2).requires_grad_();
+  Tensor dh = randn({B, H}, {.dtype = DType::f64}), dc = randn({B, H}, {.dtype = DType::f64});
+  auto [h1, c1] = lstm_gates(gates, c);
+  auto g = autograd::grad({h1, c1}, {gates, c}, {dh, dc});
+  Tensor gr = gates.detach().requires_grad_(), cr = c.detach().requires_grad_();
+  Tensor i = sigmoid(gr.narrow(1, 0, H)), f = sigmoid(gr.narrow(1, H, H));
+  Tensor gg = tanh(gr.narrow(1, 2 * H, H)), o = sigmoid(gr.narrow(1, 3 * H, H));
+  Tensor c1r = f * cr + i * gg, h1r = o * tanh(c1r);
+  auto gref = autograd::grad({h1r, c1r}, {gr, cr}, {dh, dc});
+  EXPECT_LE(excess(h1, h1r, 1e-14, 0), 0.0);
+  EXPECT_LE(excess(c1, c1r, 1e-14, 0), 0.0);
+  EXPECT_LE(excess(g[0], gref[0], 1e-13, 0), 0.0);
+  EXPECT_LE(excess(g[1], gref[1], 1e-13, 0), 0.0);
+}
+
+TEST(LstmGates, LowPrecisionAgainstF32) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t B = 7, H = 70;
+    Tensor gates = rand({B, 4 * H}, {}, -4, 4), c = rand({B, H}, {}, -2, 2);
+    Tensor dh = randn({B, H}).to(dt), dc = randn({B, H}).to(dt);
+    Tensor gl = gates.to(dt).requires_grad_(), cl = c.to(dt).requires_grad_();
+    Tensor gs = gates.to(dt).to(DType::f32).requires_grad_(), cs = c.to(dt).to(DType::f32).requires_grad_();
+    auto [hl, c1l] = lstm_gates(gl, cl);
+    auto [hs, c1s] = lstm_gates(gs, cs);
+    EXPECT_EQ(hl.dtype(), dt);
+    EXPECT_EQ(c1l.dtype(), dt);
+    const Tol& same = tol("same input", dt);
+    EXPECT_LE(excess(hl, hs, same.atol, same.rtol), 0.0) << same.reason;
+    EXPECT_LE(excess(c1l, c1s, same.atol, same.rtol), 0.0) << same.reason;
+    auto grl = autograd::grad({hl, c1l}, {gl, cl}, {dh, dc});
+    auto grs = autograd::grad({hs, c1s}, {gs, cs}, {dh.to(DType::f32), dc.to(DType::f32)});
+    EXPECT_EQ(grl[0].dtype(), dt);
+    EXPECT_LE(excess(grl[0], grs[0], same.atol, same.rtol), 0.0) << same.reason;
+    EXPECT_LE(excess(grl[1], grs[1], same.atol, same.rtol), 0.0) << same.reason;
+    auto [h32, c32] = lstm_gates(gates, c);
+    const Tol& e2e = tol("lstm end to end", dt);
+    EXPECT_LE(excess(hl, h32, e2e.atol, e2e.rtol), 0.0) << e2e.reason;
+    EXPECT_LE(excess(c1l, c32, e2e.atol, e2e.rtol), 0.0) << e2e.reason;
+  }
+}
+
+TEST(LstmGates, Bf16GatesWithF32CellStateKeepF32State) {
+  Tensor gates = rand({3, 16}, {}, -2, 2).to(DType::bf16).requires_grad_();
+  Tensor c = rand({3, 4}, {}, -1, 1).requires_grad_();
+  auto [h1, c1] = lstm_gates(gates, c);
+  EXPECT_EQ(h1.dtype(), DType::f32);
+  EXPECT_EQ(c1.dtype(), DType::f32);
+  // Exactly the f32 computation on the bf16 gate values (no rounding anywhere: outputs are f32).
+  auto [hr, cr] = lstm_gates(gates.detach().to(DType::f32), c.detach());
+  EXPECT_EQ(h1.to_vector<float>(), hr.to_vector<float>());
+  EXPECT_EQ(c1.to_vector<float>(), cr.to_vector<float>());
+  sum(h1 + c1).backward();
+  EXPECT_EQ(gates.grad().dtype(), DType::bf16);
+  EXPECT_EQ(c.grad().dtype(), DType::f32);
+}
+
+TEST(LstmGates, ErrorsNameExpectedAndGot) {
+  expect_error([] { lstm_gates(zeros({2, 10}), zeros({2, 3})); }, {"lstm_gates", "[2, 12]", "got [2, 10]"});
+  expect_error([] { lstm_gates(zeros({3, 12}), zeros({2, 3})); }, {"lstm_gates", "[2, 12]", "got [3, 12]"});
+  expect_error([] { lstm_gates(zeros({2, 12}), zeros({6})); }, {"lstm_gates", "[B, H]", "got [6]"});
+  expect_error([] { lstm_gates(zeros({2, 12}, {.dtype = DType::i64}), zeros({2, 3})); }, {"lstm_gates", "i64"});
+}
+
+// ------------------------------------------------------------------------------ cells
+
+TEST(LstmCell, MatchesHandComputation) {
+  const int64_t B = 2, I = 3, H = 4;
+  Tensor x = rand({B, I}, {.dtype = DType::f64}), h = rand({B, H}, {.dtype = DType::f64});
+  Tensor c = rand({B, H}, {.dtype = DType::f64});
+  Tensor wi = rand({4 * H, I}, {.dtype = DType::f64}), wh = rand({4 * H, H}, {.dtype = DType::f64});
+  Tensor bi = rand({4 * H}, {.dtype = DType::f64}), bh = rand({4 * H}, {.dtype = DType::f64});
+  auto [h1, c1] = lstm_cell(x, h, c, wi, wh, bi, bh);
+  std::vector<double> gi = affine(vec(x), vec(wi), vec(bi), B, I, 4 * H);
+  std::vector<double> gh = affine(vec(h), vec(wh), vec(bh), B, H, 4 * H);
+  for (size_t k = 0; k < gi.size(); ++k) gi[k] += gh[k];
+  auto [rh, rc] = lstm_ref(gi, vec(c), B, H);
+  expect_near_vec(vec(h1), rh, 1e-12);
+  expect_near_vec(vec(c1), rc, 1e-12);
+  // Without biases, and unbatched.
+  auto [h2, c2] = lstm_cell(x.select(0, 1), h.select(0, 1), c.select(0, 1), wi, wh);
+  std::vector<double> g2 = affine(vec(x.select(0, 1)), vec(wi), {}, 1, I, 4 * H);
+  std::vector<double> g2h = affine(vec(h.select(0, 1)), vec(wh), {}, 1, H, 4 * H);
+  for (size_t k = 0; k < g2.size(); ++k) g2[k] += g2h[k];
+  auto [rh2, rc2] = lstm_ref(g2, vec(c.select(0, 1)), 1, H);
+  EXPECT_EQ(h2.sizes(), (Shape{H}));
+  expect_near_vec(vec(h2), rh2, 1e-12);
+  expect_near_vec(vec(c2), rc2, 1e-12);
+}
+
+TEST(LstmCell, Gradcheck) {
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    auto [h, c] = lstm_cell(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
+    return std::vector<Tensor>{h, c};
+  }, {leaf({2, 3}), leaf({2, 2}), leaf({2, 2}), leaf({8, 3}), leaf({8, 2}), leaf({8}), leaf({8})}));
+}
+
+TEST(GruCell, MatchesHandComputation) {
+  const int64_t B = 3, I = 2, H = 4;
+  Tensor x = rand({B, I}, {.dtype = DType::f64}, -2, 2), h = rand({B, H}, {.dtype = DType::f64});
+  Tensor wi = rand({3 * H, I}, {.dtype = DType::f64}), wh = rand({3 * H, H}, {.dtype = DType::f64});
+  Tensor bi = rand({3 * H}, {.dtype = DType::f64}), bh = rand({3 * H}, {.dtype = DType::f64});
+  Tensor h1 = gru_cell(x, h, wi, wh, bi, bh);
+  const auto gi = affine(vec(x), vec(wi), vec(bi), B, I, 3 * H), gh = affine(vec(h), vec(wh), vec(bh), B, H, 3 * H);
+  const auto hv = vec(h);
+  std::vector<double> ref(static_cast<size_t>(B * H));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < H; ++j) {
+      const int64_t o = b * 3 * H;
+      const double r = sigm(gi[o + j] + gh[o + j]);
+      const double z = sigm(gi[o + H + j] + gh[o + H + j]);
+      const double n = std::tanh(gi[o + 2 * H + j] + r * gh[o + 2 * H + j]);
+      ref[b * H + j] = (1 - z) * n + z * hv[b * H + j];
+    }
+  expect_near_vec(vec(h1), ref, 1e-12);
+  EXPECT_EQ(gru_cell(x.select(0, 0), h.select(0, 0), wi, wh, bi, bh).sizes(), (Shape{H}));
+}
+
+TEST(GruCell, Gradcheck) {
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{gru_cell(in[0], in[1], in[2], in[3], in[4], in[5])};
+  }, {leaf({2, 3}), leaf({2, 2}), leaf({6, 3}), leaf({6, 2}), leaf({6}), leaf({6})}));
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{gru_cell(in[0], in[1], in[2], in[3])};
+  }, {leaf({2, 3}), leaf({2, 2}), leaf({6, 3}), leaf({6, 2})}));
+}
+
+TEST(RnnTanhCell, MatchesHandComputationAndGradcheck) {
+  const int64_t B = 2, I = 3, H = 2;
+  Tensor x = rand({B, I}, {.dtype = DType::f64}), h = rand({B, H}, {.dtype = DType::f64});
+  Tensor wi = rand({H, I}, {.dtype = DType::f64}), wh = rand({H, H}, {.dtype = DType::f64});
+  Tensor bi = rand({H}, {.dtype = DType::f64}), bh = rand({H}, {.dtype = DType::f64});
+  const auto gi = affine(vec(x), vec(wi), vec(bi), B, I, H), gh = affine(vec(h), vec(wh), vec(bh), B, H, H);
+  std::vector<double> ref(gi.size());
+  for (size_t k = 0; k < gi.size(); ++k) ref[k] = std::tanh(gi[k] + gh[k]);
+  expect_near_vec(vec(rnn_tanh_cell(x, h, wi, wh, bi, bh)), ref, 1e-12);
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{rnn_tanh_cell(in[0], in[1], in[2], in[3], in[4], in[5])};
+  }, {leaf({2, 3}), leaf({2, 2}), leaf({2, 3}), leaf({2, 2}), leaf({2}), leaf({2})}));
+}
+
+TEST(Cells, ErrorsNameExpectedAndGot) {
+  Tensor x = zeros({2, 3}), h = zeros({2, 4}), c = zeros({2, 4});
+  expect_error([&] { lstm_cell(x, h, c, zeros({16, 5}), zeros({16, 4})); },
+               {"lstm_cell", "w_ih", "[16, 3]", "got [16, 5]"});
+  expect_error([&] { lstm_cell(x, h, c, zeros({16, 3}), zeros({12, 4})); },
+               {"lstm_cell", "w_hh", "[16, 4]", "got [12, 4]"});
+  expect_error([&] { lstm_cell(x, h, zeros({2, 5}), zeros({16, 3}), zeros({16, 4})); },
+               {"lstm_cell", "cell state", "[2, 4]", "got [2, 5]"});
+  expect_error([&] { lstm_cell(x, zeros({3, 4}), c, zeros({16, 3}), zeros({16, 4})); },
+               {"lstm_cell", "batch size 2", "got [3, 4]"});
+  expect_error([&] { gru_cell(x, h, zeros({12, 3}), zeros({12, 4}), zeros({16})); },
+               {"gru_cell", "b_ih", "[12]", "got [16]"});
+  expect_error([&] { rnn_tanh_cell(zeros({2, 3, 1}), h, zeros({4, 3}), zeros({4, 4})); },
+               {"rnn_tanh_cell", "[B, I]", "got [2, 3, 1]"});
+}
