@@ -108,8 +108,9 @@ void bench_conv() {
       {"512->512, 4x4, 3x3", conv(32, 512, 4, 512, 3, 1, 1)},
       {"128->256, 16x16, 1x1 s2", conv(32, 128, 16, 256, 1, 2, 0)},
   };
-  std::printf("\n### conv2d, batch 32, NCHW/OIHW in and out (reorders included; bf16 = bf16 input, weight and "
-              "output, f32 weight gradient)\n\n");
+  std::printf(
+      "\n### conv2d, batch 32, NCHW/OIHW in and out (reorders included; bf16 = bf16 input, weight and "
+      "output, f32 weight gradient)\n\n");
   std::printf("| shape | pass | f32 TFLOP/s | bf16 TFLOP/s | bf16/f32 | f32 kernel | bf16 kernel |\n");
   std::printf("|---|---|---:|---:|---:|---|---|\n");
   for (const ConvShape& shape : shapes) {

@@ -3,6 +3,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "mp/amp/autocast.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/ops/pointwise.hpp"
 #include "mp/ops/reduce.hpp"
@@ -147,6 +148,7 @@ void accumulate(std::vector<Tensor>& buf, size_t slot, const Tensor& g) {
 void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, bool retain_graph, GraphTask& task,
          bool capture_only) {
   NoGradGuard ng;
+  amp::AutocastSuspend no_autocast;  // backward ops run in the dtypes the forward chose
   // Count dependencies (how many edges lead into each node).
   std::vector<Node*> stack;
   std::unordered_map<Node*, bool> seen;

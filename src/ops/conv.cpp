@@ -1,4 +1,5 @@
 // conv2d: argument checks, dtype promotion of input and weight, dispatch and autograd.
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/conv.hpp"
 
 #include "backend/conv_kernels.hpp"
@@ -49,6 +50,7 @@ void check_conv_args(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opt) {
+  MP_AUTOCAST(amp::Op::conv2d, conv2d, x, x, weight, bias, opt);
   check_conv_args(x, weight, bias, opt);
   const backend::Conv2dGeometry geo{opt.stride, opt.padding, opt.dilation, opt.groups};
   const int64_t N = x.size(0), O = weight.size(0), kh = weight.size(2), kw = weight.size(3);

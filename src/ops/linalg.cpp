@@ -1,4 +1,5 @@
 // matmul, bmm, linear: shape logic, broadcasting of batch dims, dispatch and autograd.
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/linalg.hpp"
 
 #include "backend/linalg_kernels.hpp"
@@ -52,6 +53,7 @@ Tensor matmul_values(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor matmul(const Tensor& a0, const Tensor& b0) {
+  MP_AUTOCAST(amp::Op::matmul, matmul, a0, a0, b0);
   check_operands(a0, b0, "matmul");
   MP_CHECK(a0.dim() >= 1 && b0.dim() >= 1, "matmul: expected tensors with at least 1 dim, got ", a0.describe(),
            " and ", b0.describe());
@@ -84,6 +86,7 @@ Tensor matmul(const Tensor& a0, const Tensor& b0) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  MP_AUTOCAST(amp::Op::bmm, bmm, a, a, b);
   check_operands(a, b, "bmm");
   MP_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0), "bmm: expected [B, n, k] and [B, k, m], got ",
            a.describe(), " and ", b.describe());
@@ -91,6 +94,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  MP_AUTOCAST(amp::Op::linear, linear, x, x, w, bias);
   check_operands(x, w, "linear");
   MP_CHECK(w.dim() == 2, "linear: expected weight [out, in], got ", w.describe());
   MP_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input ", x.describe(), " has ",

@@ -1,6 +1,7 @@
 // Losses: cross entropy (fused log-softmax + NLL), NLL on log-probabilities, mean squared error.
 // The class losses always compute and return f32 (f64 for f64 input); their gradient wrt the input is
 // produced in the input's dtype.
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/loss.hpp"
 
 #include "backend/softmax_kernels.hpp"
@@ -91,14 +92,17 @@ Tensor class_loss(const char* op, const Tensor& input, const Tensor& target, con
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opt) {
+  MP_AUTOCAST(amp::Op::cross_entropy, cross_entropy, logits, logits, target, opt);
   return class_loss("cross_entropy", logits, target, opt, false);
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const CrossEntropyOptions& opt) {
+  MP_AUTOCAST(amp::Op::nll_loss, nll_loss, log_probs, log_probs, target, opt);
   return class_loss("nll_loss", log_probs, target, opt, true);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  MP_AUTOCAST(amp::Op::mse_loss, mse_loss, input, input, target, reduction);
   MP_CHECK(input.defined() && target.defined(), "mse_loss: got an undefined tensor");
   MP_CHECK(is_floating(input.dtype()) && is_floating(target.dtype()),
            "mse_loss: expected floating input and target, got ", input.describe(), " and ", target.describe(),

@@ -1,5 +1,6 @@
 // Normalisation ops: batch_norm and layer_norm (argument checks, dispatch to the fused kernels,
 // running-statistics update, autograd).
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/norm.hpp"
 
 #include <utility>
@@ -109,6 +110,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  MP_AUTOCAST(amp::Op::layer_norm, layer_norm, x, x, normalized_shape, weight, bias, eps);
   constexpr const char* op = "layer_norm";
   MP_CHECK(x.defined(), op, ": got an undefined input");
   MP_CHECK(is_floating(x.dtype()), op, ": expected a floating input (f32, f64, f16, bf16), got ", x.describe(),

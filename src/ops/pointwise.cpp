@@ -1,4 +1,5 @@
 // Element-wise ops: argument checks, type promotion, broadcasting, dispatch, autograd.
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/pointwise.hpp"
 
 #include "backend/pointwise_kernels.hpp"
@@ -53,6 +54,7 @@ Tensor binary_values(PointwiseOp op, const Tensor& a, const Tensor& b, const cha
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  MP_AUTOCAST(amp::Op::add, add, a, a, b, alpha);
   Tensor out = alpha == 1.0 ? binary_values(PointwiseOp::add, a, b, "add")
                             : binary_values(PointwiseOp::add_scaled, a, b, "add", {.scalar0 = alpha});
   Shape sa = a.sizes(), sb = b.sizes();
@@ -64,6 +66,7 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  MP_AUTOCAST(amp::Op::sub, sub, a, a, b);
   Tensor out = binary_values(PointwiseOp::sub, a, b, "sub");
   Shape sa = a.sizes(), sb = b.sizes();
   autograd::record("SubBackward", {a, b}, {out}, [sa, sb](const std::vector<Tensor>& g) {
@@ -73,6 +76,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  MP_AUTOCAST(amp::Op::mul, mul, a, a, b);
   Tensor out = binary_values(PointwiseOp::mul, a, b, "mul");
   if (autograd::any_requires_grad({&a, &b})) {
     Tensor sa = a.requires_grad() ? b.detach() : Tensor(), sb = b.requires_grad() ? a.detach() : Tensor();
@@ -86,6 +90,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  MP_AUTOCAST(amp::Op::div, div, a, a, b);
   Tensor out = binary_values(PointwiseOp::div, a, b, "div");
   if (autograd::any_requires_grad({&a, &b})) {
     Tensor ad = a.detach(), bd = b.detach();
@@ -101,6 +106,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
+  MP_AUTOCAST(amp::Op::pow, pow, a, a, b);
   Tensor out = binary_values(PointwiseOp::pow, a, b, "pow");
   if (autograd::any_requires_grad({&a, &b})) {
     Tensor ad = a.detach(), bd = b.detach(), od = out.detach();
@@ -117,6 +123,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, double e) {
+  MP_AUTOCAST(amp::Op::pow, pow, a, a, e);
   Tensor out = unary(PointwiseOp::pow_scalar, a, "pow", {.scalar0 = e});
   if (autograd::any_requires_grad({&a})) {
     Tensor ad = a.detach();
@@ -162,8 +169,14 @@ Tensor extremum(PointwiseOp op, const Tensor& a, const Tensor& b, const char* na
 }
 }  // namespace
 
-Tensor maximum(const Tensor& a, const Tensor& b) { return extremum(PointwiseOp::maximum, a, b, "maximum"); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return extremum(PointwiseOp::minimum, a, b, "minimum"); }
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  MP_AUTOCAST(amp::Op::maximum, maximum, a, a, b);
+  return extremum(PointwiseOp::maximum, a, b, "maximum");
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  MP_AUTOCAST(amp::Op::minimum, minimum, a, a, b);
+  return extremum(PointwiseOp::minimum, a, b, "minimum");
+}
 
 Tensor neg(const Tensor& x) {
   Tensor out = unary(PointwiseOp::neg, x, "neg");
@@ -172,6 +185,7 @@ Tensor neg(const Tensor& x) {
 }
 
 Tensor exp(const Tensor& x) {
+  MP_AUTOCAST(amp::Op::exp, exp, x, x);
   Tensor out = unary(PointwiseOp::exp, x, "exp");
   if (autograd::any_requires_grad({&x})) {
     Tensor od = out.detach();
@@ -181,6 +195,7 @@ Tensor exp(const Tensor& x) {
 }
 
 Tensor log(const Tensor& x) {
+  MP_AUTOCAST(amp::Op::log, log, x, x);
   Tensor out = unary(PointwiseOp::log, x, "log");
   if (autograd::any_requires_grad({&x})) {
     Tensor xd = x.detach();
@@ -200,6 +215,7 @@ Tensor sqrt(const Tensor& x) {
 }
 
 Tensor rsqrt(const Tensor& x) {
+  MP_AUTOCAST(amp::Op::rsqrt, rsqrt, x, x);
   Tensor out = unary(PointwiseOp::rsqrt, x, "rsqrt");
   if (autograd::any_requires_grad({&x})) {
     Tensor od = out.detach();
@@ -274,6 +290,7 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  MP_AUTOCAST(amp::Op::where, where, a, cond, a, b);
   check_same_device(a, b, "where");
   check_same_device(cond, a, "where");
   const Shape shape = broadcast_shapes(broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");

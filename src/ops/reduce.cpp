@@ -1,4 +1,5 @@
 // Reductions: sum, mean, var, amax/amin, max with indices, argmax, sum_to_size.
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/reduce.hpp"
 
 #include <algorithm>
@@ -91,13 +92,18 @@ Tensor extreme_impl(bool is_max, const Tensor& x, const std::vector<bool>& mask,
 
 }  // namespace
 
-Tensor sum(const Tensor& x) { return sum_impl(x, dim_mask(x, {}, "sum"), false); }
+Tensor sum(const Tensor& x) {
+  MP_AUTOCAST(amp::Op::sum, sum, x, x);
+  return sum_impl(x, dim_mask(x, {}, "sum"), false);
+}
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+  MP_AUTOCAST(amp::Op::sum, sum, x, x, dims, keepdim);
   return sum_impl(x, dim_mask(x, dims, "sum"), keepdim);
 }
 
 Tensor mean(const Tensor& x) { return mean(x, {}, false); }
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+  MP_AUTOCAST(amp::Op::mean, mean, x, x, dims, keepdim);
   MP_CHECK(is_floating(x.dtype()), "mean: expected a floating tensor, got ", x.describe());
   auto mask = dim_mask(x, dims, "mean");
   const int64_t n = reduced_count(x, mask);
@@ -105,6 +111,7 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
+  MP_AUTOCAST(amp::Op::var, var, x, x, dims, correction, keepdim);
   MP_CHECK(is_floating(x.dtype()), "var: expected a floating tensor, got ", x.describe());
   auto mask = dim_mask(x, dims, "var");
   const int64_t n = reduced_count(x, mask);

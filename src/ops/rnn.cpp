@@ -1,5 +1,6 @@
 // Recurrent cells: lstm_gates (fused gate arithmetic, forward and backward kernels), lstm_cell,
 // gru_cell and rnn_tanh_cell (matmuls through mp::linear plus point-wise ops).
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/rnn.hpp"
 
 #include "backend/rnn_kernels.hpp"
@@ -110,6 +111,7 @@ std::pair<Tensor, Tensor> lstm_gates(const Tensor& gates, const Tensor& c) {
 
 std::pair<Tensor, Tensor> lstm_cell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& w_ih,
                                     const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh) {
+  MP_AUTOCAST(amp::Op::lstm_cell, lstm_cell, x, x, h, c, w_ih, w_hh, b_ih, b_hh);
   constexpr const char* op = "lstm_cell";
   check_cell(op, 4, x, h, w_ih, w_hh, b_ih, b_hh);
   check_floating(c, op, "cell state c");
@@ -123,6 +125,7 @@ std::pair<Tensor, Tensor> lstm_cell(const Tensor& x, const Tensor& h, const Tens
 
 Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                 const Tensor& b_hh) {
+  MP_AUTOCAST(amp::Op::gru_cell, gru_cell, x, x, h, w_ih, w_hh, b_ih, b_hh);
   check_cell("gru_cell", 3, x, h, w_ih, w_hh, b_ih, b_hh);
   const Tensor xb = batched(x), hb = batched(h);
   const int64_t H = hb.size(1);
@@ -138,6 +141,7 @@ Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tens
 
 Tensor rnn_tanh_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                      const Tensor& b_hh) {
+  MP_AUTOCAST(amp::Op::rnn_tanh_cell, rnn_tanh_cell, x, x, h, w_ih, w_hh, b_ih, b_hh);
   check_cell("rnn_tanh_cell", 1, x, h, w_ih, w_hh, b_ih, b_hh);
   const Tensor h1 = tanh(cell_gates(batched(x), batched(h), w_ih, w_hh, b_ih, b_hh));
   return x.dim() == 1 ? h1.squeeze(0) : h1;

@@ -1,4 +1,5 @@
 // Joining and splitting: cat, stack (copies), split, chunk (views).
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/shape.hpp"
 
 #include <algorithm>
@@ -16,6 +17,7 @@ bool skippable(const Tensor& t) { return t.dim() == 1 && t.sizes()[0] == 0; }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   MP_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
+  MP_AUTOCAST(amp::Op::cat, cat, tensors[0], tensors, dim);
   for (size_t i = 0; i < tensors.size(); ++i) {
     MP_CHECK(tensors[i].defined(), "cat: tensor ", i, " is undefined");
     MP_CHECK(tensors[i].dim() > 0, "cat: tensor ", i, " is 0-dim and cannot be concatenated; unsqueeze it or use stack");
@@ -71,6 +73,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   MP_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
+  MP_AUTOCAST(amp::Op::stack, stack, tensors[0], tensors, dim);
   for (size_t i = 0; i < tensors.size(); ++i) {
     MP_CHECK(tensors[i].defined(), "stack: tensor ", i, " is undefined");
     MP_CHECK(tensors[i].sizes() == tensors[0].sizes(), "stack: tensor ", i, " has shape ",

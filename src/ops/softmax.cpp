@@ -1,4 +1,5 @@
 // Softmax and log-softmax along any dim: argument checks, dispatch to the fused kernels, autograd.
+#include "mp/amp/autocast.hpp"
 #include "mp/ops/softmax.hpp"
 
 #include <algorithm>
@@ -45,7 +46,14 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  MP_AUTOCAST(amp::Op::softmax, softmax, x, x, dim);
+  return softmax_impl(x, dim, false);
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  MP_AUTOCAST(amp::Op::log_softmax, log_softmax, x, x, dim);
+  return softmax_impl(x, dim, true);
+}
 
 }  // namespace mp

@@ -352,10 +352,19 @@ Tensor Tensor::to(DType dt) const {
     autograd::NoGradGuard ng;
     copy_into(out, detach());
   }
-  if (is_floating(dt) && is_floating(dtype())) {
-    DType src_dt = dtype();
-    autograd::record("ToCopyBackward", {*this}, {out},
-                     [src_dt](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(src_dt)}; });
+  if (is_floating(dt) && is_floating(dtype()) && autograd::any_requires_grad({this})) {
+    // A cast saves nothing, so its node may run again after a backward (the autocast cache reuses
+    // one cast of a parameter across micro-batches).
+    class ToCopyBackward final : public autograd::Node {
+     public:
+      explicit ToCopyBackward(DType src) : src_(src) {}
+      std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {g[0].to(src_)}; }
+      std::string name() const override { return "ToCopyBackward"; }
+
+     private:
+      DType src_;
+    };
+    autograd::connect(std::make_shared<ToCopyBackward>(dtype()), {*this}, {out});
   }
   return out;
 }

@@ -27,7 +27,8 @@ struct Tensor {
   std::vector<float> values;
   std::vector<uint8_t> bytes;
 
-  Tensor(DType storage_dtype, int64_t count) : storage(storage_dtype), values(count), bytes(count * dtype_size(storage_dtype)) {}
+  Tensor(DType storage_dtype, int64_t count)
+      : storage(storage_dtype), values(count), bytes(count * dtype_size(storage_dtype)) {}
   Tensor(DType storage_dtype, DType compute, int64_t count, std::mt19937& rng) : Tensor(storage_dtype, count) {
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     for (int64_t i = 0; i < count; ++i) {
@@ -128,7 +129,8 @@ void check_conv(const Conv2dArgs& a, bool bias, uint32_t seed = 7) {
   Tensor diff_src(a.src_dtype, src_n);
   conv2d_backward_data(a, diff_dst.data(), wei.data(), diff_src.data());
   Reference bwd_data(src_n);  // diff_src = J^T diff_dst: every tap sends diff_dst * weight back to its input
-  for_each_tap(a, [&](int64_t d, int64_t s, int64_t w) { bwd_data.add(s, double(diff_dst.values[d]) * wei.values[w]); });
+  for_each_tap(a,
+               [&](int64_t d, int64_t s, int64_t w) { bwd_data.add(s, double(diff_dst.values[d]) * wei.values[w]); });
   expect_close("diff_src", diff_src, bwd_data, opg * a.kh * a.kw, a.src_dtype);
 
   Tensor diff_wei(kF32, wei_n), diff_bias(kF32, a.oc);

@@ -20,8 +20,8 @@ namespace {
 // A strided buffer of `dtype` whose values are kept in a float mirror (exactly representable in `dtype`).
 struct Buffer {
   DType dtype = DType::f32;
-  std::vector<float> values;      // the mirror, used by the reference
-  std::vector<uint8_t> bytes;     // what the kernel sees
+  std::vector<float> values;   // the mirror, used by the reference
+  std::vector<uint8_t> bytes;  // what the kernel sees
 
   Buffer(DType t, int64_t elements, std::mt19937& rng) : dtype(t), values(elements), bytes(elements * dtype_size(t)) {
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -236,6 +236,49 @@ TEST(OnednnMatmul, ErrorsNameTheProblem) {
   no_bias.has_bias = true;
   expect_error(no_bias, "bias is null");
   EXPECT_THROW(to_dnnl(DType::f16, "test"), Error);
+}
+
+TEST(OnednnCommon, FailedOnednnCallsBecomeErrorsNamingCallAndShapes) {
+  try {
+    onednn_check(
+        "dnnl::fake_call", [] { return std::string("shape [2,3]"); },
+        []() -> int { throw dnnl::error(dnnl_invalid_arguments, "bad descriptor"); });
+    ADD_FAILURE() << "expected an mp::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const char* part : {"dnnl::fake_call", "shape [2,3]", "bad descriptor", "invalid_arguments"})
+      EXPECT_NE(msg.find(part), std::string::npos) << part << " missing from: " << msg;
+  }
+  EXPECT_EQ(onednn_check(
+                "ok", [] { return std::string(); }, [] { return 42; }),
+            42);
+  EXPECT_EQ(to_dnnl(DType::bf16), dnnl::memory::data_type::bf16);
+  EXPECT_EQ(to_dnnl(DType::f32), dnnl::memory::data_type::f32);
+}
+
+TEST(OnednnCommon, PrimitiveCacheEvictsLeastRecentlyUsed) {
+  struct Key {
+    int64_t v;
+    bool operator==(const Key&) const = default;
+  };
+  PrimitiveCache<Key, int> cache(2);
+  int builds = 0;
+  auto get = [&](int64_t v) {
+    return *cache.get_or_create(Key{v}, [&] {
+      ++builds;
+      return static_cast<int>(v);
+    });
+  };
+  EXPECT_EQ(get(1), 1);
+  EXPECT_EQ(get(2), 2);
+  EXPECT_EQ(get(1), 1);  // hit: 1 becomes the most recent
+  EXPECT_EQ(get(3), 3);  // evicts 2
+  EXPECT_EQ(builds, 3);
+  EXPECT_EQ(get(1), 1);
+  EXPECT_EQ(builds, 3);
+  EXPECT_EQ(get(2), 2);  // rebuilt
+  EXPECT_EQ(builds, 4);
+  EXPECT_EQ(cache.stats().size, 2u);
 }
 
 TEST(OnednnMatmul, PrimitiveIsBuiltOncePerConfiguration) {

@@ -34,8 +34,9 @@ dnnl::memory::data_type to_dnnl(DType t, const char* op) {
     case DType::f32: return dnnl::memory::data_type::f32;
     case DType::bf16: return dnnl::memory::data_type::bf16;
     case DType::f16:
-      MP_FAIL(op, ": dtype f16 is not supported on CPU (oneDNN 2.6 has no f16 matmul/convolution kernels; "
-                  "f16 on CPU is storage-only). Convert the operands to f32 or bf16 first.");
+      MP_FAIL(op,
+              ": dtype f16 is not supported on CPU (oneDNN 2.6 has no f16 matmul/convolution kernels; "
+              "f16 on CPU is storage-only). Convert the operands to f32 or bf16 first.");
     default: break;
   }
   MP_FAIL(op, ": oneDNN computes in f32 or bf16, got dtype ", dtype_name(t), ". Convert the operands first.");

@@ -2,13 +2,12 @@
 // Shared oneDNN plumbing for the CPU backend: engine and stream, dtype mapping, error conversion,
 // the primitive cache, per-thread scratch buffers and the record of which kernel oneDNN chose.
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <type_traits>
 #include <unordered_map>

@@ -93,22 +93,24 @@ void validate(const Conv2dArgs& a, ConvPass pass) {
            "conv2d: sizes must be positive (batch may be 0), got ", describe(a, pass));
   MP_CHECK(a.stride_h >= 1 && a.stride_w >= 1 && a.dil_h >= 1 && a.dil_w >= 1 && a.pad_h >= 0 && a.pad_w >= 0,
            "conv2d: strides and dilations must be >= 1 and padding >= 0, got ", describe(a, pass));
-  MP_CHECK(a.groups >= 1 && a.c % a.groups == 0 && a.oc % a.groups == 0,
-           "conv2d: channels (", a.c, ") and output channels (", a.oc, ") must be multiples of groups (", a.groups,
-           ")");
+  MP_CHECK(a.groups >= 1 && a.c % a.groups == 0 && a.oc % a.groups == 0, "conv2d: channels (", a.c,
+           ") and output channels (", a.oc, ") must be multiples of groups (", a.groups, ")");
   MP_CHECK(a.out_h() > 0 && a.out_w() > 0, "conv2d: the dilated kernel is larger than the padded input, got ",
            describe(a, pass), " (output ", a.out_h(), "x", a.out_w(), ")");
 }
 
 ConvKey make_key(const Conv2dArgs& a, ConvPass pass, bool bias) {
+  // clang-format off
   return ConvKey{static_cast<int64_t>(pass),
                  a.n, a.c, a.h, a.w, a.oc, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w,
                  a.groups, static_cast<int64_t>(a.src_dtype), static_cast<int64_t>(a.dst_dtype), bias ? 1 : 0};
+  // clang-format on
 }
 
-memory::desc weights_md(const Conv2dArgs& a, memory::data_type dt, tag t) {
-  if (a.groups == 1) return memory::desc({a.oc, a.c, a.kh, a.kw}, dt, t == tag::any ? tag::any : tag::oihw);
-  return memory::desc({a.groups, a.oc / a.groups, a.c / a.groups, a.kh, a.kw}, dt, t == tag::any ? tag::any : tag::goihw);
+// Weights [oc, c/groups, kh, kw], seen by oneDNN as goihw when grouped; plain (the caller's) or `any`.
+memory::desc weights_md(const Conv2dArgs& a, memory::data_type dt, bool any) {
+  if (a.groups == 1) return memory::desc({a.oc, a.c, a.kh, a.kw}, dt, any ? tag::any : tag::oihw);
+  return memory::desc({a.groups, a.oc / a.groups, a.c / a.groups, a.kh, a.kw}, dt, any ? tag::any : tag::goihw);
 }
 
 PlanArg make_arg(int arg, const memory::desc& user_md, const memory::desc& prim_md, bool is_input,
@@ -137,8 +139,9 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
   const dt fwd_dst = a.src_dtype == DType::bf16 ? to_dnnl(a.dst_dtype) : dt::f32;
   const memory::dims strides{a.stride_h, a.stride_w}, dil{a.dil_h - 1, a.dil_w - 1}, pad{a.pad_h, a.pad_w};
   const memory::dims src_dims{a.n, a.c, a.h, a.w}, dst_dims{a.n, a.oc, a.out_h(), a.out_w()};
-  const tag act = use_plain_layout(a) ? tag::nchw : tag::any, wei = use_plain_layout(a) ? tag::oihw : tag::any;
-  const memory::desc any_src(src_dims, ct, act), any_wei = weights_md(a, ct, wei);
+  const bool choose = !use_plain_layout(a);  // Note [convolution layouts]
+  const tag act = choose ? tag::any : tag::nchw;
+  const memory::desc prim_src(src_dims, ct, act), prim_wei = weights_md(a, ct, choose);
   const memory::desc bias_md({a.oc}, dt::f32, tag::a), no_bias;
 
   dnnl::primitive_attr attr;
@@ -147,11 +150,11 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
   auto fwd_pd = [&](dt dst_dt, bool bias, const dnnl::primitive_attr& at) {
     const memory::desc d(dst_dims, dst_dt, act);
     const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                               any_src, any_wei, bias ? bias_md : no_bias, d, strides, dil, pad, pad);
+                                               prim_src, prim_wei, bias ? bias_md : no_bias, d, strides, dil, pad, pad);
     return dnnl::convolution_forward::primitive_desc(desc, at, eng);
   };
   ConvPlan plan;
-  const memory::desc user_src_in(src_dims, to_dnnl(a.src_dtype), tag::nchw);
+  const memory::desc user_src(src_dims, ct, tag::nchw);
   const memory::desc user_dst(dst_dims, to_dnnl(a.dst_dtype), tag::nchw);
   switch (pass) {
     case ConvPass::forward: {
@@ -159,8 +162,8 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
       plan.prim = dnnl::convolution_forward(pd);
       plan.impl = pd.impl_info_str();
       plan.scratch_md = pd.scratchpad_desc();
-      plan.in[0] = make_arg(DNNL_ARG_SRC, user_src_in, pd.src_desc(), true, attr);
-      plan.in[1] = make_arg(DNNL_ARG_WEIGHTS, weights_md(a, ct, tag::oihw), pd.weights_desc(), true, attr);
+      plan.in[0] = make_arg(DNNL_ARG_SRC, user_src, pd.src_desc(), true, attr);
+      plan.in[1] = make_arg(DNNL_ARG_WEIGHTS, weights_md(a, ct, false), pd.weights_desc(), true, attr);
       plan.out = make_arg(DNNL_ARG_DST, user_dst, pd.dst_desc(), false, attr);
       if (with_bias) plan.bias_arg = DNNL_ARG_BIAS;
       break;
@@ -168,31 +171,31 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
     case ConvPass::backward_data: {
       const auto hint = fwd_pd(ct, false, dnnl::primitive_attr());
       const memory::desc diff_dst(dst_dims, ct, act);
-      const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, any_src, any_wei,
+      const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, prim_src, prim_wei,
                                                        diff_dst, strides, dil, pad, pad);
       const dnnl::convolution_backward_data::primitive_desc pd(desc, attr, eng, hint);
       plan.prim = dnnl::convolution_backward_data(pd);
       plan.impl = pd.impl_info_str();
       plan.scratch_md = pd.scratchpad_desc();
       plan.in[0] = make_arg(DNNL_ARG_DIFF_DST, user_dst, pd.diff_dst_desc(), true, attr);
-      plan.in[1] = make_arg(DNNL_ARG_WEIGHTS, weights_md(a, ct, tag::oihw), pd.weights_desc(), true, attr);
-      plan.out = make_arg(DNNL_ARG_DIFF_SRC, user_src_in, pd.diff_src_desc(), false, attr);
+      plan.in[1] = make_arg(DNNL_ARG_WEIGHTS, weights_md(a, ct, false), pd.weights_desc(), true, attr);
+      plan.out = make_arg(DNNL_ARG_DIFF_SRC, user_src, pd.diff_src_desc(), false, attr);
       break;
     }
     case ConvPass::backward_weights: {
       const auto hint = fwd_pd(ct, with_bias, dnnl::primitive_attr());
       const memory::desc diff_dst(dst_dims, ct, act);
-      const memory::desc diff_wei = weights_md(a, dt::f32, wei);
-      const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, any_src, diff_wei,
-                                                          with_bias ? bias_md : no_bias, diff_dst, strides, dil,
-                                                          pad, pad);
+      const memory::desc diff_wei = weights_md(a, dt::f32, choose);
+      const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, prim_src, diff_wei,
+                                                          with_bias ? bias_md : no_bias, diff_dst, strides, dil, pad,
+                                                          pad);
       const dnnl::convolution_backward_weights::primitive_desc pd(desc, attr, eng, hint);
       plan.prim = dnnl::convolution_backward_weights(pd);
       plan.impl = pd.impl_info_str();
       plan.scratch_md = pd.scratchpad_desc();
-      plan.in[0] = make_arg(DNNL_ARG_SRC, user_src_in, pd.src_desc(), true, attr);
+      plan.in[0] = make_arg(DNNL_ARG_SRC, user_src, pd.src_desc(), true, attr);
       plan.in[1] = make_arg(DNNL_ARG_DIFF_DST, user_dst, pd.diff_dst_desc(), true, attr);
-      plan.out = make_arg(DNNL_ARG_DIFF_WEIGHTS, weights_md(a, dt::f32, tag::oihw), pd.diff_weights_desc(), false, attr);
+      plan.out = make_arg(DNNL_ARG_DIFF_WEIGHTS, weights_md(a, dt::f32, false), pd.diff_weights_desc(), false, attr);
       if (with_bias) plan.bias_arg = DNNL_ARG_DIFF_BIAS;
       break;
     }
@@ -207,8 +210,9 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
 
 std::shared_ptr<const ConvPlan> get_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
   return cache().get_or_create(make_key(a, pass, with_bias), [&] {
-    return onednn_check("dnnl::convolution (primitive creation)", [&] { return describe(a, pass); },
-                        [&] { return build_plan(a, pass, with_bias); });
+    return onednn_check(
+        "dnnl::convolution (primitive creation)", [&] { return describe(a, pass); },
+        [&] { return build_plan(a, pass, with_bias); });
   });
 }
 
@@ -216,37 +220,41 @@ std::shared_ptr<const ConvPlan> get_plan(const Conv2dArgs& a, ConvPass pass, boo
 // dtype, the output is written to a per-thread buffer and reordered into the caller's when needed.
 void run_plan(const ConvPlan& plan, const Conv2dArgs& a, ConvPass pass, const void* in0, const void* in1, void* out,
               void* bias) {
-  onednn_check("dnnl::convolution::execute", [&] { return describe(a, pass); }, [&] {
-    dnnl::stream& s = onednn_stream();
-    void* scratch = plan.scratchpad_bytes > 0 ? thread_scratch(ScratchSlot::scratchpad, plan.scratchpad_bytes) : nullptr;
-    auto run = [&](const dnnl::primitive& p, std::unordered_map<int, memory> args, const memory::desc& sp) {
-      if (md_bytes(sp) > 0) args.emplace(DNNL_ARG_SCRATCHPAD, wrap_memory(sp, scratch));
-      p.execute(s, args);
-    };
-    std::unordered_map<int, memory> args;
-    const void* inputs[2] = {in0, in1};
-    const ScratchSlot slots[2] = {ScratchSlot::input0, ScratchSlot::input1};
-    for (int i = 0; i < 2; ++i) {
-      const PlanArg& p = plan.in[i];
-      if (!p.needs_reorder) {
-        args.emplace(p.arg, wrap_memory(p.user_md, inputs[i]));
-        continue;
-      }
-      memory m = wrap_memory(p.prim_md, thread_scratch(slots[i], md_bytes(p.prim_md)));
-      run(p.reorder, {{DNNL_ARG_FROM, wrap_memory(p.user_md, inputs[i])}, {DNNL_ARG_TO, m}}, p.reorder_scratch_md);
-      args.emplace(p.arg, m);
-    }
-    const memory out_user = wrap_memory(plan.out.user_md, out);
-    const memory out_prim = plan.out.needs_reorder
-                                ? wrap_memory(plan.out.prim_md, thread_scratch(ScratchSlot::output, md_bytes(plan.out.prim_md)))
-                                : out_user;
-    args.emplace(plan.out.arg, out_prim);
-    if (plan.bias_arg != 0) args.emplace(plan.bias_arg, wrap_memory(plan.bias_md, bias));
-    run(plan.prim, std::move(args), plan.scratch_md);
-    if (plan.out.needs_reorder)
-      run(plan.out.reorder, {{DNNL_ARG_FROM, out_prim}, {DNNL_ARG_TO, out_user}}, plan.out.reorder_scratch_md);
-    s.wait();
-  });
+  onednn_check(
+      "dnnl::convolution::execute", [&] { return describe(a, pass); },
+      [&] {
+        dnnl::stream& s = onednn_stream();
+        void* scratch =
+            plan.scratchpad_bytes > 0 ? thread_scratch(ScratchSlot::scratchpad, plan.scratchpad_bytes) : nullptr;
+        auto run = [&](const dnnl::primitive& p, std::unordered_map<int, memory> args, const memory::desc& sp) {
+          if (md_bytes(sp) > 0) args.emplace(DNNL_ARG_SCRATCHPAD, wrap_memory(sp, scratch));
+          p.execute(s, args);
+        };
+        std::unordered_map<int, memory> args;
+        const void* inputs[2] = {in0, in1};
+        const ScratchSlot slots[2] = {ScratchSlot::input0, ScratchSlot::input1};
+        for (int i = 0; i < 2; ++i) {
+          const PlanArg& p = plan.in[i];
+          if (!p.needs_reorder) {
+            args.emplace(p.arg, wrap_memory(p.user_md, inputs[i]));
+            continue;
+          }
+          memory m = wrap_memory(p.prim_md, thread_scratch(slots[i], md_bytes(p.prim_md)));
+          run(p.reorder, {{DNNL_ARG_FROM, wrap_memory(p.user_md, inputs[i])}, {DNNL_ARG_TO, m}}, p.reorder_scratch_md);
+          args.emplace(p.arg, m);
+        }
+        const memory out_user = wrap_memory(plan.out.user_md, out);
+        const memory out_prim =
+            plan.out.needs_reorder
+                ? wrap_memory(plan.out.prim_md, thread_scratch(ScratchSlot::output, md_bytes(plan.out.prim_md)))
+                : out_user;
+        args.emplace(plan.out.arg, out_prim);
+        if (plan.bias_arg != 0) args.emplace(plan.bias_arg, wrap_memory(plan.bias_md, bias));
+        run(plan.prim, std::move(args), plan.scratch_md);
+        if (plan.out.needs_reorder)
+          run(plan.out.reorder, {{DNNL_ARG_FROM, out_prim}, {DNNL_ARG_TO, out_user}}, plan.out.reorder_scratch_md);
+        s.wait();
+      });
 }
 
 }  // namespace
@@ -294,6 +302,7 @@ void conv2d_backward_weights(const Conv2dArgs& args, const void* src, const void
 
 std::string conv2d_impl_info(const Conv2dArgs& args, ConvPass pass, bool with_bias) {
   validate(args, pass);
+  MP_CHECK(args.n > 0, "conv2d_impl_info: an empty batch runs no primitive; pass n > 0");
   return get_plan(args, pass, with_bias && pass != ConvPass::backward_data)->impl;
 }
 

@@ -50,7 +50,7 @@ struct MatmulKey {
   int64_t batch, m, n, k;
   int64_t ab_dtype, c_dtype, bias_dtype;  // bias_dtype = -1 without bias
   int64_t accumulate;
-  int64_t a_st[3], b_st[3], c_st[3];      // canonical strides
+  int64_t a_st[3], b_st[3], c_st[3];  // canonical strides
   bool operator==(const MatmulKey&) const = default;
 };
 
@@ -80,18 +80,17 @@ std::string describe(const MatmulArgs& a) {
 }
 
 void validate(const MatmulArgs& a) {
-  MP_CHECK(a.batch >= 0 && a.m >= 0 && a.n >= 0 && a.k >= 0, "matmul: sizes must be non-negative, got ",
-           describe(a));
-  MP_CHECK(a.a_dtype == a.b_dtype, "matmul: A and B must have the same dtype, got A ", dtype_name(a.a_dtype),
-           " and B ", dtype_name(a.b_dtype), "; convert one of them");
+  MP_CHECK(a.batch >= 0 && a.m >= 0 && a.n >= 0 && a.k >= 0, "matmul: sizes must be non-negative, got ", describe(a));
+  MP_CHECK(a.a_dtype == a.b_dtype, "matmul: A and B must have the same dtype, got A ", dtype_name(a.a_dtype), " and B ",
+           dtype_name(a.b_dtype), "; convert one of them");
   to_dnnl(a.a_dtype, "matmul (A, B)");
   to_dnnl(a.c_dtype, "matmul (C)");
   MP_CHECK(!(a.a_dtype == DType::f32 && a.c_dtype == DType::bf16),
            "matmul: f32 A and B with a bf16 C is not supported by oneDNN 2.6; use an f32 C (or bf16 inputs)");
   if (a.has_bias) {
     to_dnnl(a.bias_dtype, "matmul (bias)");
-    MP_CHECK(!(a.a_dtype == DType::f32 && a.bias_dtype == DType::bf16),
-             "matmul: a bf16 bias needs bf16 A and B, got ", describe(a), "; pass an f32 bias");
+    MP_CHECK(!(a.a_dtype == DType::f32 && a.bias_dtype == DType::bf16), "matmul: a bf16 bias needs bf16 A and B, got ",
+             describe(a), "; pass an f32 bias");
   }
   for (int i = 0; i < 3; ++i)
     MP_CHECK(a.a_strides[i] >= 0 && a.b_strides[i] >= 0 && a.c_strides[i] >= 0,
@@ -206,8 +205,8 @@ void matmul_empty_k(const MatmulArgs& a, void* c, const void* bias) {
 // oneDNN the column-major C directly selects its slow reference kernel.
 struct Prepared {
   MatmulKey key{};
-  Operand ops[3];                  // canonical A, B, C of the problem oneDNN solves
-  int64_t st[3][3] = {};           // their strides as given (B^T, A^T, C^T when swapped)
+  Operand ops[3];         // canonical A, B, C of the problem oneDNN solves
+  int64_t st[3][3] = {};  // their strides as given (B^T, A^T, C^T when swapped)
   bool swapped = false;
 };
 
@@ -289,17 +288,20 @@ void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const
       copy_strided(elem[i], user[i], p.st[i], data[i], densified(op).st, op.batch, op.rows, op.cols);
   }
 
-  std::unordered_map<int, memory> exec_args = {{DNNL_ARG_SRC, wrap_memory(plan->md[0], data[0])},
-                                               {DNNL_ARG_WEIGHTS, wrap_memory(plan->md[1], data[1])},
-                                               {DNNL_ARG_DST, wrap_memory(plan->md[2], data[2])}};
-  if (args.has_bias) exec_args.emplace(DNNL_ARG_BIAS, wrap_memory(plan->bias_md, bias));
-  if (const size_t sp = md_bytes(plan->scratch_md); sp > 0)
-    exec_args.emplace(DNNL_ARG_SCRATCHPAD, wrap_memory(plan->scratch_md, thread_scratch(ScratchSlot::scratchpad, sp)));
-  onednn_check("dnnl::matmul::execute", [&] { return describe(args); }, [&] {
-    dnnl::stream& s = onednn_stream();
-    plan->prim.execute(s, exec_args);
-    s.wait();
-  });
+  onednn_check(
+      "dnnl::matmul::execute", [&] { return describe(args); },
+      [&] {
+        std::unordered_map<int, memory> exec_args = {{DNNL_ARG_SRC, wrap_memory(plan->md[0], data[0])},
+                                                     {DNNL_ARG_WEIGHTS, wrap_memory(plan->md[1], data[1])},
+                                                     {DNNL_ARG_DST, wrap_memory(plan->md[2], data[2])}};
+        if (args.has_bias) exec_args.emplace(DNNL_ARG_BIAS, wrap_memory(plan->bias_md, bias));
+        if (const size_t sp = md_bytes(plan->scratch_md); sp > 0)
+          exec_args.emplace(DNNL_ARG_SCRATCHPAD,
+                            wrap_memory(plan->scratch_md, thread_scratch(ScratchSlot::scratchpad, sp)));
+        dnnl::stream& s = onednn_stream();
+        plan->prim.execute(s, exec_args);
+        s.wait();
+      });
 
   if (plan->pack[2]) {
     const Operand& op = p.ops[2];
