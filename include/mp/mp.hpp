@@ -8,6 +8,7 @@
 #include "mp/core/error.hpp"
 #include "mp/core/half.hpp"
 #include "mp/core/philox.hpp"
+#include "mp/amp/amp.hpp"
 #include "mp/memory/allocator.hpp"
 #include "mp/nn/nn.hpp"
 #include "mp/optim/optim.hpp"

@@ -309,4 +309,17 @@ std::string Module::to_string() const {
 
 std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.to_string(); }
 
+size_t Module::register_forward_hook(ForwardHook hook) {
+  forward_hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+void Module::remove_forward_hook(size_t id) {
+  std::erase_if(forward_hooks_, [id](const auto& h) { return h.first == id; });
+}
+
+void Module::run_forward_hooks(const Tensor& input, const Tensor& output) {
+  for (auto& [id, hook] : forward_hooks_) hook(*this, input, output);
+}
+
 }  // namespace mp::nn

@@ -22,7 +22,7 @@ void Sequential::push_back(const std::string& name, std::shared_ptr<UnaryModule>
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor y = x;
-  for (const auto& m : modules_) y = m->forward(y);
+  for (const auto& m : modules_) y = (*m)(y);
   return y;
 }
 

@@ -61,6 +61,7 @@ void AdamBase<Options>::step() {
       const Tensor m = this->state_buffer(st, p, "exp_avg");
       const Tensor v = this->state_buffer(st, p, "exp_avg_sq");
       const Tensor vmax = o.amsgrad ? this->state_buffer(st, p, "max_exp_avg_sq") : Tensor();
+      const Tensor master = this->master_for_step(st, p);
       ++st.step;
       const backend::AdamStepParams hp{.lr = o.lr,
                                        .beta1 = o.betas[0],
@@ -69,9 +70,10 @@ void AdamBase<Options>::step() {
                                        .weight_decay = o.weight_decay,
                                        .decoupled_weight_decay = decoupled_,
                                        .amsgrad = o.amsgrad,
-                                       .step = st.step};
+                                       .step = st.step,
+                                       .grad_scale_inv = this->grad_scale_inv()};
       this->update_in_place(p,
-                            [&](const Tensor& w) { backend::adam_step_kernel.get(w.device())(w, g, m, v, vmax, hp); });
+                            [&](const Tensor& w) { backend::adam_step_kernel.get(w.device())(w, master, g, m, v, vmax, hp); });
     }
   }
 }

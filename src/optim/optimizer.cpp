@@ -37,6 +37,34 @@ Tensor& Optimizer::state_buffer(ParamState& st, const Tensor& p, const std::stri
   return st.buffers[name] = zeros(p.sizes(), {.dtype = state_dtype(p.dtype()), .device = p.device()});
 }
 
+Tensor Optimizer::master_for_step(ParamState& st, const Tensor& p) {
+  if (!master_weights_ || !is_low_precision(p.dtype())) return Tensor();
+  auto it = st.buffers.find("master");
+  if (it != st.buffers.end()) return it->second;
+  return st.buffers["master"] = p.detach().to(DType::f32).contiguous();
+}
+
+void Optimizer::set_master(const Tensor& p, const Tensor& master) {
+  MP_CHECK(master.defined() && master.dtype() == DType::f32 && master.sizes() == p.sizes(),
+           "set_master: expected an f32 master of shape ", shape_str(p.sizes()), ", got ", master.describe());
+  state_for(p).buffers["master"] = master.detach().contiguous();
+}
+
+void Optimizer::move_state(const Tensor& from, const Tensor& to) {
+  auto it = state_.find(from.impl_ptr().get());
+  if (it == state_.end()) return;
+  ParamState st = std::move(it->second);
+  state_.erase(it);
+  state_[to.impl_ptr().get()] = std::move(st);
+}
+
+Tensor Optimizer::master(const Tensor& p) const {
+  const ParamState* st = state(p);
+  if (st == nullptr) return Tensor();
+  auto it = st->buffers.find("master");
+  return it == st->buffers.end() ? Tensor() : it->second;
+}
+
 void Optimizer::check_new_param(const Tensor& p, const char* optimizer) const {
   MP_CHECK(p.defined(), optimizer, ": got an undefined parameter");
   MP_CHECK(is_floating(p.dtype()), optimizer, ": can only optimize floating tensors, got ", p.describe());

@@ -44,11 +44,13 @@ void SGD::step() {
                                 .momentum = o.momentum,
                                 .dampening = o.dampening,
                                 .weight_decay = o.weight_decay,
-                                .nesterov = o.nesterov};
+                                .nesterov = o.nesterov,
+                                .grad_scale_inv = grad_scale_inv()};
       Tensor buf;
       if (o.momentum != 0.0) buf = state_buffer(st, p, "momentum_buffer", &hp.first_step);
+      const Tensor master = master_for_step(st, p);
       ++st.step;
-      update_in_place(p, [&](const Tensor& w) { backend::sgd_step_kernel.get(w.device())(w, g, buf, hp); });
+      update_in_place(p, [&](const Tensor& w) { backend::sgd_step_kernel.get(w.device())(w, master, g, buf, hp); });
     }
   }
 }

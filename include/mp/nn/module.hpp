@@ -75,6 +75,17 @@ class Module {
   /// Total elements over parameters() (only those with requires_grad when `trainable_only`).
   int64_t num_parameters(bool trainable_only = false) const;
 
+  // ---- forward hooks ----
+  /// Called after a forward with (module, input, output); see register_forward_hook.
+  using ForwardHook = std::function<void(Module& module, const Tensor& input, const Tensor& output)>;
+  /// Run `hook` after every forward of this module through UnaryModule::operator() (which Sequential
+  /// uses). Returns an id for remove_forward_hook.
+  size_t register_forward_hook(ForwardHook hook);
+  /// Remove a hook registered with register_forward_hook (unknown ids are ignored).
+  void remove_forward_hook(size_t id);
+  /// Run the registered forward hooks (layers with other forward signatures may call it).
+  void run_forward_hooks(const Tensor& input, const Tensor& output);
+
   // ---- mode ----
   /// Set training mode on this module and every descendant (dropout active, batch statistics used).
   virtual void train(bool on = true);
@@ -136,6 +147,8 @@ class Module {
   std::deque<Entry> params_;  // deque: slots keep their address as entries are added
   std::deque<Entry> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<std::pair<size_t, ForwardHook>> forward_hooks_;
+  size_t next_hook_id_ = 0;
 };
 
 /// Print the module tree.
@@ -147,8 +160,12 @@ class UnaryModule : public Module {
   using Module::Module;
   /// The layer's computation.
   virtual Tensor forward(const Tensor& x) = 0;
-  /// forward(x).
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  /// forward(x), then the forward hooks.
+  Tensor operator()(const Tensor& x) {
+    Tensor y = forward(x);
+    run_forward_hooks(x, y);
+    return y;
+  }
 };
 
 }  // namespace mp::nn

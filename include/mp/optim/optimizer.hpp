@@ -77,6 +77,26 @@ class Optimizer {
   /// The state of every parameter by index, hyper-parameters of every group. Buffers alias the
   /// live state (as PyTorch); clone them to snapshot.
   OptimizerStateDict state_dict() const;
+  /// Keep an f32 master copy of every 16-bit parameter (DESIGN.md 1.2): the fused step updates the
+  /// master (stored in the state as "master", so state dicts carry it) and writes the rounded result
+  /// into the parameter. Masters are created from the parameter's value at its first step.
+  void set_master_weights(bool on) { master_weights_ = on; }
+  /// Whether 16-bit parameters get f32 masters.
+  bool master_weights() const { return master_weights_; }
+  /// The f32 master of p (undefined when p has none yet).
+  Tensor master(const Tensor& p) const;
+  /// Use `master` (f32, p's shape) as p's master weights from now on (amp::initialize hands in the
+  /// original f32 values of a model it converted to 16-bit).
+  void set_master(const Tensor& p, const Tensor& master);
+  /// Replace parameter `old_param` by `new_param` (same shape) in its group, keeping its state (what
+  /// amp::initialize does after converting the model's parameters). Throws when old_param is absent.
+  virtual void replace_parameter(const Tensor& old_param, const Tensor& new_param) = 0;
+  /// Multiply every gradient by `inv` inside the next step()s' fused pass (GradScaler's unscaling;
+  /// 1 = none). The caller resets it.
+  void set_grad_scale_inv(double inv) { grad_scale_inv_ = inv; }
+  /// The current gradient multiplier of the fused step.
+  double grad_scale_inv() const { return grad_scale_inv_; }
+
   /// Restore state and group hyper-parameters saved by state_dict() of an optimizer over
   /// parameters of the same shapes, grouped alike. Buffers are copied (converted to the state
   /// dtype). Throws, changing nothing, when groups, parameter counts or shapes differ.
@@ -89,6 +109,11 @@ class Optimizer {
   /// A state buffer of p named `name`, created as zeros of the state dtype on first use; `created`
   /// tells whether it was.
   Tensor& state_buffer(ParamState& st, const Tensor& p, const std::string& name, bool* created = nullptr);
+  /// The f32 master of p for this step when master weights are on and p is 16-bit (created from p's
+  /// value on first use), else an undefined tensor.
+  Tensor master_for_step(ParamState& st, const Tensor& p);
+  /// Move the state of `from` to `to` (for replace_parameter).
+  void move_state(const Tensor& from, const Tensor& to);
   /// Check a parameter about to join a group: defined, floating, a leaf, not already present.
   void check_new_param(const Tensor& p, const char* optimizer) const;
   /// The gradient of p ready for a kernel (contiguous, p's shape), or undefined to skip p.
@@ -99,6 +124,8 @@ class Optimizer {
 
  private:
   std::unordered_map<const TensorImpl*, ParamState> state_;
+  bool master_weights_ = false;
+  double grad_scale_inv_ = 1.0;
 };
 
 /// The state dtype of a parameter: f64 for f64 parameters, f32 otherwise.
@@ -139,6 +166,18 @@ class OptimizerWith : public Optimizer {
     groups_.push_back(std::move(group));
   }
 
+  void replace_parameter(const Tensor& old_param, const Tensor& new_param) override {
+    MP_CHECK(old_param.sizes() == new_param.sizes(), name_, ": replace_parameter: shapes differ (",
+             old_param.describe(), " vs ", new_param.describe(), ")");
+    for (auto& g : groups_)
+      for (Tensor& p : g.params)
+        if (p.impl_ptr() == old_param.impl_ptr()) {
+          move_state(old_param, new_param);
+          p = new_param;
+          return;
+        }
+    MP_FAIL(name_, ": replace_parameter: ", old_param.describe(), " is not one of this optimizer's parameters");
+  }
   size_t num_param_groups() const override { return groups_.size(); }
   const std::vector<Tensor>& group_params(size_t g) const override { return groups_.at(g).params; }
   double lr(size_t g) const override { return groups_.at(g).options.lr; }

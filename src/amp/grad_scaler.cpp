@@ -1,0 +1,172 @@
+#include "mp/amp/grad_scaler.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/amp_kernels.hpp"
+#include "mp/autograd/node.hpp"
+#include "mp/ops/pointwise.hpp"
+
+namespace mp::amp {
+
+GradScalerOptions grad_scaler_defaults(DType dtype) {
+  GradScalerOptions o;
+  o.enabled = dtype == DType::f16;
+  return o;
+}
+
+GradScaler::GradScaler(const GradScalerOptions& o) : options_(o), scale_(o.init_scale), hysteresis_tracker_(o.hysteresis) {
+  MP_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "GradScaler: init_scale must be positive and finite, got ",
+           o.init_scale);
+  MP_CHECK(o.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got ", o.growth_factor);
+  MP_CHECK(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, "GradScaler: backoff_factor must be in (0, 1), got ",
+           o.backoff_factor);
+  MP_CHECK(o.growth_interval > 0, "GradScaler: growth_interval must be positive, got ", o.growth_interval);
+  MP_CHECK(o.hysteresis >= 1, "GradScaler: hysteresis must be >= 1, got ", o.hysteresis);
+  MP_CHECK(o.min_scale > 0 && o.min_scale <= o.max_scale, "GradScaler: expected 0 < min_scale <= max_scale, got ",
+           o.min_scale, " and ", o.max_scale);
+  if (o.dynamic) scale_ = std::clamp(scale_, o.min_scale, o.max_scale);
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  MP_CHECK(loss.defined() && is_floating(loss.dtype()), "GradScaler::scale: expected a floating loss, got ",
+           loss.describe());
+  if (!options_.enabled) return loss;
+  return mul(loss.to(DType::f32), scale_);
+}
+
+GradScaler::PerOptimizer& GradScaler::state_of(const optim::Optimizer& opt) { return per_opt_[&opt]; }
+
+std::vector<Tensor> GradScaler::grads_of(const optim::Optimizer& opt) {
+  std::vector<Tensor> gs;
+  for (const Tensor& p : opt.parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    MP_CHECK(g.is_contiguous(), "GradScaler: gradient of ", p.describe(), " is not contiguous");
+    gs.push_back(g);
+  }
+  return gs;
+}
+
+void GradScaler::unscale_(optim::Optimizer& opt) {
+  if (!options_.enabled) return;
+  PerOptimizer& st = state_of(opt);
+  MP_CHECK(!st.unscaled, "GradScaler::unscale_: already called on this optimizer since the last update(); call it "
+           "at most once per step, after all micro-batches' backward and before step()");
+  MP_CHECK(!st.stepped, "GradScaler::unscale_: called after step(); unscale_ must come before step()");
+  autograd::NoGradGuard ng;
+  const std::vector<Tensor> gs = grads_of(opt);
+  if (!gs.empty()) st.found_inf = backend::unscale_kernel.get(gs.front().device())(gs, 1.0 / scale_, true);
+  st.unscaled = true;
+}
+
+bool GradScaler::step(optim::Optimizer& opt) {
+  if (!options_.enabled) {
+    opt.step();
+    last_skipped_ = false;
+    return true;
+  }
+  PerOptimizer& st = state_of(opt);
+  MP_CHECK(!st.stepped, "GradScaler::step: already called on this optimizer since the last update()");
+  autograd::NoGradGuard ng;
+  double inv = 1.0;
+  if (!st.unscaled) {
+    // Note [GradScaler fused step]: check only, let the optimizer's fused pass unscale.
+    const std::vector<Tensor> gs = grads_of(opt);
+    if (!gs.empty()) st.found_inf = backend::unscale_kernel.get(gs.front().device())(gs, 1.0, false);
+    inv = 1.0 / scale_;
+  }
+  st.stepped = true;
+  last_skipped_ = st.found_inf;
+  if (st.found_inf) {
+    ++skipped_steps_;
+    return false;
+  }
+  const double prev = opt.grad_scale_inv();
+  opt.set_grad_scale_inv(prev * inv);
+  try {
+    opt.step();
+  } catch (...) {
+    opt.set_grad_scale_inv(prev);
+    throw;
+  }
+  opt.set_grad_scale_inv(prev);
+  return true;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled) return;
+  bool found_inf = false;
+  for (const auto& [opt, st] : per_opt_) found_inf = found_inf || st.found_inf;
+  per_opt_.clear();
+  if (!options_.dynamic) return;
+  if (found_inf) {
+    growth_tracker_ = 0;
+    if (scale_ <= options_.min_scale) {
+      ++overflows_at_min_;
+      MP_CHECK(options_.max_overflows_at_min_scale == 0 || overflows_at_min_ < options_.max_overflows_at_min_scale,
+               "GradScaler: the loss scale is stuck at its minimum (", options_.min_scale, ") after ", overflows_at_min_,
+               " consecutive steps with inf/NaN gradients: the gradients are non-finite even unscaled, so skipping "
+               "steps cannot recover. The model has likely diverged: lower the learning rate, or train in bf16 "
+               "(f32's exponent range, no loss scaling needed)");
+    }
+    if (--hysteresis_tracker_ <= 0) {
+      scale_ = std::max(options_.min_scale, scale_ * options_.backoff_factor);
+      hysteresis_tracker_ = options_.hysteresis;
+    }
+    return;
+  }
+  overflows_at_min_ = 0;
+  if (++growth_tracker_ >= options_.growth_interval) {
+    scale_ = std::min(options_.max_scale, scale_ * options_.growth_factor);
+    growth_tracker_ = 0;
+    hysteresis_tracker_ = options_.hysteresis;
+  }
+}
+
+nn::StateDict GradScaler::state_dict() const {
+  nn::StateDict sd;
+  auto f64 = [](double v) { return scalar_tensor(v, {.dtype = DType::f64}); };
+  auto i64 = [](int64_t v) { return scalar_tensor(static_cast<double>(v), {.dtype = DType::i64}); };
+  sd.insert("scale", f64(scale_));
+  sd.insert("growth_factor", f64(options_.growth_factor));
+  sd.insert("backoff_factor", f64(options_.backoff_factor));
+  sd.insert("growth_interval", i64(options_.growth_interval));
+  sd.insert("growth_tracker", i64(growth_tracker_));
+  sd.insert("hysteresis", i64(options_.hysteresis));
+  sd.insert("hysteresis_tracker", i64(hysteresis_tracker_));
+  sd.insert("overflows_at_min_scale", i64(overflows_at_min_));
+  sd.insert("skipped_steps", i64(skipped_steps_));
+  sd.insert("dynamic", i64(options_.dynamic ? 1 : 0));
+  sd.insert("enabled", i64(options_.enabled ? 1 : 0));
+  sd.insert("min_scale", f64(options_.min_scale));
+  sd.insert("max_scale", f64(options_.max_scale));
+  return sd;
+}
+
+void GradScaler::load_state_dict(const nn::StateDict& sd) {
+  auto get = [&](const char* key) {
+    MP_CHECK(sd.contains(key), "GradScaler::load_state_dict: missing entry '", key,
+             "'; was the state dict saved by GradScaler::state_dict()?");
+    const Tensor& t = sd.at(key);
+    MP_CHECK(t.numel() == 1, "GradScaler::load_state_dict: entry '", key, "' must be a scalar, got ", t.describe());
+    return t.item<double>();
+  };
+  const double s = get("scale");
+  MP_CHECK(s > 0 && std::isfinite(s), "GradScaler::load_state_dict: scale must be positive and finite, got ", s);
+  scale_ = s;
+  options_.growth_factor = get("growth_factor");
+  options_.backoff_factor = get("backoff_factor");
+  options_.growth_interval = static_cast<int64_t>(get("growth_interval"));
+  growth_tracker_ = static_cast<int64_t>(get("growth_tracker"));
+  options_.hysteresis = static_cast<int64_t>(get("hysteresis"));
+  hysteresis_tracker_ = static_cast<int64_t>(get("hysteresis_tracker"));
+  overflows_at_min_ = static_cast<int64_t>(get("overflows_at_min_scale"));
+  skipped_steps_ = static_cast<int64_t>(get("skipped_steps"));
+  options_.dynamic = get("dynamic") != 0.0;
+  options_.enabled = get("enabled") != 0.0;
+  options_.min_scale = get("min_scale");
+  options_.max_scale = get("max_scale");
+}
+
+}  // namespace mp::amp

@@ -1,0 +1,168 @@
+#include "mp/amp/initialize.hpp"
+
+#include <cctype>
+#include <cmath>
+#include <sstream>
+
+#include "mp/nn/batch_norm.hpp"
+
+namespace mp::amp {
+
+const char* opt_level_name(OptLevel l) {
+  switch (l) {
+    case OptLevel::O0: return "O0";
+    case OptLevel::O1: return "O1";
+    case OptLevel::O2: return "O2";
+    case OptLevel::O3: return "O3";
+  }
+  return "?";
+}
+
+OptLevel opt_level_from_string(const std::string& s) {
+  std::string t = s;
+  if (!t.empty() && (t[0] == 'o' || t[0] == 'O')) t = t.substr(1);
+  if (t == "0") return OptLevel::O0;
+  if (t == "1") return OptLevel::O1;
+  if (t == "2") return OptLevel::O2;
+  if (t == "3") return OptLevel::O3;
+  MP_FAIL("unknown opt level '", s, "': expected O0, O1, O2 or O3");
+}
+
+LossScale LossScale::parse(const std::string& s) {
+  if (s == "dynamic") return {Kind::dynamic, 0.0};
+  if (s == "none" || s == "off") return {Kind::none, 0.0};
+  try {
+    size_t pos = 0;
+    const double v = std::stod(s, &pos);
+    if (pos == s.size() && v > 0 && std::isfinite(v)) return {Kind::fixed, v};
+  } catch (...) {
+  }
+  MP_FAIL("invalid loss scale '", s, "': expected 'dynamic', 'none' or a positive number such as 128");
+}
+
+std::string LossScale::str() const {
+  if (kind == Kind::dynamic) return "dynamic";
+  if (kind == Kind::none) return "none";
+  std::ostringstream os;
+  os << value;
+  return os.str();
+}
+
+AmpOptions resolve(const AmpOptions& in) {
+  AmpOptions o = in;
+  MP_CHECK(o.opt_level == OptLevel::O0 || is_low_precision(o.dtype), "amp: dtype must be f16 or bf16 for ",
+           opt_level_name(o.opt_level), ", got ", dtype_name(o.dtype));
+  const bool f16 = o.dtype == DType::f16;
+  switch (o.opt_level) {
+    case OptLevel::O0:
+      if (!o.loss_scale) o.loss_scale = LossScale{LossScale::Kind::none, 0.0};
+      if (!o.keep_batchnorm_fp32) o.keep_batchnorm_fp32 = true;
+      if (!o.master_weights) o.master_weights = false;
+      break;
+    case OptLevel::O1:
+      if (!o.loss_scale) o.loss_scale = LossScale{f16 ? LossScale::Kind::dynamic : LossScale::Kind::none, 0.0};
+      if (!o.keep_batchnorm_fp32) o.keep_batchnorm_fp32 = true;  // weights stay f32 under autocast
+      if (!o.master_weights) o.master_weights = false;          // nothing to master: weights are f32
+      break;
+    case OptLevel::O2:
+      if (!o.loss_scale) o.loss_scale = LossScale{f16 ? LossScale::Kind::dynamic : LossScale::Kind::none, 0.0};
+      if (!o.keep_batchnorm_fp32) o.keep_batchnorm_fp32 = true;
+      if (!o.master_weights) o.master_weights = true;
+      break;
+    case OptLevel::O3:
+      if (!o.loss_scale) o.loss_scale = LossScale{LossScale::Kind::none, 0.0};  // Apex: scale 1
+      if (!o.keep_batchnorm_fp32) o.keep_batchnorm_fp32 = false;
+      if (!o.master_weights) o.master_weights = false;
+      break;
+  }
+  switch (o.loss_scale->kind) {
+    case LossScale::Kind::dynamic:
+      o.scaler.enabled = true;
+      o.scaler.dynamic = true;
+      break;
+    case LossScale::Kind::fixed:
+      o.scaler.enabled = true;
+      o.scaler.dynamic = false;
+      o.scaler.init_scale = o.loss_scale->value;
+      break;
+    case LossScale::Kind::none: o.scaler.enabled = false; break;
+  }
+  return o;
+}
+
+AmpModel::AmpModel(std::shared_ptr<nn::UnaryModule> module, AmpOptions options)
+    : module_(std::move(module)), options_(std::move(options)) {
+  MP_CHECK(module_ != nullptr, "AmpModel: got a null module");
+}
+
+Tensor AmpModel::forward(const Tensor& x) {
+  Tensor y;
+  switch (options_.opt_level) {
+    case OptLevel::O0: y = (*module_)(x); break;
+    case OptLevel::O1: {
+      Autocast guard({.dtype = options_.dtype, .enabled = true, .device = x.device().type});
+      y = (*module_)(x);
+      break;
+    }
+    case OptLevel::O2:
+    case OptLevel::O3: y = (*module_)(is_floating(x.dtype()) ? x.to(options_.dtype) : x); break;
+  }
+  // The final output is f32 at every level: losses and metrics see f32 values (DESIGN.md 1.4).
+  return is_floating(y.dtype()) ? y.to(DType::f32) : y;
+}
+
+std::string AmpSetup::describe() const {
+  const AmpOptions& o = options();
+  std::ostringstream os;
+  os << opt_level_name(o.opt_level);
+  if (o.opt_level != OptLevel::O0) os << " " << dtype_name(o.dtype);
+  if (o.opt_level == OptLevel::O2 || o.opt_level == OptLevel::O3)
+    os << (*o.keep_batchnorm_fp32 ? ", batch norm f32" : ", batch norm 16-bit");
+  if (*o.master_weights) os << ", f32 master weights";
+  os << ", loss scale " << o.loss_scale->str();
+  return os.str();
+}
+
+AmpSetup initialize(std::shared_ptr<nn::UnaryModule> model, optim::Optimizer& optimizer, const AmpOptions& options) {
+  MP_CHECK(model != nullptr, "amp::initialize: got a null model");
+  const AmpOptions o = resolve(options);
+  if (o.opt_level == OptLevel::O2 || o.opt_level == OptLevel::O3) {
+    // Remember the f32 parameters, convert the model, then point the optimizer at the new tensors.
+    const auto before = model->named_parameters();
+    for (const auto& [name, p] : before)
+      MP_CHECK(p.dtype() == DType::f32, "amp::initialize: expected an f32 model, parameter '", name, "' is ",
+               dtype_name(p.dtype()), "; build the model in f32 and let initialize convert it");
+    if (*o.keep_batchnorm_fp32) {
+      model->to(o.dtype, [](const nn::Module& m) { return !nn::is_batch_norm(m); });
+    } else {
+      model->to(o.dtype);
+    }
+    const auto after = model->named_parameters();
+    MP_ASSERT(before.size() == after.size(), "parameter count changed in to()");
+    std::vector<Tensor> in_optimizer = optimizer.parameters();
+    auto optimized = [&](const Tensor& p) {
+      for (const Tensor& q : in_optimizer)
+        if (q.impl_ptr() == p.impl_ptr()) return true;
+      return false;
+    };
+    for (size_t i = 0; i < before.size(); ++i) {
+      const Tensor& old_p = before[i].second;
+      const Tensor& new_p = after[i].second;
+      if (old_p.impl_ptr() == new_p.impl_ptr() || !optimized(old_p)) continue;
+      optimizer.replace_parameter(old_p, new_p);
+      if (*o.master_weights && is_low_precision(new_p.dtype())) optimizer.set_master(new_p, old_p.detach().clone());
+    }
+  }
+  optimizer.set_master_weights(*o.master_weights);
+  return AmpSetup{AmpModel(std::move(model), o), GradScaler(o.scaler)};
+}
+
+AmpSetup to_fp16(std::shared_ptr<nn::UnaryModule> model, optim::Optimizer& optimizer) {
+  return initialize(std::move(model), optimizer, {.opt_level = OptLevel::O2, .dtype = DType::f16});
+}
+
+AmpSetup to_bf16(std::shared_ptr<nn::UnaryModule> model, optim::Optimizer& optimizer) {
+  return initialize(std::move(model), optimizer, {.opt_level = OptLevel::O2, .dtype = DType::bf16});
+}
+
+}  // namespace mp::amp
