@@ -14,9 +14,10 @@ namespace {
 using namespace mp;
 
 struct DemoOptions {
-  int64_t steps = 150;
-  int64_t batch_size = 64;
-  int64_t image_size = 16;
+  int64_t steps = 100;
+  int64_t batch_size = 128;
+  int64_t image_size = 28;
+  int64_t width = 64;
   double lr = 3e-3;
   uint64_t seed = 0;
 };
@@ -47,15 +48,15 @@ std::pair<Tensor, Tensor> make_batch(int64_t n, int64_t s) {
   return {from_vector(img, {n, 1, s, s}), from_vector(label, {n})};
 }
 
-std::shared_ptr<nn::Sequential> make_model() {
+std::shared_ptr<nn::Sequential> make_model(int64_t w) {
   auto conv = [](int64_t in, int64_t out) {
     return std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = in, .out_channels = out, .padding = {1, 1}});
   };
   return std::make_shared<nn::Sequential>(
-      conv(1, 16), std::make_shared<nn::BatchNorm2d>(16), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::MaxPool2d>(Pool2dOptions{.kernel = {2, 2}}), conv(16, 32), std::make_shared<nn::BatchNorm2d>(32),
+      conv(1, w / 2), std::make_shared<nn::BatchNorm2d>(w / 2), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::MaxPool2d>(Pool2dOptions{.kernel = {2, 2}}), conv(w / 2, w), std::make_shared<nn::BatchNorm2d>(w),
       std::make_shared<nn::ReLU>(), std::make_shared<nn::AdaptiveAvgPool2d>(std::array<int64_t, 2>{1, 1}),
-      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(32, 4));
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(w, 4));
 }
 
 struct Row {
@@ -64,23 +65,25 @@ struct Row {
   int64_t peak_bytes = 0;
 };
 
-Row run(const char* name, DType dtype, const DemoOptions& o) {
+Row run(const char* name, amp::OptLevel level, DType dtype, const DemoOptions& o) {
   manual_seed(o.seed);
-  auto model = make_model();
-  // bf16: convolutions and the classifier in bf16 (AMX), batch norm kept in f32.
-  if (dtype != DType::f32) model->to(dtype, [](const nn::Module& m) { return !nn::is_batch_norm(m); });
+  auto model = make_model(o.width);
   optim::AdamW opt(model->parameters(), {.lr = o.lr, .weight_decay = 0.0});
+  // O2: convolutions and the classifier in 16-bit (AMX for bf16), batch norm f32, f32 master weights.
+  amp::AmpSetup amp = amp::initialize(model, opt, {.opt_level = level, .dtype = dtype});
+  std::printf("  [%s] %s\n", name, amp.describe().c_str());
   memory::reset_peak_memory_stats();
   Row row{name};
   const auto t0 = std::chrono::steady_clock::now();
   double ema = 0;
   for (int64_t step = 0; step < o.steps; ++step) {
     auto [x, y] = make_batch(o.batch_size, o.image_size);
-    Tensor logits = model->forward(x.to(dtype));
+    Tensor logits = amp.model(x);
     Tensor loss = cross_entropy(logits, y);
     opt.zero_grad();
-    loss.backward();
-    opt.step();
+    amp.scaler.scale(loss).backward();
+    amp.scaler.step(opt);
+    amp.scaler.update();
     const double l = loss.item<double>();
     ema = step == 0 ? l : 0.9 * ema + 0.1 * l;
     if ((step + 1) % 50 == 0) std::printf("  [%s] step %3lld  loss %.4f\n", name, static_cast<long long>(step + 1), ema);
@@ -91,7 +94,7 @@ Row run(const char* name, DType dtype, const DemoOptions& o) {
   model->eval();
   autograd::NoGradGuard ng;
   auto [x, y] = make_batch(1024, o.image_size);
-  Tensor pred = argmax(model->forward(x.to(dtype)).to(DType::f32), 1);
+  Tensor pred = argmax(amp.model(x), 1);
   row.accuracy = mean(eq(pred, y).to(DType::f32)).item<double>();
   return row;
 }
@@ -104,12 +107,15 @@ void add_demo_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "training steps per precision")->check(CLI::PositiveNumber);
   cmd->add_option("--batch_size", o->batch_size, "images per step")->check(CLI::PositiveNumber);
   cmd->add_option("--lr", o->lr, "AdamW learning rate")->check(CLI::PositiveNumber);
+  cmd->add_option("--image_size", o->image_size, "image height and width")->check(CLI::Range(8, 256));
+  cmd->add_option("--width", o->width, "channels of the second convolution (the first has half)")->check(CLI::Range(2, 1024));
   cmd->add_option("--seed", o->seed, "random seed");
   cmd->callback([o] {
     std::printf("mixprec demo: 4-way bar-orientation task, %lld steps of %lld images (%lldx%lld), CNN with batch norm\n",
                 static_cast<long long>(o->steps), static_cast<long long>(o->batch_size),
                 static_cast<long long>(o->image_size), static_cast<long long>(o->image_size));
-    std::vector<Row> rows{run("f32", DType::f32, *o), run("bf16", DType::bf16, *o)};
+    std::vector<Row> rows{run("f32", amp::OptLevel::O0, DType::f32, *o),
+                          run("bf16 O2", amp::OptLevel::O2, DType::bf16, *o)};
     std::printf("\n| precision | time (s) | final loss | accuracy | peak memory (MiB) | speed-up |\n");
     std::printf("|---|---:|---:|---:|---:|---:|\n");
     for (const Row& r : rows)
