@@ -12,25 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "mp/mp.hpp"
 
 using namespace mp;
-
-namespace {
-
-double median_seconds(const std::function<void()>& fn, int repeats) {
-  fn();  // warm-up (page faults, caches, primitive creation)
-  std::vector<double> t;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
+using mp::bench::median_seconds;
 
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t{1} << 25);
@@ -39,17 +25,7 @@ int main(int argc, char** argv) {
               omp_get_max_threads(), repeats);
 
   // Reference: a parallel copy of 4n bytes (read + write = 8n bytes), like STREAM copy.
-  std::vector<float> src(static_cast<size_t>(n), 1.0f), dst(static_cast<size_t>(n), 0.0f);
-  const double t_copy = median_seconds(
-      [&] {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i += 16384) {
-          const int64_t m = std::min<int64_t>(16384, n - i);
-          std::memcpy(dst.data() + i, src.data() + i, static_cast<size_t>(m) * 4);
-        }
-      },
-      repeats);
-  const double copy_gbs = 8.0 * static_cast<double>(n) / t_copy / 1e9;
+  const double copy_gbs = mp::bench::copy_bandwidth_gbs(n, repeats);
   std::printf("| op | dtype | GB/s | %% of copy |\n|---|---|---:|---:|\n");
   std::printf("| memcpy (reference) | f32 | %.1f | 100%% |\n", copy_gbs);
 

@@ -15,25 +15,6 @@ namespace {
 // Per-thread private gradient buffers are used only while they stay below this many elements in all.
 constexpr int64_t kMaxPrivateElems = int64_t{1} << 24;
 
-// n values of contiguous tensor t from element `off`, as A (a pointer into t when no conversion is needed).
-template <class A>
-const A* load(const Tensor& t, int64_t off, int64_t n, A* buf) {
-  return load_block<A>(static_cast<const char*>(t.raw_data()) + off * static_cast<int64_t>(t.element_size()), 1,
-                       t.dtype(), n, buf);
-}
-// Where to write n results for t at `off`: straight into t when it holds A, else into buf (then flush()).
-template <class A>
-A* dest(const Tensor& t, int64_t off, A* buf) {
-  return t.dtype() == dtype_of<A>() ? static_cast<A*>(t.raw_data()) + off : buf;
-}
-template <class A>
-void flush(const Tensor& t, int64_t off, int64_t n, const A* vals) {
-  if (t.dtype() != dtype_of<A>())
-    store_block<A>(static_cast<char*>(t.raw_data()) + off * static_cast<int64_t>(t.element_size()), 1, t.dtype(), n,
-                   vals);
-}
-
-bool parallel_for(int64_t work) { return work >= kParallelGrain && omp_get_max_threads() > 1 && !omp_in_parallel(); }
 
 // Call f.template operator()<I>() with I the C++ type of an index tensor (i64 or i32).
 template <class F>
@@ -55,7 +36,7 @@ void embedding_cpu(const Tensor& out, const Tensor& weight, const Tensor& indice
     for (int64_t m = 0; m < M; ++m)
       MP_CHECK(idx[m] >= 0 && idx[m] < V, "embedding: index ", static_cast<int64_t>(idx[m]), " (at flat position ", m,
                ") is out of range for a weight with V = ", V, " rows; expected 0 <= index < ", V);
-#pragma omp parallel for if (parallel_for(M * D)) schedule(static)
+#pragma omp parallel for if (should_parallelize(M * D)) schedule(static)
     for (int64_t m = 0; m < M; ++m)
       std::memcpy(o + static_cast<size_t>(m) * row_bytes, w + static_cast<size_t>(idx[m]) * row_bytes, row_bytes);
   });
@@ -71,7 +52,7 @@ void scatter_rows(A* dst, const Tensor& go, const I* idx, int64_t m0, int64_t m1
     if (i == pad) continue;
     for (int64_t j0 = c0; j0 < c1; j0 += kBlock) {
       const int64_t n = std::min(kBlock, c1 - j0);
-      const A* g = load<A>(go, m * D + j0, n, buf);
+      const A* g = load_at<A>(go, m * D + j0, n, buf);
       A* row = dst + i * D + j0;
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) row[j] += g[j];
@@ -91,7 +72,7 @@ void embedding_backward_typed(const Tensor& gw, const Tensor& go, const I* idx, 
   const int64_t V = gw.sizes()[0], D = gw.sizes()[1], M = go.numel() / std::max<int64_t>(D, 1);
   A* dst = gw.data_ptr<A>();
   const int nt = omp_get_max_threads();
-  if (!parallel_for(M * D)) {
+  if (!should_parallelize(M * D)) {
     scatter_rows<A, I>(dst, go, idx, 0, M, 0, D, D, padding_idx);
   } else if (D >= 16 * nt) {
 #pragma omp parallel
@@ -115,7 +96,7 @@ void embedding_backward_typed(const Tensor& gw, const Tensor& go, const I* idx, 
       scatter_rows<A, I>(mine, go, idx, M * t / n, M * (t + 1) / n, 0, D, D, padding_idx);
     }
     const int64_t total = V * D;
-#pragma omp parallel for if (parallel_for(total * used)) schedule(static)
+#pragma omp parallel for if (should_parallelize(total * used)) schedule(static)
     for (int64_t k = 0; k < total; ++k) {
       A s = dst[k];
       for (int t = 1; t < used; ++t) s += priv[static_cast<size_t>(t - 1)][static_cast<size_t>(k)];
@@ -141,12 +122,12 @@ template <class A>
 void dropout_typed(const Tensor& out, const Tensor& mask, const Tensor& in, float p, A scale, PhiloxState st) {
   const int64_t n = in.numel(), nblk = (n + kBlock - 1) / kBlock;
   uint8_t* mk = mask.data_ptr<uint8_t>();
-#pragma omp parallel for if (parallel_for(n)) schedule(static)
+#pragma omp parallel for if (should_parallelize(n)) schedule(static)
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
     alignas(64) A xbuf[kBlock], ybuf[kBlock];
-    const A* x = load<A>(in, i0, len, xbuf);
-    A* y = dest<A>(out, i0, ybuf);
+    const A* x = load_at<A>(in, i0, len, xbuf);
+    A* y = dest_at<A>(out, i0, ybuf);
     // One Philox call per 4 consecutive draws (Note [Philox stream convention]).
     uint64_t cur = ~uint64_t{0};
     U32x4 blk{};
@@ -160,7 +141,7 @@ void dropout_typed(const Tensor& out, const Tensor& mask, const Tensor& in, floa
       mk[i0 + j] = keep ? 1 : 0;
       y[j] = keep ? x[j] * scale : A(0);
     }
-    flush<A>(out, i0, len, y);
+    flush_at<A>(out, i0, len, y);
   }
 }
 
@@ -173,15 +154,15 @@ template <class A>
 void dropout_backward_typed(const Tensor& gi, const Tensor& go, const Tensor& mask, A scale) {
   const int64_t n = go.numel(), nblk = (n + kBlock - 1) / kBlock;
   const uint8_t* mk = mask.data_ptr<uint8_t>();
-#pragma omp parallel for if (parallel_for(n)) schedule(static)
+#pragma omp parallel for if (should_parallelize(n)) schedule(static)
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
     alignas(64) A gbuf[kBlock], obuf[kBlock];
-    const A* g = load<A>(go, i0, len, gbuf);
-    A* o = dest<A>(gi, i0, obuf);
+    const A* g = load_at<A>(go, i0, len, gbuf);
+    A* o = dest_at<A>(gi, i0, obuf);
 #pragma omp simd
     for (int64_t j = 0; j < len; ++j) o[j] = mk[i0 + j] ? g[j] * scale : A(0);
-    flush<A>(gi, i0, len, o);
+    flush_at<A>(gi, i0, len, o);
   }
 }
 

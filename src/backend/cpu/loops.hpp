@@ -193,4 +193,31 @@ void pointwise_loop(const Tensor& out, std::span<const Tensor> ins, F f) {
   });
 }
 
+/// n values of contiguous tensor t from element `off`, as A (a pointer into t when no conversion is needed).
+template <class A>
+const A* load_at(const Tensor& t, int64_t off, int64_t n, A* buf) {
+  return load_block<A>(static_cast<const char*>(t.raw_data()) + off * static_cast<int64_t>(t.element_size()), 1,
+                       t.dtype(), n, buf);
+}
+
+/// Where to write n results for contiguous t at `off`: straight into t when it holds A, else into buf
+/// (then flush_at()).
+template <class A>
+A* dest_at(const Tensor& t, int64_t off, A* buf) {
+  return t.dtype() == dtype_of<A>() ? static_cast<A*>(t.raw_data()) + off : buf;
+}
+
+/// Store n values written to dest_at()'s buffer into t at `off` (a no-op when they went straight to t).
+template <class A>
+void flush_at(const Tensor& t, int64_t off, int64_t n, const A* vals) {
+  if (t.dtype() != dtype_of<A>())
+    store_block<A>(static_cast<char*>(t.raw_data()) + off * static_cast<int64_t>(t.element_size()), 1, t.dtype(), n,
+                   vals);
+}
+
+/// Whether `work` elements justify an OpenMP parallel region here.
+inline bool should_parallelize(int64_t work) {
+  return work >= kParallelGrain && omp_get_max_threads() > 1 && !omp_in_parallel();
+}
+
 }  // namespace mp::backend::cpu

@@ -26,40 +26,20 @@ constexpr int64_t kCol = 128;
 template <class A>
 constexpr A kNegInf = -std::numeric_limits<A>::infinity();
 
-// n values of contiguous tensor t from element `off`, as A (a pointer into t when no conversion is needed).
-template <class A>
-const A* load(const Tensor& t, int64_t off, int64_t n, A* buf) {
-  return load_block<A>(static_cast<const char*>(t.raw_data()) + off * static_cast<int64_t>(t.element_size()), 1,
-                       t.dtype(), n, buf);
-}
-
-// Where to write n results for t at `off`: straight into t when it holds A, else into buf (then flush()).
-template <class A>
-A* dest(const Tensor& t, int64_t off, A* buf) {
-  return t.dtype() == dtype_of<A>() ? static_cast<A*>(t.raw_data()) + off : buf;
-}
-template <class A>
-void flush(const Tensor& t, int64_t off, int64_t n, const A* vals) {
-  if (t.dtype() != dtype_of<A>())
-    store_block<A>(static_cast<char*>(t.raw_data()) + off * static_cast<int64_t>(t.element_size()), 1, t.dtype(), n,
-                   vals);
-}
-
-bool parallel_for(int64_t work) { return work >= kParallelGrain && omp_get_max_threads() > 1 && !omp_in_parallel(); }
 
 // ---------------------------------------------------------------- softmax forward
 
 template <class A>
 void softmax_rows(bool log, const Tensor& out, const Tensor& in, int64_t rows, int64_t n) {
-#pragma omp parallel if (parallel_for(rows * n))
+#pragma omp parallel if (should_parallelize(rows * n))
   {
     std::vector<A> xbuf(static_cast<size_t>(n)), ybuf(static_cast<size_t>(n));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const A* x = load<A>(in, r * n, n, xbuf.data());
+      const A* x = load_at<A>(in, r * n, n, xbuf.data());
       A m = kNegInf<A>;
       for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
-      A* y = dest<A>(out, r * n, ybuf.data());
+      A* y = dest_at<A>(out, r * n, ybuf.data());
       A s = 0;
       if (log) {
         for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - m);
@@ -76,7 +56,7 @@ void softmax_rows(bool log, const Tensor& out, const Tensor& in, int64_t rows, i
 #pragma omp simd
         for (int64_t j = 0; j < n; ++j) y[j] *= inv;
       }
-      flush<A>(out, r * n, n, y);
+      flush_at<A>(out, r * n, n, y);
     }
   }
 }
@@ -84,7 +64,7 @@ void softmax_rows(bool log, const Tensor& out, const Tensor& in, int64_t rows, i
 template <class A>
 void softmax_cols(bool log, const Tensor& out, const Tensor& in, const SoftmaxShape& s) {
   const int64_t nblk = (s.inner + kCol - 1) / kCol;
-#pragma omp parallel for if (parallel_for(s.outer * s.n * s.inner)) schedule(static)
+#pragma omp parallel for if (should_parallelize(s.outer * s.n * s.inner)) schedule(static)
   for (int64_t w = 0; w < s.outer * nblk; ++w) {
     const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, s.inner - j0);
     const int64_t base = o * s.n * s.inner + j0;
@@ -92,14 +72,14 @@ void softmax_cols(bool log, const Tensor& out, const Tensor& in, const SoftmaxSh
     std::fill(m, m + wd, kNegInf<A>);
     std::fill(sum, sum + wd, A(0));
     for (int64_t c = 0; c < s.n; ++c) {
-      const A* x = load<A>(in, base + c * s.inner, wd, xbuf);
+      const A* x = load_at<A>(in, base + c * s.inner, wd, xbuf);
       for (int64_t j = 0; j < wd; ++j) m[j] = std::max(m[j], x[j]);
     }
     // softmax into an output of the compute type keeps exp(x - m) there and rescales it in place;
     // otherwise the write pass recomputes it (a 16-bit output must be rounded only once).
     const bool keep_exp = !log && out.dtype() == dtype_of<A>();
     for (int64_t c = 0; c < s.n; ++c) {
-      const A* x = load<A>(in, base + c * s.inner, wd, xbuf);
+      const A* x = load_at<A>(in, base + c * s.inner, wd, xbuf);
       if (keep_exp) {
         A* y = static_cast<A*>(out.raw_data()) + base + c * s.inner;
         for (int64_t j = 0; j < wd; ++j) {
@@ -120,14 +100,14 @@ void softmax_cols(bool log, const Tensor& out, const Tensor& in, const SoftmaxSh
     }
     for (int64_t c = 0; c < s.n; ++c) {
       const int64_t off = base + c * s.inner;
-      const A* x = load<A>(in, off, wd, xbuf);
-      A* y = dest<A>(out, off, ybuf);
+      const A* x = load_at<A>(in, off, wd, xbuf);
+      A* y = dest_at<A>(out, off, ybuf);
       if (log) {
         for (int64_t j = 0; j < wd; ++j) y[j] = (x[j] - m[j]) - sum[j];
       } else {
         for (int64_t j = 0; j < wd; ++j) y[j] = std::exp(x[j] - m[j]) * sum[j];
       }
-      flush<A>(out, off, wd, y);
+      flush_at<A>(out, off, wd, y);
     }
   }
 }
@@ -146,14 +126,14 @@ void softmax_cpu(bool log, const Tensor& out, const Tensor& in, const SoftmaxSha
 
 template <class A>
 void softmax_backward_rows(bool log, const Tensor& gi, const Tensor& go, const Tensor& y, int64_t rows, int64_t n) {
-#pragma omp parallel if (parallel_for(rows * n))
+#pragma omp parallel if (should_parallelize(rows * n))
   {
     std::vector<A> gbuf(static_cast<size_t>(n)), ybuf(static_cast<size_t>(n)), obuf(static_cast<size_t>(n));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const A* g = load<A>(go, r * n, n, gbuf.data());
-      const A* yy = load<A>(y, r * n, n, ybuf.data());
-      A* o = dest<A>(gi, r * n, obuf.data());
+      const A* g = load_at<A>(go, r * n, n, gbuf.data());
+      const A* yy = load_at<A>(y, r * n, n, ybuf.data());
+      A* o = dest_at<A>(gi, r * n, obuf.data());
       A acc = 0;
       if (log) {
 #pragma omp simd reduction(+ : acc)
@@ -167,7 +147,7 @@ void softmax_backward_rows(bool log, const Tensor& gi, const Tensor& go, const T
 #pragma omp simd
         for (int64_t j = 0; j < n; ++j) o[j] = f(g[j], yy[j], acc);
       }
-      flush<A>(gi, r * n, n, o);
+      flush_at<A>(gi, r * n, n, o);
     }
   }
 }
@@ -175,26 +155,26 @@ void softmax_backward_rows(bool log, const Tensor& gi, const Tensor& go, const T
 template <class A>
 void softmax_backward_cols(bool log, const Tensor& gi, const Tensor& go, const Tensor& y, const SoftmaxShape& s) {
   const int64_t nblk = (s.inner + kCol - 1) / kCol;
-#pragma omp parallel for if (parallel_for(s.outer * s.n * s.inner)) schedule(static)
+#pragma omp parallel for if (should_parallelize(s.outer * s.n * s.inner)) schedule(static)
   for (int64_t w = 0; w < s.outer * nblk; ++w) {
     const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, s.inner - j0);
     const int64_t base = o * s.n * s.inner + j0;
     alignas(64) A acc[kCol], gbuf[kCol], ybuf[kCol], obuf[kCol];
     std::fill(acc, acc + wd, A(0));
     for (int64_t c = 0; c < s.n; ++c) {
-      const A* g = load<A>(go, base + c * s.inner, wd, gbuf);
+      const A* g = load_at<A>(go, base + c * s.inner, wd, gbuf);
       if (log) {
         for (int64_t j = 0; j < wd; ++j) acc[j] += g[j];
       } else {
-        const A* yy = load<A>(y, base + c * s.inner, wd, ybuf);
+        const A* yy = load_at<A>(y, base + c * s.inner, wd, ybuf);
         for (int64_t j = 0; j < wd; ++j) acc[j] += g[j] * yy[j];
       }
     }
     for (int64_t c = 0; c < s.n; ++c) {
       const int64_t off = base + c * s.inner;
-      const A* g = load<A>(go, off, wd, gbuf);
-      const A* yy = load<A>(y, off, wd, ybuf);
-      A* out = dest<A>(gi, off, obuf);
+      const A* g = load_at<A>(go, off, wd, gbuf);
+      const A* yy = load_at<A>(y, off, wd, ybuf);
+      A* out = dest_at<A>(gi, off, obuf);
       if (log) {
         const LogSoftmaxGradFn<A> f;
         for (int64_t j = 0; j < wd; ++j) out[j] = f(g[j], yy[j], acc[j]);
@@ -202,7 +182,7 @@ void softmax_backward_cols(bool log, const Tensor& gi, const Tensor& go, const T
         const SoftmaxGradFn<A> f;
         for (int64_t j = 0; j < wd; ++j) out[j] = f(g[j], yy[j], acc[j]);
       }
-      flush<A>(gi, off, wd, out);
+      flush_at<A>(gi, off, wd, out);
     }
   }
 }
@@ -250,7 +230,7 @@ void class_loss_rows(const Tensor& losses, const Tensor& stats, const Tensor& in
   const A eps = static_cast<A>(p.label_smoothing);
   A* L = losses.data_ptr<A>();
   A* S = stats.defined() ? stats.data_ptr<A>() : nullptr;
-#pragma omp parallel if (parallel_for(rows * C))
+#pragma omp parallel if (should_parallelize(rows * C))
   {
     std::vector<A> xbuf(static_cast<size_t>(C));
 #pragma omp for schedule(static)
@@ -263,7 +243,7 @@ void class_loss_rows(const Tensor& losses, const Tensor& stats, const Tensor& in
         note_bad(bad, r);
         continue;
       }
-      const A* x = load<A>(input, r * C, C, xbuf.data());
+      const A* x = load_at<A>(input, r * C, C, xbuf.data());
       // Shifted by the row max m (0 for log-probabilities): l = lse', xs = x' (Note [class loss with label smoothing]).
       const A m = p.log_probs ? A(0) : row_max(x, C);
       const A l = p.log_probs ? A(0) : row_shifted_lse(x, C, m);
@@ -290,7 +270,7 @@ void class_loss_cols(const Tensor& losses, const Tensor& stats, const Tensor& in
   const A eps = static_cast<A>(p.label_smoothing);
   A* L = losses.data_ptr<A>();
   A* S = stats.defined() ? stats.data_ptr<A>() : nullptr;
-#pragma omp parallel for if (parallel_for(s.outer * C * inner)) schedule(static)
+#pragma omp parallel for if (should_parallelize(s.outer * C * inner)) schedule(static)
   for (int64_t w = 0; w < s.outer * nblk; ++w) {
     const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, inner - j0);
     const int64_t base = o * C * inner + j0, rbase = o * inner + j0;
@@ -301,13 +281,13 @@ void class_loss_cols(const Tensor& losses, const Tensor& stats, const Tensor& in
     std::fill(xt, xt + wd, A(0));
     if (!p.log_probs) {
       for (int64_t c = 0; c < C; ++c) {
-        const A* x = load<A>(input, base + c * inner, wd, xbuf);
+        const A* x = load_at<A>(input, base + c * inner, wd, xbuf);
         for (int64_t j = 0; j < wd; ++j) m[j] = std::max(m[j], x[j]);
       }
     }
     // Shifted by the column max m (0 for log-probabilities): Note [class loss with label smoothing].
     for (int64_t c = 0; c < C; ++c) {
-      const A* x = load<A>(input, base + c * inner, wd, xbuf);
+      const A* x = load_at<A>(input, base + c * inner, wd, xbuf);
       for (int64_t j = 0; j < wd; ++j) {
         const A xs = x[j] - m[j];
         if (!p.log_probs) sum[j] += std::exp(xs);
@@ -356,13 +336,13 @@ void class_loss_backward_rows(const Tensor& gi, const A* W, bool shared_w, const
                               const int64_t* tgt, const SoftmaxShape& s, const ClassLossParams& p) {
   const int64_t rows = s.outer, C = s.n;
   const A eps = static_cast<A>(p.label_smoothing), eps_c = eps / static_cast<A>(C);
-#pragma omp parallel if (parallel_for(rows * C))
+#pragma omp parallel if (should_parallelize(rows * C))
   {
     std::vector<A> xbuf(static_cast<size_t>(C)), obuf(static_cast<size_t>(C));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = tgt[r];
-      A* out = dest<A>(gi, r * C, obuf.data());
+      A* out = dest_at<A>(gi, r * C, obuf.data());
       if (t == p.ignore_index || t < 0 || t >= C) {
         std::fill(out, out + C, A(0));
       } else {
@@ -370,12 +350,12 @@ void class_loss_backward_rows(const Tensor& gi, const A* W, bool shared_w, const
         if (p.log_probs) {
           for (int64_t c = 0; c < C; ++c) out[c] = class_loss_grad<A>(A(0), c == t, eps, eps_c, w);
         } else {
-          const A* x = load<A>(input, r * C, C, xbuf.data());
+          const A* x = load_at<A>(input, r * C, C, xbuf.data());
           const A m = S[2 * r], l = S[2 * r + 1];
           for (int64_t c = 0; c < C; ++c) out[c] = class_loss_grad<A>(std::exp((x[c] - m) - l), c == t, eps, eps_c, w);
         }
       }
-      flush<A>(gi, r * C, C, out);
+      flush_at<A>(gi, r * C, C, out);
     }
   }
 }
@@ -385,7 +365,7 @@ void class_loss_backward_cols(const Tensor& gi, const A* W, bool shared_w, const
                               const int64_t* tgt, const SoftmaxShape& s, const ClassLossParams& p) {
   const int64_t C = s.n, inner = s.inner, nblk = (inner + kCol - 1) / kCol;
   const A eps = static_cast<A>(p.label_smoothing), eps_c = eps / static_cast<A>(C);
-#pragma omp parallel for if (parallel_for(s.outer * C * inner)) schedule(static)
+#pragma omp parallel for if (should_parallelize(s.outer * C * inner)) schedule(static)
   for (int64_t w = 0; w < s.outer * nblk; ++w) {
     const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, inner - j0);
     const int64_t base = o * C * inner + j0, rbase = o * inner + j0;
@@ -399,14 +379,14 @@ void class_loss_backward_cols(const Tensor& gi, const A* W, bool shared_w, const
     }
     for (int64_t c = 0; c < C; ++c) {
       const int64_t off = base + c * inner;
-      A* out = dest<A>(gi, off, obuf);
-      const A* x = p.log_probs ? nullptr : load<A>(input, off, wd, xbuf);
+      A* out = dest_at<A>(gi, off, obuf);
+      const A* x = p.log_probs ? nullptr : load_at<A>(input, off, wd, xbuf);
       for (int64_t j = 0; j < wd; ++j) {
         const A pc = x ? std::exp((x[j] - m[j]) - l[j]) : A(0);
         // Ignored rows have weight 0; their (possibly garbage) probability must not leak NaN into the zero.
         out[j] = wt[j] == A(0) ? A(0) : class_loss_grad<A>(pc, tgt[rbase + j] == c, eps, eps_c, wt[j]);
       }
-      flush<A>(gi, off, wd, out);
+      flush_at<A>(gi, off, wd, out);
     }
   }
 }
