@@ -42,10 +42,12 @@ bool unscale_chunk(const Tensor& t, int64_t start, int64_t len, C inv, bool writ
     const int64_t n = std::min(kBlock, start + len - j0);
     alignas(64) C buf[kBlock];
     const C* v = load_block<C>(base + j0 * es, 1, t.dtype(), n, buf);
-    bool ok = true;
-#pragma omp simd reduction(&& : ok)
-    for (int64_t j = 0; j < n; ++j) ok = ok && is_finite_value(v[j]);
-    finite = finite && ok;
+    // x - x is 0 for finite x and NaN for inf/NaN, and NaN survives a sum: one vectorised
+    // reduction instead of a branch per element.
+    C probe = C(0);
+#pragma omp simd reduction(+ : probe)
+    for (int64_t j = 0; j < n; ++j) probe += v[j] - v[j];
+    finite = finite && probe == C(0);
     if (write) {
       C* out = t.dtype() == dtype_of<C>() ? reinterpret_cast<C*>(base + j0 * es) : buf;
 #pragma omp simd
@@ -82,18 +84,27 @@ UnderflowCounts underflow_cpu(std::span<const Tensor> ts, double scale) {
     const auto es = static_cast<int64_t>(t.element_size());
     for (int64_t j0 = chunks[c].start; j0 < chunks[c].start + chunks[c].len; j0 += kBlock) {
       const int64_t n = std::min(kBlock, chunks[c].start + chunks[c].len - j0);
-      alignas(64) double buf[kBlock];
-      const double* v = load_block<double>(base + j0 * es, 1, t.dtype(), n, buf);
+      // f32 is exact for the 16-bit and f32 gradients this classifies (f64 gradients are rounded to f32
+      // first, which can move a value across a class boundary by at most half an f32 ulp).
+      alignas(64) float buf[kBlock];
+      const float* v = load_block<float>(base + j0 * es, 1, t.dtype(), n, buf);
+      const auto s = static_cast<float>(scale);
+      const auto min_sub = static_cast<float>(kF16MinSubnormal), min_normal = static_cast<float>(kF16MinNormal);
+      // Branch-free classification (same classes as f16_range_class); NaN compares false everywhere.
+      int32_t nz = 0, fl = 0, sub = 0, nf = 0;
+#pragma omp simd reduction(+ : nz, fl, sub, nf)
       for (int64_t j = 0; j < n; ++j) {
-        if (!is_finite_value(v[j])) {
-          ++nonfinite;
-          continue;
-        }
-        const int cls = f16_range_class(v[j], scale);
-        nonzero += cls != 0;
-        flushed += cls == 1;
-        subnormal += cls == 2;
+        const float a = (v[j] < 0.0f ? -v[j] : v[j]) * s;
+        const int32_t finite = (v[j] - v[j]) == 0.0f;
+        nf += 1 - finite;
+        nz += static_cast<int32_t>(a > 0.0f) & finite;
+        fl += static_cast<int32_t>(a > 0.0f) & static_cast<int32_t>(a < min_sub);
+        sub += static_cast<int32_t>(a >= min_sub) & static_cast<int32_t>(a < min_normal);
       }
+      nonzero += nz;
+      flushed += fl;
+      subnormal += sub;
+      nonfinite += nf;
     }
   }
   return {nonzero, flushed, subnormal, nonfinite};
