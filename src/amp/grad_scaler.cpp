@@ -55,6 +55,14 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
            "at most once per step, after all micro-batches' backward and before step()");
   MP_CHECK(!st.stepped, "GradScaler::unscale_: called after step(); unscale_ must come before step()");
   autograd::NoGradGuard ng;
+  // Note [unscaling f16 gradients]: g / S written back into f16 storage would underflow again (values
+  // below 2^-24, the ones loss scaling exists for, become 0), so f16 gradients are first widened to f32
+  // (exact) and unscaled there; the optimizer's fused step reads gradients of any floating dtype.
+  // (bf16 has f32's exponent range and is unscaled in place.)
+  for (const Tensor& p : opt.parameters()) {
+    const Tensor g = p.grad();
+    if (g.defined() && g.dtype() == DType::f16) p.set_grad(g.to(DType::f32).contiguous());
+  }
   const std::vector<Tensor> gs = grads_of(opt);
   if (!gs.empty()) st.found_inf = backend::unscale_kernel.get(gs.front().device())(gs, 1.0 / scale_, true);
   st.unscaled = true;
@@ -96,6 +104,8 @@ bool GradScaler::step(optim::Optimizer& opt) {
 
 void GradScaler::update() {
   if (!options_.enabled) return;
+  MP_CHECK(!per_opt_.empty(), "GradScaler::update: no step() or unscale_() was recorded since the last update(); "
+           "call scaler.step(optimizer) before scaler.update()");
   bool found_inf = false;
   for (const auto& [opt, st] : per_opt_) found_inf = found_inf || st.found_inf;
   per_opt_.clear();
@@ -141,6 +151,7 @@ nn::StateDict GradScaler::state_dict() const {
   sd.insert("enabled", i64(options_.enabled ? 1 : 0));
   sd.insert("min_scale", f64(options_.min_scale));
   sd.insert("max_scale", f64(options_.max_scale));
+  sd.insert("max_overflows_at_min_scale", i64(options_.max_overflows_at_min_scale));
   return sd;
 }
 
@@ -167,6 +178,7 @@ void GradScaler::load_state_dict(const nn::StateDict& sd) {
   options_.enabled = get("enabled") != 0.0;
   options_.min_scale = get("min_scale");
   options_.max_scale = get("max_scale");
+  options_.max_overflows_at_min_scale = static_cast<int64_t>(get("max_overflows_at_min_scale"));
 }
 
 }  // namespace mp::amp

@@ -43,6 +43,7 @@ class GradScaler {
   /// loss * S (in f32; the loss keeps its graph).
   Tensor scale(const Tensor& loss) const;
   /// Divide the gradients of `opt`'s parameters by S in place and record whether any is inf/NaN.
+  /// f16 gradients are replaced by f32 ones first, so unscaled values below f16's range survive.
   /// At most once per optimizer between update()s (a second call throws).
   void unscale_(optim::Optimizer& opt);
   /// Step `opt` unless its gradients hold inf/NaN; returns whether it stepped. A skipped step must not
