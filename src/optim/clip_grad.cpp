@@ -1,0 +1,33 @@
+#include "mp/optim/clip_grad.hpp"
+
+#include <cmath>
+
+#include "mp/autograd/node.hpp"
+#include "mp/ops/pointwise.hpp"
+#include "mp/ops/reduce.hpp"
+
+namespace mp::optim {
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  MP_CHECK(max_norm > 0 && std::isfinite(max_norm), "clip_grad_norm_: max_norm must be positive and finite, got ",
+           max_norm);
+  autograd::NoGradGuard ng;
+  double sq = 0.0;
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const DType acc = g.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    sq += sum(square(g.to(acc))).item<double>();
+  }
+  const double norm = std::sqrt(sq);
+  const double coef = max_norm / (norm + 1e-6);
+  if (std::isfinite(norm) && coef < 1.0) {
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (g.defined()) mul_(g, coef);
+    }
+  }
+  return norm;
+}
+
+}  // namespace mp::optim
