@@ -1,29 +1,64 @@
 // CPU kernels of batch norm and layer norm, forward and backward, each one fused pass per phase.
 //
 // Note [normalisation statistics on the CPU]
-// Statistics are computed two-pass (mean, then the mean of squared deviations), not with the
-// one-pass E[x^2] - E[x]^2 formula, which cancels catastrophically when |mean| >> std. Every sum
-// (statistics and the backward's sum(dy), sum(dy (x - mean))) accumulates in double, even for f32
-// data: what matters is the error of the mean relative to the std, and an f32 running sum of n
-// values of size |mean| errs by ~sqrt(n) ulp(n |mean|), i.e. ~1e-3 std for mean/std = 1e4 and
-// n = 512 (a row of a layer norm) -- measured. Double sums leave only the final rounding of the
-// mean to f32 (half an ulp of the mean). The reductions stay vectorised (float -> double lanes) and
-// the loops are memory-bound, so the cost is small. 16-bit inputs are converted to f32
-// in blocks with the bulk converters; outputs are rounded once when stored.
+// The one-pass E[x^2] - E[x]^2 formula cancels catastrophically when |mean| >> std, and an f32 running
+// sum of n values of size |mean| errs by ~sqrt(n) ulp(n |mean|), i.e. ~1e-3 std for mean/std = 1e4 and
+// n = 512 (a row of a layer norm) -- measured. Two ways around it are used here:
+// - Layer norm: two-pass statistics (mean, then the mean of squared deviations) with double sums, even
+//   for f32 data; double sums leave only the final rounding of the mean to f32.
+// - Batch norm over [N, C, S] with S > 1 (the CNN case, where these loops dominate): one pass of shifted
+//   sums s1 = sum(x - k), s2 = sum((x - k)^2) about a pivot k near the mean (the mean of the channel's first
+//   kBlock values), mean = k + s1 / M, var = s2 / M - (s1 / M)^2. The sums accumulate in the statistics type
+//   (f32 for f32/f16/bf16 data) in kLanes partial sums per channel that are added into double every >= kBlock
+//   values (LaneSums). With d = mean - k, the f32 partial sums err by ~sqrt(kBlock / kLanes) 2^-24 (var + d^2),
+//   so the variance keeps ~1e-5 relative accuracy while d^2 <= 16 var; a worse pivot (data whose first values
+//   sit far out in the tails) is detected and that channel's pass is redone once about its mean. x - k is
+//   exact in f32 for x within a factor 2 of k (Sterbenz), so a large common offset costs nothing: with mean
+//   1e4 and std 1 what remains is the rounding of the mean to f32, as with double sums.
+//   The backward sums sum(dy) and sum(dy (x - mean)) accumulate the same way: dy (x - mean) has no offset
+//   to cancel.
+// bf16 operands of one dtype are converted inside the loops (a shift in, round to nearest even out); other
+// 16-bit or mixed-dtype operands go through blocks converted with the bulk converters. Outputs are rounded
+// once when stored.
 //
-// Batch norm on x [N, C, S]: with S > 1 (NCHW) channels are processed in parallel and the inner
-// loops run over the contiguous S = H*W values of each (n, c); with S == 1 ([N, C], channels are
-// the contiguous dim) blocks of channels are processed in parallel and rows are streamed.
+// Batch norm on x [N, C, S]: with S > 1 (NCHW) groups of channels are processed in parallel, streaming each
+// group's contiguous run x[n, c0:c0+G, :] n by n (see channel_group); a group is read twice per kernel (the
+// statistics or gradient sums, then the element-wise pass), the second time from cache. The hot loops are
+// compiled per ISA (Note [ISA variants of the batch-norm loops]). With S == 1 ([N, C], channels are the
+// contiguous dim) blocks of channels are processed in parallel and rows are streamed.
 // Layer norm on x [M, N]: rows in parallel; the weight/bias gradients (column sums over all rows)
 // go into per-thread double partials combined in thread order (deterministic for a thread count).
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/loops.hpp"
 #include "backend/norm_kernels.hpp"
+#include "mp/core/cpu_features.hpp"
+
+// Note [ISA variants of the batch-norm loops]
+// The library is built for the baseline ISA (x86-64: SSE2). The per-group bodies of the [N, C, S > 1]
+// batch-norm kernels are always-inline templates instantiated in three functions: baseline, AVX2 and AVX-512
+// (function target attributes), and the widest one this CPU runs is picked once (cpu_features()). Results are
+// bit-identical across the variants: the variants compile with fp-contract=off (no FMA contraction; the
+// baseline has no FMA), and every reduction adds into kLanes partial sums chosen by the source, not by the
+// vector width. Other compilers and CPUs get the baseline function only.
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#define MP_NORM_ISA_VARIANTS 1
+#define MP_LOOP_INLINE [[gnu::always_inline]] inline
+#define MP_LAMBDA_INLINE __attribute__((always_inline))
+#define MP_TARGET_AVX2 [[gnu::target("avx2"), gnu::optimize("fp-contract=off")]]
+#define MP_TARGET_AVX512 \
+  [[gnu::target("avx512f,avx512bw,avx512vl,prefer-vector-width=512"), gnu::optimize("fp-contract=off")]]
+#else
+#define MP_NORM_ISA_VARIANTS 0
+#define MP_LOOP_INLINE inline
+#define MP_LAMBDA_INLINE
+#endif
 
 namespace mp::backend::cpu {
 namespace {
@@ -41,17 +76,17 @@ struct Operand {
     esize = static_cast<int64_t>(t.element_size());
   }
   bool defined() const { return base != nullptr; }
-  char* at(int64_t i) const { return base + i * esize; }
+  MP_LOOP_INLINE char* at(int64_t i) const { return base + i * esize; }
   // n values from element i as S (a pointer into the tensor when it already is S, else into buf).
-  template <class S> const S* load(int64_t i, int64_t n, S* buf) const {
+  template <class S> MP_LOOP_INLINE const S* load(int64_t i, int64_t n, S* buf) const {
     return load_block<S>(at(i), 1, dtype, n, buf);
   }
   // Destination for n results of type S at element i: the tensor itself when it has type S, else buf.
-  template <class S> S* dest(int64_t i, S* buf) const {
+  template <class S> MP_LOOP_INLINE S* dest(int64_t i, S* buf) const {
     return dtype == dtype_of<S>() ? reinterpret_cast<S*>(at(i)) : buf;
   }
   // Store what dest() handed out (a no-op when it wrote in place).
-  template <class S> void commit(int64_t i, int64_t n, const S* vals) const {
+  template <class S> MP_LOOP_INLINE void commit(int64_t i, int64_t n, const S* vals) const {
     if (dtype != dtype_of<S>()) store_block<S>(at(i), 1, dtype, n, vals);
   }
 };
@@ -89,27 +124,105 @@ double block_sq_dev(const S* v, int64_t n, S mean) {
   return s;
 }
 
-// Adds sum(dy) and sum(dy * (x - mean)) of one block (double accumulation).
-template <class S>
-void block_grad_sums(const S* dy, const S* x, int64_t n, S mean, double& sdy, double& sdyx) {
-  double a = 0, b = 0;
-  const auto m = static_cast<double>(mean);
-#pragma omp simd reduction(+ : a, b)
-  for (int64_t j = 0; j < n; ++j) {
-    const auto g = static_cast<double>(dy[j]);
-    a += g;
-    b += g * (static_cast<double>(x[j]) - m);
-  }
-  sdy += a;
-  sdyx += b;
-}
-
 bool go_parallel(int64_t work) { return work >= kParallelGrain && !omp_in_parallel(); }
 
 // Channel-block width of the [N, C] batch-norm path.
 constexpr int64_t kChannelBlock = 64;
 
-// ------------------------------------------------------------------------------ batch norm
+// ------------------------------------------------------------------------------ batch norm, [N, C, S > 1]
+
+// Element access of the [N, C, S > 1] batch-norm loops with statistics type S, for operands stored as T:
+// T = S (read and written in place), T = uint16_t (bf16 bits, converted inside the loops: a shift in, round to
+// nearest even out, as BFloat16(float)), or T = void (any other dtype, or operands of different dtypes: pieces
+// go through S buffers with the bulk converters). E is what the loops read and write.
+template <class S, class T>
+struct Access {
+  using E = std::conditional_t<std::is_void_v<T>, S, T>;
+  MP_LOOP_INLINE static S in(E v) {
+    if constexpr (std::is_same_v<E, uint16_t>) return detail::bf16_bits_to_float(v);
+    else return v;
+  }
+  MP_LOOP_INLINE static E out(S v) {
+    if constexpr (std::is_same_v<E, uint16_t>) return detail::float_to_bf16_bits(v);
+    else return v;
+  }
+  MP_LOOP_INLINE static const E* src(const Operand& o, int64_t i, int64_t n, S* buf) {
+    if constexpr (std::is_void_v<T>) return o.load<S>(i, n, buf);
+    else return reinterpret_cast<const E*>(o.at(i));
+  }
+  MP_LOOP_INLINE static E* dst(const Operand& o, int64_t i, S* buf) {
+    if constexpr (std::is_void_v<T>) return o.dest<S>(i, buf);
+    else return reinterpret_cast<E*>(o.at(i));
+  }
+  MP_LOOP_INLINE static void commit(const Operand& o, int64_t i, int64_t n, const E* v) {
+    if constexpr (std::is_void_v<T>) o.commit<S>(i, n, v);
+  }
+};
+
+// Independent partial sums per reduction in the block sums: 64 bytes of S (4 SSE / 2 AVX / 1 AVX-512 register),
+// so consecutive adds do not wait on each other. Which value goes to which partial sum is fixed by the source,
+// so the results do not depend on the vector width.
+template <class S>
+inline constexpr int64_t kLanes = 64 / static_cast<int64_t>(sizeof(S));
+
+// Two running sums of one channel: kLanes<S> partial sums each in S, added into double (and reset) whenever
+// they hold >= kBlock values (Note [normalisation statistics on the CPU]). Short segments (a 7x7 plane) add
+// into the same partial sums until then, so the lanes are reduced once per ~kBlock values, not per segment.
+template <class S>
+struct LaneSums {
+  S a[kLanes<S>], b[kLanes<S>];
+  int64_t count;
+  double s1, s2;
+  void clear() {
+    for (int64_t l = 0; l < kLanes<S>; ++l) a[l] = b[l] = S(0);
+    count = 0;
+    s1 = s2 = 0;
+  }
+  MP_LOOP_INLINE void flush() {
+    for (int64_t w = kLanes<S> / 2; w > 0; w /= 2)  // pairwise: log2(lanes) dependent steps
+      for (int64_t l = 0; l < w; ++l) {
+        a[l] += a[l + w];
+        b[l] += b[l + w];
+      }
+    s1 += static_cast<double>(a[0]);
+    s2 += static_cast<double>(b[0]);
+    for (int64_t l = 0; l < kLanes<S>; ++l) a[l] = b[l] = S(0);
+    count = 0;
+  }
+  // Adds fn(j, a_lane, b_lane) for j < n: value j goes to lane j % kLanes.
+  template <class F>
+  MP_LOOP_INLINE void add(int64_t n, F&& fn) {
+    constexpr int64_t L = kLanes<S>;
+    int64_t j = 0;
+    for (; j + L <= n; j += L)
+#pragma omp simd
+      for (int64_t l = 0; l < L; ++l) fn(j + l, a[l], b[l]);
+    for (int64_t l = 0; j < n; ++j, ++l) fn(j, a[l], b[l]);
+    count += n;
+    if (count >= kBlock) flush();
+  }
+};
+
+// Adds sum(v - k) and sum((v - k)^2) of one block to ls.
+template <class S, class T>
+MP_LOOP_INLINE void block_shifted_sums(const typename Access<S, T>::E* v, int64_t n, S k, LaneSums<S>& ls) {
+  ls.add(n, [&](int64_t j, S& a, S& b) MP_LAMBDA_INLINE {
+    const S d = Access<S, T>::in(v[j]) - k;
+    a += d;
+    b += d * d;
+  });
+}
+
+// Adds sum(dy) and sum(dy (x - mean)) of one block to ls.
+template <class S, class T>
+MP_LOOP_INLINE void block_grad_sums(const typename Access<S, T>::E* dy, const typename Access<S, T>::E* x, int64_t n,
+                                    S mean, LaneSums<S>& ls) {
+  ls.add(n, [&](int64_t j, S& a, S& b) MP_LAMBDA_INLINE {
+    const S g = Access<S, T>::in(dy[j]);
+    a += g;
+    b += g * (Access<S, T>::in(x[j]) - mean);
+  });
+}
 
 // Calls f(i, n) for the segments of channel c of x [N, C, S]: element offset i, length n <= kBlock.
 template <class F>
@@ -118,38 +231,264 @@ void for_channel_segments(int64_t N, int64_t C, int64_t S, int64_t c, F&& f) {
     for (int64_t j0 = 0; j0 < S; j0 += kBlock) f((n * C + c) * S + j0, std::min(kBlock, S - j0));
 }
 
+// Most channels in a group; most values per piece of a group (see for_group_pieces), a multiple of kBlock.
+constexpr int64_t kMaxGroup = 64;
+constexpr int64_t kPiece = 4 * kBlock;
+
+// Channels per group, for kernels that read `operands` tensors twice. A group's values x[n, c0:c0+G, :] are
+// one contiguous run per n, visited n by n: runs of >= ~1024 values keep the hardware prefetchers streaming
+// (per-channel runs of a 7x7 plane, 196 bytes at a stride of C planes, are latency-bound), and a group of at
+// most ~256K values in all stays in cache between the two passes of a kernel. At least one group per
+// thread. The grouping changes no result: each channel's sums add the same blocks in the same order.
+int64_t channel_group(int64_t N, int64_t C, int64_t SP, int64_t operands) {
+  int64_t g = (1024 + SP - 1) / SP;
+  g = std::min(g, std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, operands * N * SP)));
+  g = std::min(g, std::max<int64_t>(1, C / omp_get_max_threads()));
+  return std::clamp<int64_t>(g, 1, kMaxGroup);
+}
+
+// One contiguous piece of a channel group: elements [i, i + nch * len) of x [N, C, SP] hold positions
+// [s0, s0 + len) of channels j0 .. j0 + nch - 1 of the group (place in the group), channel j0 + t at t * len.
+struct Piece {
+  int64_t i, j0, nch, s0, len;
+};
+
+// Calls f(piece) for the pieces of channels c0 .. c0 + nc - 1 of x [N, C, SP], n by n: whole channels, as
+// many as fit in kPiece values, or kPiece-value parts of one channel when SP > kPiece.
+template <class F>
+MP_LOOP_INLINE void for_group_pieces(int64_t N, int64_t C, int64_t SP, int64_t c0, int64_t nc, F&& f) {
+  const int64_t per = SP <= kPiece ? std::max<int64_t>(1, kPiece / SP) : 1;
+  const int64_t seg = std::min(SP, kPiece);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j0 = 0; j0 < nc; j0 += per)
+      for (int64_t s0 = 0; s0 < SP; s0 += seg)
+        f(Piece{(n * C + c0 + j0) * SP + s0, j0, std::min(per, nc - j0), s0, std::min(seg, SP - s0)});
+}
+
+// Calls f(j, offset, n) for the kBlock-value blocks of every channel of a piece: j the channel's place in the
+// group, offset the block's start in the piece.
+template <class F>
+MP_LOOP_INLINE void for_piece_blocks(const Piece& pc, F&& f) {
+  for (int64_t t = 0; t < pc.nch; ++t)
+    for (int64_t b0 = 0; b0 < pc.len; b0 += kBlock) f(pc.j0 + t, t * pc.len + b0, std::min(kBlock, pc.len - b0));
+}
+
+// Batch means and biased variances of channels c0 .. c0 + nc - 1 of x [N, C, SP] from shifted sums about
+// a pivot per channel (Note [normalisation statistics on the CPU]). buf: kPiece values of scratch.
+template <class S, class T>
+MP_LOOP_INLINE void group_stats(const Operand& xo, int64_t N, int64_t C, int64_t SP, int64_t c0, int64_t nc, S* buf,
+                                double* mean, double* var) {
+  using A = Access<S, T>;
+  const double M = static_cast<double>(N * SP);
+  S k[kMaxGroup];  // pivots: the mean of the first block of each channel (n = 0)
+  for (int64_t j = 0; j < nc; ++j) {
+    const int64_t n = std::min(kBlock, SP);
+    const typename A::E* v = A::src(xo, (c0 + j) * SP, n, buf);
+    double s = 0;
+    for (int64_t t = 0; t < n; ++t) s += static_cast<double>(A::in(v[t]));
+    k[j] = static_cast<S>(s / static_cast<double>(n));
+  }
+  LaneSums<S> ls[kMaxGroup];
+  for (int64_t j = 0; j < nc; ++j) ls[j].clear();
+  for_group_pieces(N, C, SP, c0, nc, [&](const Piece& pc) MP_LAMBDA_INLINE {
+    const typename A::E* v = A::src(xo, pc.i, pc.nch * pc.len, buf);
+    for_piece_blocks(pc, [&](int64_t j, int64_t off, int64_t n) MP_LAMBDA_INLINE {
+      block_shifted_sums<S, T>(v + off, n, k[j], ls[j]);
+    });
+  });
+  for (int64_t j = 0; j < nc; ++j) {
+    S kj = k[j];
+    for (int attempt = 0;; ++attempt) {
+      ls[j].flush();
+      const double d = ls[j].s1 / M;  // mean - pivot
+      mean[j] = static_cast<double>(kj) + d;
+      var[j] = std::max(ls[j].s2 / M - d * d, 0.0);
+      // Pivot within 4 std: accurate. Else (rare) redo this channel once about its mean.
+      if (d * d <= 16.0 * var[j] || attempt == 1) break;
+      kj = static_cast<S>(mean[j]);
+      ls[j].clear();
+      for_channel_segments(N, C, SP, c0 + j, [&](int64_t i, int64_t n) {
+        block_shifted_sums<S, T>(A::src(xo, i, n, buf), n, kj, ls[j]);
+      });
+    }
+  }
+}
+
+#if MP_NORM_ISA_VARIANTS
+// The widest ISA variant this CPU runs (Note [ISA variants of the batch-norm loops]).
+enum class LoopIsa { base, avx2, avx512 };
+LoopIsa loop_isa() {
+  static const LoopIsa isa = [] {
+    const CpuFeatures& f = cpu_features();
+    if (f.avx512f && f.avx512bw && f.avx512vl) return LoopIsa::avx512;
+    return f.avx2 ? LoopIsa::avx2 : LoopIsa::base;
+  }();
+  return isa;
+}
+#endif
+
+// Defines name_base, name_avx2, name_avx512 (the always-inline template `name` compiled for each ISA, for
+// statistics type S and storage T) and name_fn<S, T>() returning the one for this CPU (f64 statistics always
+// take the baseline: f64 batch norm is for gradient checks, not speed).
+#if MP_NORM_ISA_VARIANTS
+#define MP_NORM_VARIANTS(name, Args, ...)                                                                      \
+  template <class S, class T> void name##_base(const Args<S>& a, __VA_ARGS__) { name<S, T>(a, MP_BUF_ARGS); } \
+  template <class S, class T> MP_TARGET_AVX2 void name##_avx2(const Args<S>& a, __VA_ARGS__) {                 \
+    name<S, T>(a, MP_BUF_ARGS);                                                                               \
+  }                                                                                                           \
+  template <class S, class T> MP_TARGET_AVX512 void name##_avx512(const Args<S>& a, __VA_ARGS__) {             \
+    name<S, T>(a, MP_BUF_ARGS);                                                                               \
+  }                                                                                                           \
+  template <class S, class T> auto name##_fn() {                                                              \
+    if constexpr (std::is_same_v<S, double>) {                                                                \
+      return &name##_base<S, T>;                                                                              \
+    } else {                                                                                                  \
+      if (loop_isa() == LoopIsa::base) return &name##_base<S, T>;                                             \
+      return loop_isa() == LoopIsa::avx512 ? &name##_avx512<S, T> : &name##_avx2<S, T>;                       \
+    }                                                                                                         \
+  }
+#else
+#define MP_NORM_VARIANTS(name, Args, ...)                                                                      \
+  template <class S, class T> void name##_base(const Args<S>& a, __VA_ARGS__) { name<S, T>(a, MP_BUF_ARGS); } \
+  template <class S, class T> auto name##_fn() { return &name##_base<S, T>; }
+#endif
+#define MP_BUF_ARGS grp, b0, b1, b2
+
+// Operands of the batch-norm forward.
+template <class S>
+struct BnForward {
+  Operand xo, yo;
+  int64_t N, C, SP, G;
+  S *mean, *var, *invstd;
+  const S *w, *b;
+  bool training;
+  double eps;
+};
+
+// Batch-norm forward of channel group grp (channels grp * G ...): statistics when training, then
+// y = (x - mean) * scale + shift. b0, b1: kPiece values of scratch each (b2 unused).
+template <class S, class T>
+MP_LOOP_INLINE void bn_forward_group(const BnForward<S>& a, int64_t grp, S* b0, S* b1, S*) {
+  using A = Access<S, T>;
+  const int64_t c0 = grp * a.G, nc = std::min(a.G, a.C - c0);
+  if (a.training) {
+    double mu[kMaxGroup], sigma2[kMaxGroup];
+    group_stats<S, T>(a.xo, a.N, a.C, a.SP, c0, nc, b0, mu, sigma2);
+    for (int64_t j = 0; j < nc; ++j) {
+      a.mean[c0 + j] = static_cast<S>(mu[j]);
+      a.var[c0 + j] = static_cast<S>(sigma2[j]);
+    }
+  }
+  NormAffineFn<S> fn[kMaxGroup];
+  for (int64_t j = 0; j < nc; ++j) {
+    const int64_t c = c0 + j;
+    const S r = static_cast<S>(1.0 / std::sqrt(static_cast<double>(a.var[c]) + a.eps));
+    a.invstd[c] = r;
+    fn[j] = NormAffineFn<S>{a.mean[c], r * a.w[c], a.b[c]};
+  }
+  for_group_pieces(a.N, a.C, a.SP, c0, nc, [&](const Piece& pc) MP_LAMBDA_INLINE {
+    const typename A::E* v = A::src(a.xo, pc.i, pc.nch * pc.len, b0);
+    typename A::E* o = A::dst(a.yo, pc.i, b1);
+    for (int64_t t = 0; t < pc.nch; ++t) {
+      const NormAffineFn<S> f = fn[pc.j0 + t];
+      const typename A::E* vt = v + t * pc.len;
+      typename A::E* ot = o + t * pc.len;
+#pragma omp simd
+      for (int64_t e = 0; e < pc.len; ++e) ot[e] = A::out(f(A::in(vt[e])));
+    }
+    A::commit(a.yo, pc.i, pc.nch * pc.len, o);
+  });
+}
+MP_NORM_VARIANTS(bn_forward_group, BnForward, int64_t grp, S* b0, S* b1, S* b2)
+
+// Operands of the batch-norm backward; dw, db may be null.
+template <class S>
+struct BnBackward {
+  Operand xo, dyo, dxo;
+  int64_t N, C, SP, G;
+  const S *mean, *invstd, *w;
+  S *dw, *db;
+  bool training, need_sums;
+};
+
+// Batch-norm backward of channel group grp: sum(dy) and sum(dy (x - mean)) per channel, dweight, dbias, then
+// dx. b0, b1, b2: kPiece values of scratch each.
+template <class S, class T>
+MP_LOOP_INLINE void bn_backward_group(const BnBackward<S>& a, int64_t grp, S* b0, S* b1, S* b2) {
+  using A = Access<S, T>;
+  const int64_t c0 = grp * a.G, nc = std::min(a.G, a.C - c0);
+  const double M = static_cast<double>(a.N * a.SP);
+  LaneSums<S> ls[kMaxGroup];
+  for (int64_t j = 0; j < nc; ++j) ls[j].clear();
+  if (a.need_sums)
+    for_group_pieces(a.N, a.C, a.SP, c0, nc, [&](const Piece& pc) MP_LAMBDA_INLINE {
+      const typename A::E* g = A::src(a.dyo, pc.i, pc.nch * pc.len, b0);
+      const typename A::E* v = A::src(a.xo, pc.i, pc.nch * pc.len, b1);
+      for_piece_blocks(pc, [&](int64_t j, int64_t off, int64_t n) MP_LAMBDA_INLINE {
+        block_grad_sums<S, T>(g + off, v + off, n, a.mean[c0 + j], ls[j]);
+      });
+    });
+  NormBackwardFn<S> fn[kMaxGroup];
+  for (int64_t j = 0; j < nc; ++j) {
+    const int64_t c = c0 + j;
+    const S r = a.invstd[c];
+    ls[j].flush();
+    const double sdy = ls[j].s1, sdyx = ls[j].s2;
+    if (a.db) a.db[c] = static_cast<S>(sdy);
+    if (a.dw) a.dw[c] = static_cast<S>(sdyx * r);
+    const double wr = static_cast<double>(a.w[c]) * r;
+    fn[j] = NormBackwardFn<S>{static_cast<S>(wr), a.training ? static_cast<S>(-wr * r * r * sdyx / M) : S(0),
+                              a.training ? static_cast<S>(-wr * sdy / M) : S(0), a.mean[c]};
+  }
+  if (!a.dxo.defined()) return;
+  for_group_pieces(a.N, a.C, a.SP, c0, nc, [&](const Piece& pc) MP_LAMBDA_INLINE {
+    const typename A::E* g = A::src(a.dyo, pc.i, pc.nch * pc.len, b0);
+    const typename A::E* v = A::src(a.xo, pc.i, pc.nch * pc.len, b1);
+    typename A::E* o = A::dst(a.dxo, pc.i, b2);
+    for (int64_t t = 0; t < pc.nch; ++t) {
+      const NormBackwardFn<S> f = fn[pc.j0 + t];
+      const typename A::E* gt = g + t * pc.len;
+      const typename A::E* vt = v + t * pc.len;
+      typename A::E* ot = o + t * pc.len;
+#pragma omp simd
+      for (int64_t e = 0; e < pc.len; ++e) ot[e] = A::out(f(A::in(gt[e]), A::in(vt[e])));
+    }
+    A::commit(a.dxo, pc.i, pc.nch * pc.len, o);
+  });
+}
+MP_NORM_VARIANTS(bn_backward_group, BnBackward, int64_t grp, S* b0, S* b1, S* b2)
+
+// Runs the group function `run` (from bn_forward_group_fn etc.) over the channel groups in parallel, with
+// per-thread scratch.
+template <class S, class Args, class Fn>
+void run_groups(const Args& args, int64_t numel, Fn run) {
+  const int64_t groups = (args.C + args.G - 1) / args.G;
+#pragma omp parallel if (go_parallel(numel))
+  {
+    std::vector<S> buf(static_cast<size_t>(3 * kPiece));
+#pragma omp for schedule(static)
+    for (int64_t grp = 0; grp < groups; ++grp) run(args, grp, buf.data(), buf.data() + kPiece, buf.data() + 2 * kPiece);
+  }
+}
+
+// Calls f.template operator()<T>() with T the storage type of the fused loops for operands of dtype dt
+// (all of them; `same` is false when their dtypes differ): S, bf16 bits (S = f32), or void.
+template <class S, class F>
+void visit_storage(DType dt, bool same, F&& f) {
+  if (same && dt == dtype_of<S>()) return f.template operator()<S>();
+  if constexpr (std::is_same_v<S, float>)
+    if (same && dt == DType::bf16) return f.template operator()<uint16_t>();
+  f.template operator()<void>();
+}
+
 template <class S>
 void bn_forward_spatial(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
                         const std::vector<S>& w, const std::vector<S>& b, bool training, double eps) {
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
-  const double M = static_cast<double>(N * SP);
-  const Operand xo(x), yo(y);
-  S* mp = mean.data_ptr<S>();
-  S* vp = var.data_ptr<S>();
-  S* ip = invstd.data_ptr<S>();
-#pragma omp parallel for if (go_parallel(x.numel())) schedule(static)
-  for (int64_t c = 0; c < C; ++c) {
-    alignas(64) S buf[kBlock], obuf[kBlock];
-    if (training) {
-      double s = 0;
-      for_channel_segments(N, C, SP, c, [&](int64_t i, int64_t n) { s += block_sum(xo.load<S>(i, n, buf), n); });
-      const S mu = static_cast<S>(s / M);
-      double q = 0;
-      for_channel_segments(N, C, SP, c, [&](int64_t i, int64_t n) { q += block_sq_dev(xo.load<S>(i, n, buf), n, mu); });
-      mp[c] = mu;
-      vp[c] = static_cast<S>(q / M);
-    }
-    const S r = static_cast<S>(1.0 / std::sqrt(static_cast<double>(vp[c]) + eps));
-    ip[c] = r;
-    const NormAffineFn<S> fn{mp[c], r * w[c], b[c]};
-    for_channel_segments(N, C, SP, c, [&](int64_t i, int64_t n) {
-      const S* v = xo.load<S>(i, n, buf);
-      S* o = yo.dest<S>(i, obuf);
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) o[j] = fn(v[j]);
-      yo.commit<S>(i, n, o);
-    });
-  }
+  const BnForward<S> args{Operand(x), Operand(y), N, C, SP, channel_group(N, C, SP, 1), mean.data_ptr<S>(),
+                          var.data_ptr<S>(), invstd.data_ptr<S>(), w.data(), b.data(), training, eps};
+  visit_storage<S>(x.dtype(), y.dtype() == x.dtype(),
+                   [&]<class T>() { run_groups<S>(args, x.numel(), bn_forward_group_fn<S, T>()); });
 }
 
 template <class S>
@@ -205,35 +544,14 @@ void bn_backward_spatial(const Tensor& dx, const Tensor& dweight, const Tensor& 
                          const Tensor& x, const std::vector<S>& mean, const std::vector<S>& invstd,
                          const std::vector<S>& w, bool training) {
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
-  const double M = static_cast<double>(N * SP);
-  const Operand xo(x), dyo(dy), dxo(dx);
   S* dwp = dweight.defined() ? dweight.data_ptr<S>() : nullptr;
   S* dbp = dbias.defined() ? dbias.data_ptr<S>() : nullptr;
-  const bool need_sums = dwp != nullptr || dbp != nullptr || (training && dxo.defined());
-#pragma omp parallel for if (go_parallel(x.numel())) schedule(static)
-  for (int64_t c = 0; c < C; ++c) {
-    alignas(64) S xbuf[kBlock], dybuf[kBlock], obuf[kBlock];
-    const S mu = mean[c], r = invstd[c], wc = w[c];
-    double sdy = 0, sdyx = 0;
-    if (need_sums)
-      for_channel_segments(N, C, SP, c, [&](int64_t i, int64_t n) {
-        block_grad_sums(dyo.load<S>(i, n, dybuf), xo.load<S>(i, n, xbuf), n, mu, sdy, sdyx);
-      });
-    if (dbp) dbp[c] = static_cast<S>(sdy);
-    if (dwp) dwp[c] = static_cast<S>(sdyx * r);
-    if (!dxo.defined()) continue;
-    const double wr = static_cast<double>(wc) * r;
-    const NormBackwardFn<S> fn{static_cast<S>(wr), training ? static_cast<S>(-wr * r * r * sdyx / M) : S(0),
-                               training ? static_cast<S>(-wr * sdy / M) : S(0), mu};
-    for_channel_segments(N, C, SP, c, [&](int64_t i, int64_t n) {
-      const S* g = dyo.load<S>(i, n, dybuf);
-      const S* v = xo.load<S>(i, n, xbuf);
-      S* o = dxo.dest<S>(i, obuf);
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) o[j] = fn(g[j], v[j]);
-      dxo.commit<S>(i, n, o);
-    });
-  }
+  const bool need_sums = dwp != nullptr || dbp != nullptr || (training && dx.defined());
+  const BnBackward<S> args{Operand(x), Operand(dy), Operand(dx), N, C, SP, channel_group(N, C, SP, 2),
+                           mean.data(), invstd.data(), w.data(), dwp, dbp, training, need_sums};
+  const bool same = dy.dtype() == x.dtype() && (!dx.defined() || dx.dtype() == x.dtype());
+  visit_storage<S>(x.dtype(), same,
+                   [&]<class T>() { run_groups<S>(args, x.numel(), bn_backward_group_fn<S, T>()); });
 }
 
 template <class S>
