@@ -108,7 +108,8 @@ std::pair<Tensor, LSTMState> LSTM::forward(const Tensor& input, const LSTMState&
   return {caller_layout(x, unbatched), LSTMState{hn, cn}};
 }
 
-std::pair<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& h0_in) {
+std::pair<Tensor, Tensor> RNNBase::forward_single_state(const Tensor& input, const Tensor& h0_in,
+                                                         SingleStateCell cell) {
   bool unbatched = false;
   Tensor x = time_major(input, unbatched);
   const Tensor h0 = initial_state(h0_in, x, unbatched, "h0");
@@ -119,7 +120,7 @@ std::pair<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& h0_in)
     std::vector<Tensor> outs;
     outs.reserve(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
-      h = gru_cell(x.select(0, t), h, *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
+      h = cell(x.select(0, t), h, *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
       outs.push_back(h);
     }
     h_n.push_back(h);
@@ -129,25 +130,12 @@ std::pair<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& h0_in)
   return {caller_layout(x, unbatched), unbatched ? hn.squeeze(1) : hn};
 }
 
+std::pair<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& h0_in) {
+  return forward_single_state(input, h0_in, &gru_cell);
+}
+
 std::pair<Tensor, Tensor> RNN::forward(const Tensor& input, const Tensor& h0_in) {
-  bool unbatched = false;
-  Tensor x = time_major(input, unbatched);
-  const Tensor h0 = initial_state(h0_in, x, unbatched, "h0");
-  const int64_t T = x.size(0);
-  std::vector<Tensor> h_n;
-  for (int64_t l = 0; l < options_.num_layers; ++l) {
-    Tensor h = h0.select(0, l);
-    std::vector<Tensor> outs;
-    outs.reserve(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) {
-      h = rnn_tanh_cell(x.select(0, t), h, *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
-      outs.push_back(h);
-    }
-    h_n.push_back(h);
-    x = between_layers(stack(outs, 0), l);
-  }
-  Tensor hn = stack(h_n, 0);
-  return {caller_layout(x, unbatched), unbatched ? hn.squeeze(1) : hn};
+  return forward_single_state(input, h0_in, &rnn_tanh_cell);
 }
 
 }  // namespace mp::nn

@@ -58,6 +58,11 @@ class RNNBase : public Module {
   Tensor caller_layout(const Tensor& y, bool unbatched) const;
   /// Dropout between layers (not after the last) in training mode.
   Tensor between_layers(const Tensor& y, int64_t layer) const;
+  /// A cell of a single-state recurrence (gru_cell, rnn_tanh_cell): (x, h, w_ih, w_hh, b_ih, b_hh) -> h'.
+  using SingleStateCell = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&);
+  /// The multi-layer forward of GRU and RNN: output and h_n for `cell`.
+  std::pair<Tensor, Tensor> forward_single_state(const Tensor& input, const Tensor& h0, SingleStateCell cell);
 
   RNNOptions options_;
   int64_t gates_;
