@@ -13,11 +13,10 @@
 // when v > max or v is NaN: ties keep the first, the last NaN wins), so values and i32/i64 indices are
 // bit-identical to the general loop; average pool adds in the general loop's order. The average-pool backward
 // writes dx densely (each input lies in at most one window) instead of a zero fill plus a scatter.
-// Max pool backward is given no window: it zero-fills a chunk of dx planes on the raw storage and assigns each dy
-// value at its index (0 + dy, as the scatter stores it; f16/bf16 as bits, no conversions); a plane where an index
-// repeats (overlapping windows) is redone with the scatter-add in the compute type. adaptive_avg_pool2d to 1x1 is
-// a plane sum with independent partial sums (bf16 read inline) and, backward, a fill of each plane with its value
-// rounded once. Every other window takes the general loops, unchanged.
+// Max pool backward (any window: it gets only the indices) stays a zero fill plus a scatter-add per plane, which
+// runs near copy bandwidth for f32; it now converts 16-bit chunks of planes, not single planes, per call.
+// adaptive_avg_pool2d to 1x1 is a plane sum with independent partial sums (bf16 read inline) and, backward, a
+// fill of each plane with its value rounded once. Every other window takes the general loops, unchanged.
 #include <omp.h>
 
 #include <algorithm>
@@ -254,89 +253,29 @@ void max_pool2d_forward_cpu(const Tensor& out, const Tensor& indices, const Tens
   });
 }
 
-// The bits of a 16-bit float storage type: inf is the pattern of +inf (a larger magnitude is a NaN) and quiet
-// the bit a NaN gets when it goes through f32 and back.
-struct Bits16 {
-  uint16_t inf, quiet;
-};
-
-// What the scatter path stores for a single contribution v: 0 + v rounded to T, i.e. -0 becomes +0, and a
-// 16-bit NaN gets its quiet bit (as through f32 and back).
-template <class T>
-T single_contribution(T v, Bits16 fb) {
-  if constexpr (std::is_floating_point_v<T>) {
-    return v + T(0);
-  } else {
-    const auto mag = static_cast<uint16_t>(v & 0x7fff);
-    if (mag == 0) return T(0);
-    return mag > fb.inf ? static_cast<T>(v | fb.quiet) : v;
-  }
-}
-
-// Assigns dy's n values at their indices into the zero-filled dx plane on the raw storage and returns true, or
-// returns false at the first index hit twice (a stored value is never -0, so a target is untouched iff its
-// bits are 0; a target holding a stored 0 may take a second value: 0 + v = v). Windows that do not overlap
-// never hit an index twice.
-template <class T, class I>
-bool assign_unique(T* dx, const T* gv, const I* ip, int64_t n, Bits16 fb) {
-  using B = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
-  for (int64_t i = 0; i < n; ++i) {
-    T& t = dx[ip[i]];
-    if (std::bit_cast<B>(t) != 0) return false;
-    t = single_contribution(gv[i], fb);
-  }
-  return true;
-}
-
-// Max pool backward with compute type A, storage type T of dx (uint16_t for f16/bf16 bits), index type I, over
-// chunks of dx planes.
-// A plane whose indices are all distinct (and dy has dx's dtype) gets zeros and dy's values assigned at the
-// indices, on the raw storage; any other plane is zero-filled and scatter-added in A.
-template <class A, class T, class I>
-void max_pool_backward(const Tensor& dx, const Tensor& dy, const Tensor& indices, Bits16 fb) {
+// Max pool backward: each chunk of dx planes is zero-filled in the compute type A and gets every dy value added
+// at its saved index (overlapping windows may select an input more than once), one conversion call per chunk.
+template <class A, class I>
+void max_pool_backward(const Tensor& dx, const Tensor& dy, const Tensor& indices) {
   const Planes g(dy), o(dx);
   const I* idx = indices.data_ptr<I>();
-  const bool same = dy.dtype() == dx.dtype();
-  const int64_t per = std::max<int64_t>(1, kChunkElems / std::max<int64_t>(1, o.plane));
-  const int64_t chunks = (g.count + per - 1) / per;
-#pragma omp parallel if (g.count * o.plane >= kParallelGrain && !omp_in_parallel())
-  {
-    std::vector<A> gbuf(static_cast<size_t>(g.plane)), obuf(static_cast<size_t>(o.plane));
-#pragma omp for schedule(static)
-    for (int64_t ch = 0; ch < chunks; ++ch) {
-      const int64_t p0 = ch * per, np = std::min(per, g.count - p0);
-      T* d = reinterpret_cast<T*>(o.at(p0));
-      std::fill(d, d + np * o.plane, T(0));
-      for (int64_t q = 0; q < np; ++q) {
-        const int64_t p = p0 + q;
-        const I* ip = idx + p * g.plane;
-        if (same && assign_unique(d + q * o.plane, reinterpret_cast<const T*>(g.at(p)), ip, g.plane, fb)) continue;
-        const A* gv = load_block<A>(g.at(p), 1, g.dtype, g.plane, gbuf.data());
-        const bool direct = o.dtype == dtype_of<A>();
-        A* dxv = direct ? reinterpret_cast<A*>(o.at(p)) : obuf.data();
-        std::fill(dxv, dxv + o.plane, A(0));
-        for (int64_t i = 0; i < g.plane; ++i) dxv[ip[i]] += gv[i];
-        if (!direct) store_block<A>(o.at(p), 1, o.dtype, o.plane, dxv);
-      }
+  map_chunks<A>(g, o, [&](int64_t p0, int64_t np, const A* gv, A* dxv) {
+    const I* ip = idx + p0 * g.plane;
+    for (int64_t q = 0; q < np; ++q) {  // plane by plane: the scatter finds the zeroed plane in L1
+      A* d = dxv + q * o.plane;
+      std::fill(d, d + o.plane, A(0));
+      const int64_t b = q * g.plane;
+      for (int64_t i = 0; i < g.plane; ++i) d[ip[b + i]] += gv[b + i];
     }
-  }
-}
-
-template <class I>
-void max_pool_backward_typed(const Tensor& dx, const Tensor& dy, const Tensor& indices) {
-  switch (dx.dtype()) {
-    case DType::f32: return max_pool_backward<float, float, I>(dx, dy, indices, {});
-    case DType::f64: return max_pool_backward<double, double, I>(dx, dy, indices, {});
-    case DType::bf16: return max_pool_backward<float, uint16_t, I>(dx, dy, indices, {0x7f80, 0x0040});
-    case DType::f16: return max_pool_backward<float, uint16_t, I>(dx, dy, indices, {0x7c00, 0x0200});
-    default: MP_FAIL("max_pool2d_backward: expected a floating dx (f32, f64, f16, bf16), got ", dx.describe());
-  }
+  });
 }
 
 void max_pool2d_backward_cpu(const Tensor& dx, const Tensor& dy, const Tensor& indices) {
   MP_ASSERT(indices.is_contiguous() && indices.sizes() == dy.sizes(), "max_pool2d backward kernel: bad indices");
-  if (indices.dtype() == DType::i32) max_pool_backward_typed<int32_t>(dx, dy, indices);
-  else max_pool_backward_typed<int64_t>(dx, dy, indices);
+  visit_compute(dx.dtype(), "max_pool2d_backward", [&]<class A>() {
+    if (indices.dtype() == DType::i32) max_pool_backward<A, int32_t>(dx, dy, indices);
+    else max_pool_backward<A, int64_t>(dx, dy, indices);
+  });
 }
 
 // ----------------------------------------------------------------------------------------- average pool
