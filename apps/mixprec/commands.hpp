@@ -1,12 +1,40 @@
 #pragma once
 #include <CLI/CLI.hpp>
+#include <set>
+#include <string>
+#include <type_traits>
+
+#include "mp/train/trainer.hpp"
 
 namespace mixprec {
 
 /// `mixprec info`: CPU features, GPUs, library versions, and the advised precision per device.
 void add_info_command(CLI::App& app);
-/// `mixprec demo`: a short training run in f32 and bf16 on a synthetic task (the main job until the
-/// data/models issue lands).
+/// `mixprec demo`: a short training run in f32 and bf16 on a synthetic task (no dataset needed).
 void add_demo_command(CLI::App& app);
+/// `mixprec train`: one training run (image classifier or word LM) in any precision.
+void add_train_command(CLI::App& app);
+/// `mixprec eval CHECKPOINT`: accuracy or perplexity of a checkpoint.
+void add_eval_command(CLI::App& app);
+/// `mixprec compare`: the same job at several precisions / opt levels, with a table, JSON and plots.
+void add_compare_command(CLI::App& app);
+/// `mixprec convert IN OUT --dtype D`: a safetensors file's floating tensors to another dtype.
+void add_convert_command(CLI::App& app);
+/// `mixprec plot LOG...`: loss and metric curves of JSONL run logs as PNG charts.
+void add_plot_command(CLI::App& app);
+
+/// Register every TrainConfig field as a flag --name (bools as --name / --no-name), except `skip`.
+inline void add_config_options(CLI::App* cmd, mp::train::TrainConfig& c, const std::set<std::string>& skip = {}) {
+  mp::train::visit_fields(c, [&](const char* name, auto& field, const char* help) {
+    if (skip.count(name) != 0) return;
+    using T = std::remove_reference_t<decltype(field)>;
+    const std::string flag = std::string("--") + name;
+    if constexpr (std::is_same_v<T, bool>) {
+      cmd->add_flag(flag + ",!--no-" + name, field, help);
+    } else {
+      cmd->add_option(flag, field, help)->capture_default_str();
+    }
+  });
+}
 
 }  // namespace mixprec

@@ -123,21 +123,20 @@ std::string AmpSetup::describe() const {
   return os.str();
 }
 
-AmpSetup initialize(std::shared_ptr<nn::UnaryModule> model, optim::Optimizer& optimizer, const AmpOptions& options) {
-  MP_CHECK(model != nullptr, "amp::initialize: got a null model");
+AmpOptions prepare(nn::Module& model, optim::Optimizer& optimizer, const AmpOptions& options) {
   const AmpOptions o = resolve(options);
   if (o.opt_level == OptLevel::O2 || o.opt_level == OptLevel::O3) {
     // Remember the f32 parameters, convert the model, then point the optimizer at the new tensors.
-    const auto before = model->named_parameters();
+    const auto before = model.named_parameters();
     for (const auto& [name, p] : before)
       MP_CHECK(p.dtype() == DType::f32, "amp::initialize: expected an f32 model, parameter '", name, "' is ",
                dtype_name(p.dtype()), "; build the model in f32 and let initialize convert it");
     if (*o.keep_batchnorm_fp32) {
-      model->to(o.dtype, [](const nn::Module& m) { return !nn::is_batch_norm(m); });
+      model.to(o.dtype, [](const nn::Module& m) { return !nn::is_batch_norm(m); });
     } else {
-      model->to(o.dtype);
+      model.to(o.dtype);
     }
-    const auto after = model->named_parameters();
+    const auto after = model.named_parameters();
     MP_ASSERT(before.size() == after.size(), "parameter count changed in to()");
     std::vector<Tensor> in_optimizer = optimizer.parameters();
     auto optimized = [&](const Tensor& p) {
@@ -154,6 +153,12 @@ AmpSetup initialize(std::shared_ptr<nn::UnaryModule> model, optim::Optimizer& op
     }
   }
   optimizer.set_master_weights(*o.master_weights);
+  return o;
+}
+
+AmpSetup initialize(std::shared_ptr<nn::UnaryModule> model, optim::Optimizer& optimizer, const AmpOptions& options) {
+  MP_CHECK(model != nullptr, "amp::initialize: got a null model");
+  const AmpOptions o = prepare(*model, optimizer, options);
   return AmpSetup{AmpModel(std::move(model), o), GradScaler(o.scaler)};
 }
 

@@ -102,7 +102,7 @@ struct RunResult {
   std::string describe;
 };
 
-RunResult train(OptLevel level, DType dtype) {
+RunResult train_level(OptLevel level, DType dtype) {
   manual_seed(7);  // the same initial f32 weights at every level
   auto model = make_cnn(kWidth);
   optim::Adam opt(model->parameters(), {.lr = 1e-2});
@@ -156,7 +156,7 @@ TEST(OptLevels, SmallCnnTrainsToTheSameAccuracyAtO0O1O2) {
   // different (rounded) trajectories; a level that costs real accuracy on this task shows a larger gap.
   // (For this network O1 and O2 are the same computation: O2's bf16/f16 weights are the rounded f32
   // masters, exactly what O1's autocast makes of its f32 weights, so their lines print equal numbers.)
-  const RunResult o0 = train(OptLevel::O0, DType::f32);
+  const RunResult o0 = train_level(OptLevel::O0, DType::f32);
   print("O0 f32", o0);
   EXPECT_FALSE(o0.loss_nan);
   EXPECT_GE(o0.accuracy, 0.95);
@@ -167,7 +167,7 @@ TEST(OptLevels, SmallCnnTrainsToTheSameAccuracyAtO0O1O2) {
   };
   for (const Level& l : {Level{"O1 bf16", OptLevel::O1, DType::bf16}, Level{"O1 f16", OptLevel::O1, DType::f16},
                          Level{"O2 bf16", OptLevel::O2, DType::bf16}, Level{"O2 f16", OptLevel::O2, DType::f16}}) {
-    const RunResult r = train(l.level, l.dtype);
+    const RunResult r = train_level(l.level, l.dtype);
     print(l.name, r);
     EXPECT_FALSE(r.loss_nan) << l.name;
     EXPECT_GE(r.accuracy, 0.95) << l.name;
@@ -185,7 +185,7 @@ TEST(OptLevels, O3IsRunAndItsOutcomeReported) {
   // O3 (pure 16-bit, no masters, no loss scaling, 16-bit batch norm) is a speed ceiling that is expected
   // not to converge on many nets; the test only shows that it runs and prints what happened.
   for (DType dt : {DType::f16, DType::bf16}) {
-    const RunResult r = train(OptLevel::O3, dt);
+    const RunResult r = train_level(OptLevel::O3, dt);
     const std::string name = std::string("O3 ") + dtype_name(dt);
     print(name.c_str(), r);
     std::printf("  O3 %s outcome: accuracy %.1f%%, loss %s\n", dtype_name(dt), 100 * r.accuracy,

@@ -78,6 +78,12 @@ struct AmpSetup {
 /// the model (O2/O3), point the optimizer at the converted parameters with f32 masters holding the
 /// original values (O2), and make the scaler. Call once, before training.
 AmpSetup initialize(std::shared_ptr<nn::UnaryModule> model, optim::Optimizer& optimizer, const AmpOptions& options);
+/// The model/optimizer half of initialize() for models whose forward is not a single tensor (the word
+/// LM): converts `model` and points `optimizer` at the converted parameters with f32 masters (O2/O3)
+/// and returns the resolved options. The caller applies the level's casting around its forward
+/// (an Autocast guard for O1; 16-bit inputs for O2/O3 where inputs are floating) and builds a
+/// GradScaler from the resolved options' `scaler`.
+AmpOptions prepare(nn::Module& model, optim::Optimizer& optimizer, const AmpOptions& options);
 
 /// fastai's to_fp16(): O2 in f16 (f16 model, f32 batch norm, f32 masters, dynamic loss scaling).
 AmpSetup to_fp16(std::shared_ptr<nn::UnaryModule> model, optim::Optimizer& optimizer);

@@ -1,0 +1,168 @@
+// `mixprec compare`: one job at several precisions / opt levels, reported as the reference articles
+// do (precision, time, memory, accuracy or perplexity, speed-up over fp32), as markdown, JSON and PNG.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "commands.hpp"
+#include "mp/core/error.hpp"
+#include "mp/train/atomic_file.hpp"
+#include "mp/train/plot.hpp"
+#include "mp/train/progress.hpp"
+#include "mp/train/table.hpp"
+
+namespace mixprec {
+namespace {
+
+namespace tr = mp::train;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// "fp32", "bf16", "bf16:O1", "fp16:O3" -> (precision, opt level).
+std::pair<std::string, std::string> parse_run(const std::string& item) {
+  const auto colon = item.find(':');
+  const std::string prec = item.substr(0, colon);
+  const std::string level = colon == std::string::npos ? "" : item.substr(colon + 1);
+  MP_CHECK(prec == "fp32" || prec == "fp16" || prec == "bf16", "--runs: unknown precision '", prec, "' in '", item,
+           "'; expected fp32, fp16 or bf16, optionally with an opt level (bf16:O1)");
+  return {prec, level};
+}
+
+// Mean of each consecutive window of `w` values (curves stay readable at thousands of steps).
+tr::Series smoothed(const std::string& title, const std::vector<double>& v, size_t w) {
+  tr::Series s{title, {}, {}};
+  w = std::max<size_t>(1, w);
+  for (size_t i = 0; i + w <= v.size(); i += w) {
+    double sum = 0;
+    size_t n = 0;
+    for (size_t k = i; k < i + w; ++k)
+      if (std::isfinite(v[k])) sum += v[k], ++n;
+    if (n == 0) continue;
+    s.x.push_back(static_cast<double>(i + w));
+    s.y.push_back(sum / static_cast<double>(n));
+  }
+  return s;
+}
+
+void write_report(const std::vector<tr::RunSummary>& runs, const std::string& dir, std::ostream& out) {
+  const bool text = runs.front().metric_name == "perplexity";
+  size_t ref = 0;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].config.precision == "fp32") {
+      ref = i;
+      break;
+    }
+  const tr::RunSummary& base = runs[ref];
+  tr::Table t;
+  t.header = {"precision", "train time (s)", text ? "tokens/s" : "images/s", "data wait (s)", "peak memory (MiB)",
+              text ? "valid perplexity" : "test accuracy (%)", "speed-up over " + base.label,
+              "memory vs " + base.label, "skipped steps"};
+  for (const tr::RunSummary& r : runs) {
+    t.rows.push_back({r.label + (r.diverged ? " (diverged)" : ""), fmt("%.1f", r.train_seconds), fmt("%.0f", r.throughput),
+                      fmt("%.1f", r.data_wait_seconds), fmt("%.1f", static_cast<double>(r.peak_bytes) / (1 << 20)),
+                      text ? fmt("%.2f", r.val_metric) : fmt("%.2f", 100 * r.val_metric),
+                      fmt("%.2fx", base.train_seconds / std::max(r.train_seconds, 1e-9)),
+                      fmt("%.2f", static_cast<double>(r.peak_bytes) / std::max<double>(1, base.peak_bytes)),
+                      std::to_string(r.skipped_steps)});
+  }
+  const tr::TrainConfig& c = base.config;
+  std::ostringstream md;
+  md << "## mixprec compare: " << c.model << " on " << c.dataset << ", " << c.epochs << " epoch(s), batch "
+     << c.batch_size << ", " << c.optimizer << "\n\n"
+     << t.to_markdown() << "\n"
+     << "Time is training steps only (evaluation excluded); memory is the peak of tensor memory above what was "
+        "live before the model was built.\n";
+  out << "\n" << md.str();
+
+  if (dir.empty()) return;
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path d(dir);
+  tr::atomic_write_file((d / "compare.md").string(), md.str());
+  std::string json = "{\"runs\": [";
+  for (size_t i = 0; i < runs.size(); ++i) json += (i ? ", " : "") + tr::summary_to_json(runs[i]);
+  json += "]}\n";
+  tr::atomic_write_file((d / "compare.json").string(), json);
+  std::vector<std::string> written{"compare.md", "compare.json"};
+  if (!tr::gnuplot_available()) {
+    out << "plots skipped: gnuplot not found (install it with: apt-get install gnuplot-nox)\n";
+  } else {
+    std::vector<tr::Series> loss, metric;
+    std::vector<std::string> labels;
+    std::vector<double> secs, mem;
+    size_t steps = 0;
+    for (const auto& r : runs) steps = std::max(steps, r.step_losses.size());
+    for (const auto& r : runs) {
+      loss.push_back(smoothed(r.label, r.step_losses, steps / 100));
+      tr::Series m{r.label, {}, {}};
+      for (const auto& e : r.epochs) {
+        m.x.push_back(static_cast<double>(e.epoch));
+        m.y.push_back(text ? e.val_metric : 100 * e.val_metric);
+      }
+      metric.push_back(m);
+      labels.push_back(r.label);
+      secs.push_back(r.train_seconds);
+      mem.push_back(static_cast<double>(r.peak_bytes) / (1 << 20));
+    }
+    tr::plot_lines((d / "loss.png").string(), "training loss", "step", "loss", loss, /*log_y=*/text);
+    tr::plot_lines((d / "metric.png").string(), text ? "validation perplexity" : "test accuracy", "epoch",
+                   text ? "perplexity" : "accuracy (%)", metric);
+    tr::plot_bars((d / "time.png").string(), "training time", "seconds", labels, secs);
+    tr::plot_bars((d / "memory.png").string(), "peak memory", "MiB", labels, mem);
+    for (const char* f : {"loss.png", "metric.png", "time.png", "memory.png"}) written.emplace_back(f);
+  }
+  out << "report written to " << dir << ":";
+  for (const auto& w : written) out << " " << w;
+  out << "\n";
+}
+
+}  // namespace
+
+void add_compare_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("compare", "Run one training job at several precisions and compare time, memory and "
+                                            "accuracy/perplexity (markdown table, JSON, PNG plots)");
+  struct Args {
+    tr::TrainConfig config;
+    std::vector<std::string> runs{"fp32", "bf16"};
+    std::string report = "report";
+  };
+  auto a = std::make_shared<Args>();
+  add_config_options(cmd, a->config, {"precision", "opt_level", "label", "log", "checkpoint_dir", "resume"});
+  cmd->add_option("--runs", a->runs, "precisions to compare, optionally with opt levels: fp32 bf16 bf16:O1 fp16:O2")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--report", a->report, "folder for compare.md, compare.json, run logs and plots ('' = none)")
+      ->capture_default_str();
+  cmd->callback([a] {
+    MP_CHECK(!a->runs.empty(), "--runs: give at least one precision");
+    std::vector<tr::TrainConfig> configs;
+    for (const std::string& item : a->runs) {
+      tr::TrainConfig c = a->config;
+      std::tie(c.precision, c.opt_level) = parse_run(item);
+      if (!a->report.empty()) {
+        std::string stem = item;
+        for (char& ch : stem)
+          if (ch == ':') ch = '_';
+        std::filesystem::create_directories(a->report);
+        c.log = (std::filesystem::path(a->report) / (stem + ".jsonl")).string();
+      }
+      tr::validate(c);  // every run's flags are checked before the first one starts
+      configs.push_back(c);
+    }
+    std::vector<tr::RunSummary> runs;
+    for (const tr::TrainConfig& c : configs) {
+      runs.push_back(tr::train(c, std::cout));
+      std::cout << "\n";
+    }
+    write_report(runs, a->report, std::cout);
+  });
+}
+
+}  // namespace mixprec

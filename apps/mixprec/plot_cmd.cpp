@@ -1,0 +1,68 @@
+// `mixprec plot LOG.jsonl... --out DIR`: curves of run logs written by train/compare.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "commands.hpp"
+#include "mp/core/error.hpp"
+#include "mp/train/plot.hpp"
+#include "mp/train/run_log.hpp"
+
+namespace mixprec {
+namespace {
+
+double as_double(const mp::train::LogValue& v) {
+  if (const auto* d = std::get_if<double>(&v)) return *d;
+  if (const auto* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? 1.0 : 0.0;
+  return NAN;
+}
+
+}  // namespace
+
+void add_plot_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plot", "Plot loss, loss-scale and validation curves of JSONL run logs (PNG via gnuplot)");
+  struct Args {
+    std::vector<std::string> logs;
+    std::string out = "plots";
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("logs", a->logs, "run logs (.jsonl) written by mixprec train --log or mixprec compare")->required();
+  cmd->add_option("--out", a->out, "output folder")->capture_default_str();
+  cmd->callback([a] {
+    std::vector<mp::train::Series> loss, scale, val;
+    std::string val_name;
+    for (const std::string& path : a->logs) {
+      const std::string title = std::filesystem::path(path).stem().string();
+      mp::train::Series l{title, {}, {}}, s{title, {}, {}}, v{title, {}, {}};
+      for (const auto& rec : mp::train::read_run_log(path)) {
+        auto type = rec.find("type");
+        if (type == rec.end()) continue;
+        const auto* t = std::get_if<std::string>(&type->second);
+        if (t == nullptr) continue;
+        auto get = [&](const char* k) { auto it = rec.find(k); return it == rec.end() ? NAN : as_double(it->second); };
+        if (*t == "step") {
+          l.x.push_back(get("step")), l.y.push_back(get("loss"));
+          s.x.push_back(get("step")), s.y.push_back(get("scale"));
+        } else if (*t == "epoch") {
+          const bool acc = rec.count("val_accuracy") != 0;
+          val_name = acc ? "test accuracy (%)" : "validation perplexity";
+          v.x.push_back(get("epoch"));
+          v.y.push_back(acc ? 100 * get("val_accuracy") : get("val_perplexity"));
+        }
+      }
+      MP_CHECK(!l.x.empty(), "plot: '", path, "' has no step records; expected a run log written by mixprec train --log");
+      loss.push_back(l), scale.push_back(s), val.push_back(v);
+    }
+    std::filesystem::create_directories(a->out);
+    const std::filesystem::path d(a->out);
+    mp::train::plot_lines((d / "loss.png").string(), "training loss", "step", "loss", loss);
+    mp::train::plot_lines((d / "loss_scale.png").string(), "loss scale", "step", "scale", scale, /*log_y=*/true);
+    if (!val_name.empty()) mp::train::plot_lines((d / "validation.png").string(), val_name, "epoch", val_name, val);
+    std::printf("plots written to %s: loss.png loss_scale.png%s\n", a->out.c_str(),
+                val_name.empty() ? "" : " validation.png");
+  });
+}
+
+}  // namespace mixprec

@@ -1,0 +1,166 @@
+#pragma once
+// The training loop behind `mixprec train` and `mixprec compare`: an image classifier or a word
+// language model, in any precision and opt level, with a threaded loader, loss scaling, LR warm-up,
+// checkpoints with exact resume, a JSONL run log and a progress bar.
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mp::train {
+
+/// Everything that defines a training run. The CLI flags of `mixprec train` have these names.
+struct TrainConfig {
+  // ---- task ----
+  std::string model = "resnet20";          ///< image: a models::create_image_model name; text: lstm, gru or rnn
+  std::string dataset = "fashion-mnist";   ///< fashion-mnist, mnist, cifar10, cifar100 (images); kjv, text (words)
+  std::string data_dir;                    ///< dataset folder/file (default: Debian's folder; kjv: runs `bible`)
+  int64_t train_subset = 0;                ///< use only the first N training examples (0 = all)
+  bool augment = true;                     ///< images: random crop with padding + horizontal flip
+  // ---- schedule ----
+  int64_t epochs = 1;                      ///< passes over the training data
+  int64_t batch_size = 128;                ///< examples (images, or token streams for text) per step
+  int64_t max_steps_per_epoch = 0;         ///< stop each epoch after this many steps (0 = all; for quick runs)
+  std::string optimizer = "sgd";           ///< sgd, adam or adamw
+  double lr = 0;                           ///< 0 = the task's default (images: sgd 0.1, adam 1e-3; text: sgd 20, adam 1e-3)
+  double momentum = -1;                    ///< sgd momentum (-1 = task default: images 0.9, text 0)
+  double weight_decay = -1;                ///< L2 (sgd/adam) or decoupled (adamw) decay (-1 = images 5e-4, text 0)
+  bool nesterov = false;                   ///< sgd Nesterov momentum
+  double warmup_epochs = 0;                ///< linear LR warm-up length in epochs (fractions allowed)
+  std::string schedule = "cosine";         ///< after warm-up: constant, linear, cosine or step (x0.1 per third)
+  double clip_grad_norm = -1;              ///< clip the gradient norm (0 = off; -1 = task default: images 0, text 0.25)
+  // ---- precision ----
+  std::string precision = "fp32";          ///< fp32, fp16 or bf16
+  std::string opt_level;                   ///< O0..O3; empty = O0 for fp32, O2 for fp16/bf16
+  std::string loss_scale;                  ///< dynamic, none or a number; empty = the opt level's default
+  // ---- word LM ----
+  int64_t bptt = 35;                       ///< truncated back-propagation window (tokens)
+  int64_t embed_size = 200;                ///< word embedding size
+  int64_t hidden_size = 200;               ///< recurrent state size
+  int64_t num_layers = 2;                  ///< stacked recurrent layers
+  double dropout = 0.2;                    ///< dropout on embeddings, between layers and on the output
+  bool tie_weights = false;                ///< decoder shares the embedding matrix
+  int64_t max_vocab = 10000;               ///< vocabulary cap (others become <unk>)
+  // ---- run ----
+  uint64_t seed = 0;                       ///< seeds initialisation, dropout, data order and augmentation
+  int num_workers = 2;                     ///< loader threads (0 = load on the training thread)
+  int64_t eval_batch_size = 500;           ///< images per evaluation batch (text: 10 streams)
+  std::string checkpoint_dir;              ///< write checkpoint.safetensors here (empty = none)
+  int64_t checkpoint_every = 0;            ///< also checkpoint every N steps (0 = at each epoch end only)
+  bool resume = false;                     ///< continue from checkpoint_dir/checkpoint.safetensors
+  int64_t stop_after_steps = 0;            ///< end this process after N steps, checkpointing there (0 = never)
+  std::string log;                         ///< JSONL run log path (empty = none)
+  std::string label;                       ///< name of the run in tables (default: precision and opt level)
+  bool quiet = false;                      ///< no progress bar
+};
+
+/// Call f(name, field, help) for every field of `c`, in declaration order: what the CLI turns into
+/// flags (--name) and config_to_json/config_from_json into keys, so the three always agree.
+template <class F>
+void visit_fields(TrainConfig& c, F&& f) {
+  f("model", c.model, "image: mlp, resnet8..110 (CIFAR), resnet18..152, wrn-D-K; text: lstm, gru or rnn");
+  f("dataset", c.dataset, "fashion-mnist, mnist, cifar10, cifar100 (images); kjv, text (word LM)");
+  f("data_dir", c.data_dir, "dataset folder or file (default: Debian's fashion-mnist folder; kjv runs `bible`)");
+  f("train_subset", c.train_subset, "use only the first N training examples (0 = all)");
+  f("augment", c.augment, "images: random crop with padding and horizontal flip");
+  f("epochs", c.epochs, "passes over the training data");
+  f("batch_size", c.batch_size, "examples per step (text: parallel token streams)");
+  f("max_steps_per_epoch", c.max_steps_per_epoch, "stop each epoch after N steps (0 = all)");
+  f("optimizer", c.optimizer, "sgd, adam or adamw");
+  f("lr", c.lr, "learning rate (0 = task default: images sgd 0.1 / adam 1e-3; text sgd 20 / adam 1e-3)");
+  f("momentum", c.momentum, "sgd momentum (-1 = task default: images 0.9, text 0)");
+  f("weight_decay", c.weight_decay, "weight decay, L2 for sgd/adam, decoupled for adamw (-1 = task default: images 5e-4, text 0)");
+  f("nesterov", c.nesterov, "sgd Nesterov momentum");
+  f("warmup_epochs", c.warmup_epochs, "linear learning-rate warm-up, in epochs (fractions allowed)");
+  f("schedule", c.schedule, "after warm-up: constant, linear, cosine or step (x0.1 after each third)");
+  f("clip_grad_norm", c.clip_grad_norm, "clip the global gradient norm (0 = off, -1 = task default: images off, text 0.25)");
+  f("precision", c.precision, "fp32, fp16 or bf16");
+  f("opt_level", c.opt_level, "O0, O1, O2 or O3 (default: O0 for fp32, O2 for fp16/bf16)");
+  f("loss_scale", c.loss_scale, "dynamic, none or a number (default: dynamic for fp16, none for bf16)");
+  f("bptt", c.bptt, "word LM: truncated back-propagation window in tokens");
+  f("embed_size", c.embed_size, "word LM: embedding size");
+  f("hidden_size", c.hidden_size, "word LM: recurrent state size");
+  f("num_layers", c.num_layers, "word LM: stacked recurrent layers");
+  f("dropout", c.dropout, "word LM: dropout probability");
+  f("tie_weights", c.tie_weights, "word LM: decoder shares the embedding matrix (needs embed_size == hidden_size)");
+  f("max_vocab", c.max_vocab, "word LM: vocabulary cap, other words become <unk> (0 = all)");
+  f("seed", c.seed, "random seed (initialisation, dropout, data order, augmentation)");
+  f("num_workers", c.num_workers, "data loader threads (0 = load on the training thread)");
+  f("eval_batch_size", c.eval_batch_size, "images per evaluation batch");
+  f("checkpoint_dir", c.checkpoint_dir, "write checkpoint.safetensors into this folder");
+  f("checkpoint_every", c.checkpoint_every, "also checkpoint every N steps (0 = at epoch ends only)");
+  f("resume", c.resume, "continue from checkpoint_dir/checkpoint.safetensors");
+  f("stop_after_steps", c.stop_after_steps,
+    "end the run after N steps of this process, checkpointing there (time-limited jobs; continue with --resume)");
+  f("log", c.log, "JSONL run log path (one record per step and per epoch)");
+  f("label", c.label, "name of the run in tables");
+  f("quiet", c.quiet, "no progress bar");
+}
+
+/// The config as a JSON object string (what checkpoints store under metadata "config").
+std::string config_to_json(const TrainConfig& c);
+/// Parse config_to_json's output (unknown keys are refused naming them; absent keys keep defaults).
+TrainConfig config_from_json(const std::string& json);
+/// Throws naming the field, what was expected and what was got, for any invalid value.
+void validate(const TrainConfig& c);
+/// Whether the config's dataset is a text corpus (word LM) rather than images.
+bool is_text_task(const TrainConfig& c);
+/// "fp32", "bf16 O2", ... (the label of a run in tables).
+std::string run_label(const TrainConfig& c);
+
+/// Per-epoch statistics.
+struct EpochStats {
+  int64_t epoch = 0;               ///< 1-based
+  double train_loss = 0;           ///< mean over the epoch's steps (skipped steps included)
+  double val_loss = 0;             ///< mean loss on the evaluation split
+  double val_metric = 0;           ///< accuracy in [0,1] (images) or perplexity (text)
+  double seconds = 0;              ///< training time of the epoch (no evaluation)
+  double data_wait_seconds = 0;    ///< time the loop waited for batches
+};
+
+/// What a run reports at the end.
+struct RunSummary {
+  std::string label;                   ///< run_label(config)
+  TrainConfig config;                  ///< what ran
+  std::string metric_name;             ///< "accuracy" or "perplexity"
+  double train_seconds = 0;            ///< training steps only, this process (a resumed run: since resume)
+  double eval_seconds = 0;             ///< evaluation passes
+  double data_wait_seconds = 0;        ///< time the training loop waited for data
+  int64_t peak_bytes = 0;              ///< peak tensor memory of the run above what was live before the model
+  int64_t steps = 0;                   ///< optimizer steps attempted (this process)
+  int64_t skipped_steps = 0;           ///< steps skipped for inf/NaN gradients (whole run)
+  double final_loss_scale = 1;         ///< loss scale at the end (1 when scaling is off)
+  double val_loss = 0;                 ///< last evaluation
+  double val_metric = 0;               ///< last evaluation's accuracy or perplexity
+  double throughput = 0;               ///< images or tokens per second of training
+  std::string throughput_unit;         ///< "img/s" or "tok/s"
+  std::vector<EpochStats> epochs;      ///< per epoch run in this process
+  std::vector<double> step_losses;     ///< every step's loss, in order (for curves)
+  bool diverged = false;               ///< a loss became NaN/inf (O3 may); training stopped early
+  bool stopped_early = false;          ///< stop_after_steps ended the run (a checkpoint holds the position)
+};
+
+/// Run training as configured, printing progress to `out` (unless quiet). Throws mp::Error for bad
+/// configs, missing data or damaged checkpoints.
+RunSummary train(const TrainConfig& config, std::ostream& out);
+
+/// Result of evaluate_checkpoint.
+struct EvalResult {
+  std::string metric_name;  ///< "accuracy" or "perplexity"
+  double loss = 0;          ///< mean loss
+  double metric = 0;        ///< accuracy in [0,1] or perplexity
+  int64_t examples = 0;     ///< images or tokens evaluated
+  double seconds = 0;       ///< wall time
+};
+
+/// Load a checkpoint written by train() (its config tells the model and dataset) and evaluate it on the
+/// dataset's test split (`split` = "test" or "valid"; images have only test). `overrides` may change
+/// data_dir, precision, opt_level, eval_batch_size.
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& split, const TrainConfig* overrides,
+                               std::ostream& out);
+
+/// A RunSummary as a JSON object string (the per-run part of `mixprec compare`'s JSON).
+std::string summary_to_json(const RunSummary& s);
+
+}  // namespace mp::train

@@ -1,0 +1,128 @@
+// TrainConfig: JSON form, validation, labels.
+#include <nlohmann/json.hpp>
+#include <set>
+#include <type_traits>
+
+#include "mp/amp/initialize.hpp"
+#include "mp/core/error.hpp"
+#include "mp/models/registry.hpp"
+#include "mp/train/trainer.hpp"
+
+namespace mp::train {
+
+std::string config_to_json(const TrainConfig& config) {
+  TrainConfig c = config;
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  visit_fields(c, [&](const char* name, auto& field, const char*) { j[name] = field; });
+  return j.dump();
+}
+
+TrainConfig config_from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    MP_FAIL("training config: not valid JSON (", e.what(), ")");
+  }
+  MP_CHECK(j.is_object(), "training config: expected a JSON object, got ", j.type_name());
+  TrainConfig c;
+  std::set<std::string> known;
+  visit_fields(c, [&](const char* name, auto& field, const char*) {
+    known.insert(name);
+    auto it = j.find(name);
+    if (it == j.end()) return;
+    using T = std::remove_reference_t<decltype(field)>;
+    try {
+      field = it->template get<T>();
+    } catch (const std::exception& e) {
+      MP_FAIL("training config: field '", name, "' has the wrong type (", it->type_name(), "): ", e.what());
+    }
+  });
+  for (auto it = j.begin(); it != j.end(); ++it)
+    MP_CHECK(known.count(it.key()) != 0, "training config: unknown field '", it.key(),
+             "'; the file may come from a newer mixprec");
+  return c;
+}
+
+bool is_text_task(const TrainConfig& c) { return c.dataset == "kjv" || c.dataset == "text"; }
+
+namespace {
+
+const std::set<std::string> kImageDatasets{"fashion-mnist", "mnist", "cifar10", "cifar100"};
+
+template <class T>
+void check_positive(const char* name, T v) {
+  MP_CHECK(v > 0, "--", name, " must be positive, got ", v);
+}
+template <class T>
+void check_non_negative(const char* name, T v) {
+  MP_CHECK(v >= 0, "--", name, " must be >= 0, got ", v);
+}
+
+}  // namespace
+
+void validate(const TrainConfig& c) {
+  MP_CHECK(kImageDatasets.count(c.dataset) != 0 || is_text_task(c), "unknown --dataset '", c.dataset,
+           "': expected fashion-mnist, mnist, cifar10, cifar100 (images) or kjv, text (word language model)");
+  if (is_text_task(c)) {
+    MP_CHECK(c.model == "lstm" || c.model == "gru" || c.model == "rnn", "--model '", c.model,
+             "' is not a word language model; for --dataset ", c.dataset, " use lstm, gru or rnn");
+    MP_CHECK(c.dataset != "text" || !c.data_dir.empty(),
+             "--dataset text needs --data_dir: a plain-text file or a folder with train/valid/test files");
+    check_positive("bptt", c.bptt);
+    check_positive("embed_size", c.embed_size);
+    check_positive("hidden_size", c.hidden_size);
+    check_positive("num_layers", c.num_layers);
+    check_non_negative("max_vocab", c.max_vocab);
+    MP_CHECK(!c.tie_weights || c.embed_size == c.hidden_size, "--tie_weights needs --embed_size == --hidden_size, got ",
+             c.embed_size, " and ", c.hidden_size);
+  } else {
+    MP_CHECK(models::is_image_model(c.model), "unknown --model '", c.model, "' for images; known: ", [] {
+      std::string s;
+      for (const auto& n : models::image_model_names()) s += (s.empty() ? "" : ", ") + n;
+      return s;
+    }());
+    MP_CHECK((c.dataset != "cifar10" && c.dataset != "cifar100" && c.dataset != "mnist") || !c.data_dir.empty(),
+             "--dataset ", c.dataset, " needs --data_dir (it cannot be downloaded here); for CIFAR pass the folder ",
+             "of the binary version, for MNIST the folder of the IDX files");
+  }
+  MP_CHECK(c.dropout >= 0 && c.dropout < 1, "--dropout must be in [0, 1), got ", c.dropout);
+  check_positive("epochs", c.epochs);
+  check_positive("batch_size", c.batch_size);
+  check_positive("eval_batch_size", c.eval_batch_size);
+  check_non_negative("max_steps_per_epoch", c.max_steps_per_epoch);
+  check_non_negative("train_subset", c.train_subset);
+  check_non_negative("lr", c.lr);
+  MP_CHECK(c.momentum >= 0 || c.momentum == -1, "--momentum must be >= 0 (or -1 for the task default), got ", c.momentum);
+  MP_CHECK(c.weight_decay >= 0 || c.weight_decay == -1, "--weight_decay must be >= 0 (or -1 for the task default), got ",
+           c.weight_decay);
+  check_non_negative("warmup_epochs", c.warmup_epochs);
+  MP_CHECK(c.clip_grad_norm >= 0 || c.clip_grad_norm == -1,
+           "--clip_grad_norm must be >= 0 (or -1 for the task default), got ", c.clip_grad_norm);
+  check_non_negative("checkpoint_every", c.checkpoint_every);
+  check_non_negative("stop_after_steps", c.stop_after_steps);
+  MP_CHECK(c.num_workers >= 0 && c.num_workers <= 64, "--num_workers must be in [0, 64], got ", c.num_workers);
+  MP_CHECK(c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw", "unknown --optimizer '",
+           c.optimizer, "': expected sgd, adam or adamw");
+  MP_CHECK(c.schedule == "constant" || c.schedule == "linear" || c.schedule == "cosine" || c.schedule == "step",
+           "unknown --schedule '", c.schedule, "': expected constant, linear, cosine or step");
+  MP_CHECK(c.precision == "fp32" || c.precision == "fp16" || c.precision == "bf16", "unknown --precision '",
+           c.precision, "': expected fp32, fp16 or bf16");
+  if (!c.opt_level.empty()) {
+    const amp::OptLevel l = amp::opt_level_from_string(c.opt_level);
+    MP_CHECK((c.precision == "fp32") == (l == amp::OptLevel::O0), "--opt_level ", c.opt_level,
+             " does not fit --precision ", c.precision, ": O0 is fp32, O1-O3 need fp16 or bf16");
+  }
+  if (!c.loss_scale.empty()) (void)amp::LossScale::parse(c.loss_scale);
+  MP_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint_dir (the folder holding ",
+           "checkpoint.safetensors)");
+}
+
+std::string run_label(const TrainConfig& c) {
+  if (!c.label.empty()) return c.label;
+  if (c.precision == "fp32") return "fp32";
+  const std::string level = c.opt_level.empty() ? "O2" : amp::opt_level_name(amp::opt_level_from_string(c.opt_level));
+  return c.precision + " " + level;
+}
+
+}  // namespace mp::train

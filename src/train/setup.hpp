@@ -1,0 +1,72 @@
+#pragma once
+// Internal pieces shared by the image and text training loops (src/train/trainer.cpp, lm_trainer.cpp).
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "mp/amp/autocast.hpp"
+#include "mp/amp/initialize.hpp"
+#include "mp/optim/lr_scheduler.hpp"
+#include "mp/optim/optimizer.hpp"
+#include "mp/train/checkpoint.hpp"
+#include "mp/train/run_log.hpp"
+#include "mp/train/trainer.hpp"
+
+namespace mp::train::detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// Seconds since t0.
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// The config with every "task default" (-1 / 0) replaced by its value for this task.
+TrainConfig with_task_defaults(const TrainConfig& c);
+/// The amp options the config asks for (not yet resolved).
+amp::AmpOptions amp_options(const TrainConfig& c);
+/// The optimizer of the config over `params`.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params);
+/// The LR schedule (warm-up + decay) over `steps_per_epoch * epochs` steps.
+std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim::Optimizer& opt, int64_t steps_per_epoch);
+/// The checkpoint file of a config ("" when checkpointing is off).
+std::string checkpoint_path(const TrainConfig& c);
+/// Whether progress bars should redraw in place (stdout is a terminal and `out` is std::cout).
+bool out_is_tty(const std::ostream& out);
+
+/// O1: an Autocast region for the forward pass; other levels: nothing.
+class ForwardScope {
+ public:
+  explicit ForwardScope(const amp::AmpOptions& o) {
+    if (o.opt_level == amp::OptLevel::O1) guard_.emplace(amp::AutocastOptions{.dtype = o.dtype});
+  }
+
+ private:
+  std::optional<amp::Autocast> guard_;
+};
+
+/// Exponential moving average of the loss for the progress bar.
+struct LossEma {
+  double value = 0;
+  bool started = false;
+  void add(double v) {
+    if (!std::isfinite(v)) return;
+    value = started ? 0.95 * value + 0.05 * v : v;
+    started = true;
+  }
+};
+
+/// Train an image classifier (trainer.cpp).
+RunSummary train_images(const TrainConfig& c, std::ostream& out);
+/// Train a word language model (lm_trainer.cpp).
+RunSummary train_text(const TrainConfig& c, std::ostream& out);
+/// Evaluate a checkpoint of an image run (trainer.cpp).
+EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, std::ostream& out);
+/// Evaluate a checkpoint of a text run on "valid" or "test" (lm_trainer.cpp).
+EvalResult evaluate_text(const TrainConfig& c, const nn::StateDict& weights, const std::string& split,
+                         std::ostream& out);
+/// Convert a freshly built f32 model for evaluation at the config's opt level (O2/O3: 16-bit, batch
+/// norm f32 for O2) and return the resolved amp options.
+amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model);
+
+}  // namespace mp::train::detail

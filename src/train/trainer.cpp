@@ -1,0 +1,388 @@
+// The image-classification training loop and the pieces both loops share.
+#include "mp/train/trainer.hpp"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "mp/amp/grad_scaler.hpp"
+#include "mp/autograd/node.hpp"
+#include "mp/core/philox.hpp"
+#include "mp/data/data.hpp"
+#include "mp/memory/allocator.hpp"
+#include "mp/models/registry.hpp"
+#include "mp/nn/batch_norm.hpp"
+#include "mp/ops/ops.hpp"
+#include "mp/optim/optim.hpp"
+#include "mp/train/progress.hpp"
+#include "train/setup.hpp"
+
+namespace mp::train {
+namespace detail {
+
+TrainConfig with_task_defaults(const TrainConfig& in) {
+  TrainConfig c = in;
+  const bool text = is_text_task(c);
+  if (c.lr == 0) c.lr = c.optimizer == "sgd" ? (text ? 20.0 : 0.1) : 1e-3;
+  if (c.momentum < 0) c.momentum = text ? 0.0 : 0.9;
+  if (c.weight_decay < 0) c.weight_decay = text ? 0.0 : 5e-4;
+  if (c.clip_grad_norm < 0) c.clip_grad_norm = text ? 0.25 : 0.0;
+  if (c.opt_level.empty()) c.opt_level = c.precision == "fp32" ? "O0" : "O2";
+  c.opt_level = amp::opt_level_name(amp::opt_level_from_string(c.opt_level));
+  return c;
+}
+
+amp::AmpOptions amp_options(const TrainConfig& c) {
+  amp::AmpOptions o;
+  o.opt_level = c.precision == "fp32" ? amp::OptLevel::O0
+                                      : amp::opt_level_from_string(c.opt_level.empty() ? "O2" : c.opt_level);
+  o.dtype = c.precision == "fp16" ? DType::f16 : DType::bf16;
+  if (!c.loss_scale.empty()) o.loss_scale = amp::LossScale::parse(c.loss_scale);
+  return o;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params) {
+  if (c.optimizer == "sgd")
+    return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
+                                                                             .weight_decay = c.weight_decay,
+                                                                             .nesterov = c.nesterov});
+  if (c.optimizer == "adam")
+    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = c.lr, .weight_decay = c.weight_decay});
+  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
+}
+
+std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim::Optimizer& opt, int64_t steps_per_epoch) {
+  const int64_t total = std::max<int64_t>(1, steps_per_epoch * c.epochs);
+  optim::WarmupScheduleOptions o;
+  o.warmup_steps = std::min<int64_t>(total, std::llround(c.warmup_epochs * static_cast<double>(steps_per_epoch)));
+  o.total_steps = total;
+  if (c.schedule == "constant") o.decay = optim::Decay::constant;
+  if (c.schedule == "linear") o.decay = optim::Decay::linear;
+  if (c.schedule == "cosine") o.decay = optim::Decay::cosine;
+  if (c.schedule == "step") {
+    o.decay = optim::Decay::step;
+    o.step_size = std::max<int64_t>(1, (total - o.warmup_steps) / 3);
+    o.gamma = 0.1;
+  }
+  return std::make_unique<optim::WarmupSchedule>(opt, o);
+}
+
+std::string checkpoint_path(const TrainConfig& c) {
+  if (c.checkpoint_dir.empty()) return "";
+  return (std::filesystem::path(c.checkpoint_dir) / "checkpoint.safetensors").string();
+}
+
+bool out_is_tty(const std::ostream& out) { return &out == &std::cout && is_terminal(stdout); }
+
+amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model) {
+  const amp::AmpOptions o = amp::resolve(amp_options(c));
+  if (o.opt_level == amp::OptLevel::O2 || o.opt_level == amp::OptLevel::O3) {
+    if (*o.keep_batchnorm_fp32)
+      model.to(o.dtype, [](const nn::Module& m) { return !nn::is_batch_norm(m); });
+    else
+      model.to(o.dtype);
+  }
+  return o;
+}
+
+}  // namespace detail
+
+namespace {
+
+using namespace detail;
+
+struct ImageSets {
+  std::shared_ptr<data::ImageDataset> train, test;
+  int64_t channels = 0, size = 0, classes = 0;
+};
+
+data::ImageData load_split(const TrainConfig& c, data::Split split) {
+  if (c.dataset == "fashion-mnist")
+    return c.data_dir.empty() ? data::load_fashion_mnist(split) : data::load_fashion_mnist(split, c.data_dir);
+  if (c.dataset == "mnist") return data::load_fashion_mnist(split, c.data_dir);  // same IDX file names
+  if (c.dataset == "cifar10") return data::load_cifar10(split, c.data_dir);
+  return data::load_cifar100(split, c.data_dir);
+}
+
+// Train split (optionally a prefix subset) with augmentation, test split without; both normalised
+// with the training images' channel statistics.
+ImageSets load_images(const TrainConfig& c, bool need_train) {
+  data::ImageData train = load_split(c, data::Split::train);
+  if (c.train_subset > 0 && c.train_subset < train.images.size(0)) {
+    train.images = train.images.narrow(0, 0, c.train_subset).contiguous();
+    train.labels = train.labels.narrow(0, 0, c.train_subset).contiguous();
+  }
+  auto [mean, stdev] = data::channel_stats(train);
+  ImageSets s;
+  s.channels = train.images.size(1);
+  s.size = train.images.size(2);
+  s.classes = train.num_classes;
+  auto norm = data::normalize(mean, stdev);
+  data::ImageData test = load_split(c, data::Split::test);
+  s.test = std::make_shared<data::ImageDataset>(std::move(test), norm);
+  if (need_train) {
+    std::shared_ptr<data::Transform> t = norm;
+    if (c.augment)
+      t = data::compose({data::random_crop(s.size, s.size >= 32 ? 4 : 2), data::random_horizontal_flip(0.5), norm});
+    s.train = std::make_shared<data::ImageDataset>(std::move(train), t);
+  }
+  return s;
+}
+
+struct ImageEval {
+  double loss = 0, accuracy = 0;
+  int64_t examples = 0;
+};
+
+ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data::ImageDataset>& test,
+                               const TrainConfig& c) {
+  const bool was_training = model.module().is_training();
+  model.module().eval();
+  autograd::NoGradGuard ng;
+  data::DataLoader loader(test, {.batch_size = c.eval_batch_size, .shuffle = false, .drop_last = false,
+                                 .num_workers = c.num_workers, .prefetch = 2, .seed = c.seed});
+  loader.start_epoch(0);
+  double loss_sum = 0;
+  int64_t correct = 0, n = 0;
+  while (auto b = loader.next()) {
+    Tensor logits = model(b->input);
+    const int64_t bs = b->target.size(0);
+    loss_sum += cross_entropy(logits, b->target).item<double>() * static_cast<double>(bs);
+    correct += sum(eq(argmax(logits, 1), b->target).to(DType::i64)).item<int64_t>();
+    n += bs;
+  }
+  model.module().train(was_training);
+  MP_CHECK(n > 0, "evaluation: the test split of ", c.dataset, " is empty");
+  return {loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n), n};
+}
+
+std::string fmt_double(double v, int prec) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
+}  // namespace
+
+namespace detail {
+
+RunSummary train_images(const TrainConfig& c, std::ostream& out) {
+  RunSummary sum;
+  sum.label = run_label(c);
+  sum.config = c;
+  sum.metric_name = "accuracy";
+  sum.throughput_unit = "img/s";
+
+  ImageSets sets = load_images(c, /*need_train=*/true);
+  const int64_t baseline = memory::memory_stats().allocated;
+  memory::reset_peak_memory_stats();
+
+  manual_seed(c.seed);
+  std::shared_ptr<nn::UnaryModule> model = models::create_image_model(
+      c.model, {.in_channels = sets.channels, .image_size = sets.size, .num_classes = sets.classes});
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
+  amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
+  amp::GradScaler& scaler = setup.scaler;
+  const std::vector<Tensor> params = model->parameters();
+
+  data::DataLoader loader(sets.train, {.batch_size = c.batch_size, .shuffle = true, .drop_last = true,
+                                       .num_workers = c.num_workers, .prefetch = 4, .seed = c.seed});
+  MP_CHECK(loader.num_batches() > 0, "train: the training split has ", sets.train->size(),
+           " images, fewer than one batch of ", c.batch_size, "; lower --batch_size");
+  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, loader.num_batches())
+                                                            : loader.num_batches();
+  std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
+
+  const std::string ckpt = checkpoint_path(c);
+  const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
+  const std::map<std::string, std::string> meta{{"config", config_to_json(c)}};
+  Progress pos;
+  if (c.resume) {
+    MP_CHECK(std::filesystem::exists(ckpt), "--resume: no checkpoint at '", ckpt, "'; run without --resume first");
+    pos = load_checkpoint(ckpt, refs).progress;
+    if (!c.quiet) out << "resuming from " << ckpt << " at epoch " << pos.epoch + 1 << ", batch " << pos.batch << "\n";
+  }
+  if (!ckpt.empty()) std::filesystem::create_directories(c.checkpoint_dir);
+  std::optional<RunLog> log;
+  if (!c.log.empty()) log.emplace(c.log, /*append=*/c.resume);
+
+  if (!c.quiet)
+    out << sum.label << ": " << setup.describe() << "; " << c.model << " on " << c.dataset << " ("
+        << sets.train->size() << " train / " << sets.test->size() << " test images, " << steps_per_epoch
+        << " steps per epoch)\n";
+
+  double images = 0;
+  for (int64_t epoch = pos.epoch; epoch < c.epochs && !sum.diverged && !sum.stopped_early; ++epoch) {
+    const int64_t first = epoch == pos.epoch ? pos.batch : 0;
+    if (first >= steps_per_epoch) continue;
+    model->train();
+    loader.reset_wait_seconds();
+    loader.start_epoch(epoch, first);
+    ProgressBar bar(out, "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(c.epochs),
+                    steps_per_epoch - first, "img/s", out_is_tty(out));
+    LossEma ema;
+    double loss_sum = 0, epoch_images = 0;
+    int64_t done = 0;
+    const auto t_epoch = Clock::now();
+    double ckpt_seconds = 0;
+    for (int64_t b = first; b < steps_per_epoch; ++b) {
+      std::optional<data::Batch> batch = loader.next();
+      if (!batch) break;
+      opt->zero_grad();
+      Tensor logits = setup.model(batch->input);
+      Tensor loss = cross_entropy(logits, batch->target);
+      scaler.scale(loss).backward();
+      if (c.clip_grad_norm > 0) {
+        scaler.unscale_(*opt);
+        optim::clip_grad_norm_(params, c.clip_grad_norm);
+      }
+      const bool stepped = scaler.step(*opt);
+      scaler.update();
+      if (stepped) sched->step();
+      const double l = loss.item<double>();
+      ++sum.steps;
+      ++done;
+      loss_sum += l;
+      ema.add(l);
+      sum.step_losses.push_back(l);
+      const double bs = static_cast<double>(batch->target.size(0));
+      epoch_images += bs;
+      if (!std::isfinite(l) && !scaler.is_enabled()) sum.diverged = true;
+      const double elapsed = seconds_since(t_epoch) - ckpt_seconds;
+      if (log)
+        log->write({{"type", std::string("step")}, {"epoch", epoch + 1}, {"step", pos.global_step + sum.steps},
+                    {"loss", l}, {"lr", opt->lr(0)}, {"scale", scaler.get_scale()}, {"skipped", !stepped},
+                    {"throughput", epoch_images / std::max(elapsed, 1e-9)}, {"data_wait", loader.wait_seconds()},
+                    {"memory", memory::memory_stats().allocated - baseline}});
+      if (!c.quiet)
+        bar.update(done, epoch_images,
+                   {{"loss", fmt_double(ema.value, 4)}, {"scale", fmt_double(scaler.get_scale(), 0)}});
+      if (c.checkpoint_every > 0 && !ckpt.empty() && (pos.global_step + sum.steps) % c.checkpoint_every == 0) {
+        const auto t0 = Clock::now();
+        save_checkpoint(ckpt, refs, {epoch, b + 1, pos.global_step + sum.steps}, {}, meta);
+        ckpt_seconds += seconds_since(t0);
+      }
+      if (c.stop_after_steps > 0 && sum.steps >= c.stop_after_steps) {
+        if (!ckpt.empty()) save_checkpoint(ckpt, refs, {epoch, b + 1, pos.global_step + sum.steps}, {}, meta);
+        sum.stopped_early = true;
+        break;
+      }
+      if (sum.diverged) break;
+    }
+    const double epoch_seconds = seconds_since(t_epoch) - ckpt_seconds;
+    if (!c.quiet) bar.finish({{"loss", fmt_double(ema.value, 4)}});
+    sum.train_seconds += epoch_seconds;
+    sum.data_wait_seconds += loader.wait_seconds();
+    images += epoch_images;
+
+    if (sum.stopped_early) break;  // no evaluation: the run continues elsewhere with --resume
+    const auto t_eval = Clock::now();
+    const ImageEval ev = evaluate_images_with(setup.model, sets.test, c);
+    sum.eval_seconds += seconds_since(t_eval);
+    EpochStats es{.epoch = epoch + 1, .train_loss = done > 0 ? loss_sum / static_cast<double>(done) : 0,
+                  .val_loss = ev.loss, .val_metric = ev.accuracy, .seconds = epoch_seconds,
+                  .data_wait_seconds = loader.wait_seconds()};
+    sum.epochs.push_back(es);
+    sum.val_loss = ev.loss;
+    sum.val_metric = ev.accuracy;
+    if (!c.quiet)
+      out << "  epoch " << es.epoch << ": train loss " << fmt_double(es.train_loss, 4) << ", test loss "
+          << fmt_double(ev.loss, 4) << ", test accuracy " << fmt_double(100 * ev.accuracy, 2) << "%, "
+          << fmt_double(epoch_seconds, 1) << " s (data wait " << fmt_double(loader.wait_seconds(), 1) << " s)\n";
+    if (log)
+      log->write({{"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
+                  {"val_loss", ev.loss}, {"val_accuracy", ev.accuracy}, {"seconds", epoch_seconds},
+                  {"data_wait", loader.wait_seconds()}, {"peak_memory", memory::memory_stats().peak_allocated - baseline},
+                  {"skipped_total", scaler.skipped_steps()}, {"scale", scaler.get_scale()}});
+    if (!ckpt.empty()) save_checkpoint(ckpt, refs, {epoch + 1, 0, pos.global_step + sum.steps}, {}, meta);
+  }
+  sum.peak_bytes = memory::memory_stats().peak_allocated - baseline;
+  sum.skipped_steps = scaler.skipped_steps();
+  sum.final_loss_scale = scaler.get_scale();
+  sum.throughput = sum.train_seconds > 0 ? images / sum.train_seconds : 0;
+  return sum;
+}
+
+EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, std::ostream& out) {
+  const auto t0 = Clock::now();
+  ImageSets sets = load_images(c, /*need_train=*/false);
+  std::shared_ptr<nn::UnaryModule> model = models::create_image_model(
+      c.model, {.in_channels = sets.channels, .image_size = sets.size, .num_classes = sets.classes});
+  const amp::AmpOptions o = convert_for_eval(c, *model);
+  model->load_state_dict(weights, /*strict=*/true);
+  amp::AmpModel m(model, o);
+  const ImageEval ev = evaluate_images_with(m, sets.test, c);
+  return {.metric_name = "accuracy", .loss = ev.loss, .metric = ev.accuracy, .examples = ev.examples,
+          .seconds = seconds_since(t0)};
+}
+
+}  // namespace detail
+
+RunSummary train(const TrainConfig& config, std::ostream& out) {
+  validate(config);
+  const TrainConfig c = detail::with_task_defaults(config);
+  return is_text_task(c) ? detail::train_text(c, out) : detail::train_images(c, out);
+}
+
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& split, const TrainConfig* overrides,
+                               std::ostream& out) {
+  std::map<std::string, std::string> md;
+  nn::StateDict weights = read_model_state(path, &md);
+  auto it = md.find("config");
+  MP_CHECK(it != md.end(), "eval: '", path, "' has no training config in its metadata (metadata key 'config'); ",
+           "evaluate checkpoints written by `mixprec train`");
+  TrainConfig c = config_from_json(it->second);
+  if (overrides != nullptr) {
+    if (!overrides->data_dir.empty()) c.data_dir = overrides->data_dir;
+    if (!overrides->precision.empty() && overrides->precision != c.precision) {
+      c.precision = overrides->precision;
+      c.opt_level = overrides->opt_level;
+    } else if (!overrides->opt_level.empty()) {
+      c.opt_level = overrides->opt_level;
+    }
+    c.eval_batch_size = overrides->eval_batch_size;
+    c.num_workers = overrides->num_workers;
+  }
+  c.resume = false;
+  validate(c);
+  c = detail::with_task_defaults(c);
+  MP_CHECK(split == "test" || split == "valid", "eval: unknown split '", split, "': expected test or valid");
+  if (is_text_task(c)) return detail::evaluate_text(c, weights, split, out);
+  MP_CHECK(split == "test", "eval: image datasets have only a test split, got '", split, "'");
+  return detail::evaluate_images(c, weights, out);
+}
+
+std::string summary_to_json(const RunSummary& s) {
+  nlohmann::ordered_json j;
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
+  j["label"] = s.label;
+  j["model"] = s.config.model;
+  j["dataset"] = s.config.dataset;
+  j["precision"] = s.config.precision;
+  j["opt_level"] = s.config.opt_level;
+  j["metric"] = s.metric_name;
+  j["val_metric"] = num(s.val_metric);
+  j["val_loss"] = num(s.val_loss);
+  j["train_seconds"] = s.train_seconds;
+  j["eval_seconds"] = s.eval_seconds;
+  j["data_wait_seconds"] = s.data_wait_seconds;
+  j["peak_bytes"] = s.peak_bytes;
+  j["steps"] = s.steps;
+  j["skipped_steps"] = s.skipped_steps;
+  j["final_loss_scale"] = s.final_loss_scale;
+  j["throughput"] = s.throughput;
+  j["throughput_unit"] = s.throughput_unit;
+  j["diverged"] = s.diverged;
+  nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
+  for (const EpochStats& e : s.epochs)
+    epochs.push_back({{"epoch", e.epoch}, {"train_loss", num(e.train_loss)}, {"val_loss", num(e.val_loss)},
+                      {"val_metric", num(e.val_metric)}, {"seconds", e.seconds}, {"data_wait_seconds", e.data_wait_seconds}});
+  j["epochs"] = epochs;
+  j["config"] = nlohmann::ordered_json::parse(config_to_json(s.config));
+  return j.dump();
+}
+
+}  // namespace mp::train

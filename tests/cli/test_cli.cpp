@@ -1,0 +1,114 @@
+// The mixprec binary: mistakes exit non-zero with a message naming the problem; small real runs of
+// train / eval / convert / compare / plot work end to end.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(MP_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  Result r;
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("mp_cli_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// A small word-level corpus: a plain-text file with a few sentence patterns.
+fs::path corpus() {
+  static const fs::path f = [] {
+    fs::path p = temp_dir("corpus") / "text.txt";
+    std::ofstream os(p);
+    const char* w[] = {"and", "the", "lord", "said", "unto", "moses", "go", "forth"};
+    for (int i = 0; i < 400; ++i) os << w[i % 8] << " " << w[(i * 3) % 8] << " " << w[(i * 5 + 1) % 8] << " .\n";
+    return p;
+  }();
+  return f;
+}
+
+void expect_failure(const std::string& args, const std::string& needle) {
+  const Result r = run(args);
+  EXPECT_NE(r.code, 0) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\nexpected to mention: " << needle << "\ngot:\n"
+                                                      << r.output;
+}
+
+}  // namespace
+
+TEST(Cli, MistakesExitNonZeroWithAClearMessage) {
+  expect_failure("train --model resnet19 --dataset fashion-mnist", "resnet18");
+  expect_failure("train --precision fp8", "fp8");
+  expect_failure("train --epochs three", "epochs");
+  expect_failure("train --epochs -1", "--epochs must be positive");
+  expect_failure("train --dataset cifar10", "--data_dir");
+  expect_failure("train --dataset fashion-mnist --data_dir /nonexistent/fmnist", "dataset-fashion-mnist");
+  expect_failure("train --no_such_flag 1", "no_such_flag");
+  expect_failure("train --dataset text --model lstm", "--data_dir");
+  expect_failure("eval /nonexistent/checkpoint.safetensors", "/nonexistent/checkpoint.safetensors");
+  expect_failure("convert /nonexistent/a.safetensors /tmp/b.safetensors --dtype bf16", "/nonexistent/a.safetensors");
+  expect_failure("convert a b --dtype int3", "int3");
+  expect_failure("compare --runs fp32,fp12", "fp12");
+  expect_failure("", "");  // no subcommand: usage and a non-zero exit
+}
+
+TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
+  const fs::path dir = temp_dir("lm");
+  const std::string common = "--dataset text --data_dir " + corpus().string() +
+                             " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --quiet";
+  Result r = run("train " + common + " --epochs 1 --checkpoint_dir " + dir.string() + " --log " +
+                 (dir / "run.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("valid perplexity"), std::string::npos) << r.output;
+  const fs::path ckpt = dir / "checkpoint.safetensors";
+  ASSERT_TRUE(fs::exists(ckpt));
+
+  r = run("eval " + ckpt.string() + " --split valid");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("perplexity"), std::string::npos) << r.output;
+
+  const fs::path half = dir / "bf16.safetensors";
+  r = run("convert " + ckpt.string() + " " + half.string() + " --dtype bf16");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_LT(fs::file_size(half), fs::file_size(ckpt));
+
+  const fs::path report = dir / "report";
+  r = run("compare " + common + " --epochs 1 --runs fp32,bf16:O1 --report " + report.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("| fp32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| bf16 O1"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(report / "compare.md"));
+  EXPECT_TRUE(fs::exists(report / "compare.json"));
+  EXPECT_TRUE(fs::exists(report / "fp32.jsonl"));
+
+  if (std::system("gnuplot --version >/dev/null 2>&1") == 0) {
+    EXPECT_TRUE(fs::exists(report / "loss.png"));
+    r = run("plot " + (dir / "run.jsonl").string() + " --out " + (dir / "plots").string());
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_TRUE(fs::exists(dir / "plots" / "loss.png"));
+  }
+}
