@@ -15,7 +15,8 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	./$(BUILD)/apps/mixprec/mixprec demo
+	./$(BUILD)/apps/mixprec/mixprec compare --dataset fashion-mnist --model resnet8 --epochs 5 --no-augment \
+	  --runs fp32,bf16 --report report/main
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
