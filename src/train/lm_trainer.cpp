@@ -14,6 +14,7 @@
 #include "mp/optim/optim.hpp"
 #include "mp/train/progress.hpp"
 #include "train/setup.hpp"
+#include "train/train_loop.hpp"
 
 namespace mp::train::detail {
 namespace {
@@ -64,11 +65,6 @@ TextEval evaluate_lm(models::WordLM& model, const amp::AmpOptions& o, const Tens
   return {loss_sum / static_cast<double>(tokens), tokens};
 }
 
-std::string fmt(double v, int prec) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
-  return buf;
-}
 
 // Perplexity of a mean loss, capped so a diverged run prints a number instead of overflowing.
 double perplexity(double loss) { return std::exp(std::min(loss, 700.0)); }
@@ -101,12 +97,11 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
   const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, windows) : windows;
   std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
 
-  const std::string ckpt = checkpoint_path(c);
   const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
-  const std::map<std::string, std::string> meta{{"config", config_to_json(c)}};
   Progress pos;
   nn::LSTMState state;
   if (c.resume) {
+    const std::string ckpt = checkpoint_path(c);
     MP_CHECK(std::filesystem::exists(ckpt), "--resume: no checkpoint at '", ckpt, "'; run without --resume first");
     LoadedCheckpoint lc = load_checkpoint(ckpt, refs);
     pos = lc.progress;
@@ -114,36 +109,28 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
     if (const Tensor* cc = lc.extra.find("lm_state.c")) state.c = *cc;
     if (!c.quiet) out << "resuming from " << ckpt << " at epoch " << pos.epoch + 1 << ", batch " << pos.batch << "\n";
   }
-  if (!ckpt.empty()) std::filesystem::create_directories(c.checkpoint_dir);
-  auto extra_of = [](const nn::LSTMState& s) {
+  // The hidden state carried across windows is part of a mid-epoch checkpoint (Note [exact resume]).
+  auto state_tensors = [&state] {
     nn::StateDict e;
-    if (s.h.defined()) e.insert("lm_state.h", s.h.detach());
-    if (s.c.defined()) e.insert("lm_state.c", s.c.detach());
+    if (state.h.defined()) e.insert("lm_state.h", state.h.detach());
+    if (state.c.defined()) e.insert("lm_state.c", state.c.detach());
     return e;
   };
-  std::optional<RunLog> log;
-  if (!c.log.empty()) log.emplace(c.log, /*append=*/c.resume);
-
-  if (!c.quiet) {
+  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out);
+  if (!c.quiet)
     out << sum.label << ": " << amp::opt_level_name(o.opt_level) << (o.opt_level == amp::OptLevel::O0 ? "" : " ")
         << (o.opt_level == amp::OptLevel::O0 ? "" : dtype_name(o.dtype)) << ", loss scale " << o.loss_scale->str()
         << "; " << c.num_layers << "x" << c.hidden_size << " " << c.model << " word LM on " << corpus.name << " ("
         << corpus.train.numel() << " train / " << corpus.valid.numel() << " valid tokens, vocabulary "
         << corpus.vocab.size() << ", " << steps_per_epoch << " steps per epoch)\n";
-  }
 
-  double tokens = 0;
-  for (int64_t epoch = pos.epoch; epoch < c.epochs && !sum.diverged && !sum.stopped_early; ++epoch) {
+  for (int64_t epoch = pos.epoch; epoch < c.epochs && !loop.stopped(); ++epoch) {
     const int64_t first = epoch == pos.epoch ? pos.batch : 0;
     if (first >= steps_per_epoch) continue;
     if (first == 0) state = {};  // each epoch starts from a zero state (as the PyTorch example)
     model->train();
-    ProgressBar bar(out, "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(c.epochs),
-                    steps_per_epoch - first, "tok/s", out_is_tty(out));
-    LossEma ema;
-    double loss_sum = 0, epoch_tokens = 0, wait = 0, ckpt_seconds = 0;
-    int64_t done = 0;
-    const auto t_epoch = Clock::now();
+    loop.begin_epoch(epoch, first, steps_per_epoch);
+    double wait = 0;
     for (int64_t b = first; b < steps_per_epoch; ++b) {
       const auto t_data = Clock::now();
       data::Batch batch = data::bptt_batch(train_data, b * c.bptt, c.bptt);
@@ -158,75 +145,14 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
         state = s;
       }
       Tensor loss = cross_entropy(logits.to(DType::f32), batch.target);
-      scaler.scale(loss).backward();
-      if (c.clip_grad_norm > 0) {
-        scaler.unscale_(*opt);
-        optim::clip_grad_norm_(params, c.clip_grad_norm);
-      }
-      const bool stepped = scaler.step(*opt);
-      scaler.update();
-      if (stepped) sched->step();
-      const double l = loss.item<double>();
-      ++sum.steps;
-      ++done;
-      loss_sum += l;
-      ema.add(l);
-      sum.step_losses.push_back(l);
-      epoch_tokens += static_cast<double>(batch.target.numel());
-      if (!std::isfinite(l) && !scaler.is_enabled()) sum.diverged = true;
-      const double elapsed = seconds_since(t_epoch) - ckpt_seconds;
-      if (log)
-        log->write({{"type", std::string("step")}, {"epoch", epoch + 1}, {"step", pos.global_step + sum.steps},
-                    {"loss", l}, {"lr", opt->lr(0)}, {"scale", scaler.get_scale()}, {"skipped", !stepped},
-                    {"throughput", epoch_tokens / std::max(elapsed, 1e-9)}, {"data_wait", wait},
-                    {"memory", memory::memory_stats().allocated - baseline}});
-      if (!c.quiet)
-        bar.update(done, epoch_tokens,
-                   {{"loss", fmt(ema.value, 3)}, {"ppl", fmt(perplexity(ema.value), 1)},
-                    {"scale", fmt(scaler.get_scale(), 0)}});
-      if (c.checkpoint_every > 0 && !ckpt.empty() && (pos.global_step + sum.steps) % c.checkpoint_every == 0) {
-        const auto t0 = Clock::now();
-        save_checkpoint(ckpt, refs, {epoch, b + 1, pos.global_step + sum.steps}, extra_of(state), meta);
-        ckpt_seconds += seconds_since(t0);
-      }
-      if (c.stop_after_steps > 0 && sum.steps >= c.stop_after_steps) {
-        if (!ckpt.empty()) save_checkpoint(ckpt, refs, {epoch, b + 1, pos.global_step + sum.steps}, extra_of(state), meta);
-        sum.stopped_early = true;
-        break;
-      }
-      if (sum.diverged) break;
+      if (!loop.step(loss, b, static_cast<double>(batch.target.numel()), wait, state_tensors)) break;
     }
-    const double epoch_seconds = seconds_since(t_epoch) - ckpt_seconds;
-    if (!c.quiet) bar.finish({{"loss", fmt(ema.value, 3)}});
-    sum.train_seconds += epoch_seconds;
-    sum.data_wait_seconds += wait;
-    tokens += epoch_tokens;
-
-    if (sum.stopped_early) break;  // no evaluation: the run continues elsewhere with --resume
+    if (!loop.end_training(wait)) break;
     const auto t_eval = Clock::now();
     const TextEval ev = evaluate_lm(*model, o, val_data, c.bptt);
-    sum.eval_seconds += seconds_since(t_eval);
-    const double ppl = perplexity(ev.loss);
-    EpochStats es{.epoch = epoch + 1, .train_loss = done > 0 ? loss_sum / static_cast<double>(done) : 0,
-                  .val_loss = ev.loss, .val_metric = ppl, .seconds = epoch_seconds, .data_wait_seconds = wait};
-    sum.epochs.push_back(es);
-    sum.val_loss = ev.loss;
-    sum.val_metric = ppl;
-    if (!c.quiet)
-      out << "  epoch " << es.epoch << ": train loss " << fmt(es.train_loss, 3) << " (ppl "
-          << fmt(perplexity(es.train_loss), 1) << "), valid loss " << fmt(ev.loss, 3) << " (ppl " << fmt(ppl, 2)
-          << "), " << fmt(epoch_seconds, 1) << " s\n";
-    if (log)
-      log->write({{"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
-                  {"val_loss", ev.loss}, {"val_perplexity", ppl}, {"seconds", epoch_seconds}, {"data_wait", wait},
-                  {"peak_memory", memory::memory_stats().peak_allocated - baseline},
-                  {"skipped_total", scaler.skipped_steps()}, {"scale", scaler.get_scale()}});
-    if (!ckpt.empty()) save_checkpoint(ckpt, refs, {epoch + 1, 0, pos.global_step + sum.steps}, {}, meta);
+    loop.end_epoch(ev.loss, perplexity(ev.loss), seconds_since(t_eval));
   }
-  sum.peak_bytes = memory::memory_stats().peak_allocated - baseline;
-  sum.skipped_steps = scaler.skipped_steps();
-  sum.final_loss_scale = scaler.get_scale();
-  sum.throughput = sum.train_seconds > 0 ? tokens / sum.train_seconds : 0;
+  loop.finish();
   return sum;
 }
 

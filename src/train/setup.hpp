@@ -1,6 +1,7 @@
 #pragma once
 // Internal pieces shared by the image and text training loops (src/train/trainer.cpp, lm_trainer.cpp).
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <optional>

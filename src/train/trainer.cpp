@@ -19,6 +19,7 @@
 #include "mp/optim/optim.hpp"
 #include "mp/train/progress.hpp"
 #include "train/setup.hpp"
+#include "train/train_loop.hpp"
 
 namespace mp::train {
 namespace detail {
@@ -159,11 +160,6 @@ ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data:
   return {loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n), n};
 }
 
-std::string fmt_double(double v, int prec) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
-  return buf;
-}
 
 }  // namespace
 
@@ -196,113 +192,40 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
                                                             : loader.num_batches();
   std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
 
-  const std::string ckpt = checkpoint_path(c);
   const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
-  const std::map<std::string, std::string> meta{{"config", config_to_json(c)}};
   Progress pos;
   if (c.resume) {
+    const std::string ckpt = checkpoint_path(c);
     MP_CHECK(std::filesystem::exists(ckpt), "--resume: no checkpoint at '", ckpt, "'; run without --resume first");
     pos = load_checkpoint(ckpt, refs).progress;
     if (!c.quiet) out << "resuming from " << ckpt << " at epoch " << pos.epoch + 1 << ", batch " << pos.batch << "\n";
   }
-  if (!ckpt.empty()) std::filesystem::create_directories(c.checkpoint_dir);
-  std::optional<RunLog> log;
-  if (!c.log.empty()) log.emplace(c.log, /*append=*/c.resume);
-
+  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out);
   if (!c.quiet)
     out << sum.label << ": " << setup.describe() << "; " << c.model << " on " << c.dataset << " ("
         << sets.train->size() << " train / " << sets.test->size() << " test images, " << steps_per_epoch
         << " steps per epoch)\n";
 
-  double images = 0;
-  for (int64_t epoch = pos.epoch; epoch < c.epochs && !sum.diverged && !sum.stopped_early; ++epoch) {
+  for (int64_t epoch = pos.epoch; epoch < c.epochs && !loop.stopped(); ++epoch) {
     const int64_t first = epoch == pos.epoch ? pos.batch : 0;
     if (first >= steps_per_epoch) continue;
     model->train();
     loader.reset_wait_seconds();
     loader.start_epoch(epoch, first);
-    ProgressBar bar(out, "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(c.epochs),
-                    steps_per_epoch - first, "img/s", out_is_tty(out));
-    LossEma ema;
-    double loss_sum = 0, epoch_images = 0;
-    int64_t done = 0;
-    const auto t_epoch = Clock::now();
-    double ckpt_seconds = 0;
+    loop.begin_epoch(epoch, first, steps_per_epoch);
     for (int64_t b = first; b < steps_per_epoch; ++b) {
       std::optional<data::Batch> batch = loader.next();
       if (!batch) break;
       opt->zero_grad();
-      Tensor logits = setup.model(batch->input);
-      Tensor loss = cross_entropy(logits, batch->target);
-      scaler.scale(loss).backward();
-      if (c.clip_grad_norm > 0) {
-        scaler.unscale_(*opt);
-        optim::clip_grad_norm_(params, c.clip_grad_norm);
-      }
-      const bool stepped = scaler.step(*opt);
-      scaler.update();
-      if (stepped) sched->step();
-      const double l = loss.item<double>();
-      ++sum.steps;
-      ++done;
-      loss_sum += l;
-      ema.add(l);
-      sum.step_losses.push_back(l);
-      const double bs = static_cast<double>(batch->target.size(0));
-      epoch_images += bs;
-      if (!std::isfinite(l) && !scaler.is_enabled()) sum.diverged = true;
-      const double elapsed = seconds_since(t_epoch) - ckpt_seconds;
-      if (log)
-        log->write({{"type", std::string("step")}, {"epoch", epoch + 1}, {"step", pos.global_step + sum.steps},
-                    {"loss", l}, {"lr", opt->lr(0)}, {"scale", scaler.get_scale()}, {"skipped", !stepped},
-                    {"throughput", epoch_images / std::max(elapsed, 1e-9)}, {"data_wait", loader.wait_seconds()},
-                    {"memory", memory::memory_stats().allocated - baseline}});
-      if (!c.quiet)
-        bar.update(done, epoch_images,
-                   {{"loss", fmt_double(ema.value, 4)}, {"scale", fmt_double(scaler.get_scale(), 0)}});
-      if (c.checkpoint_every > 0 && !ckpt.empty() && (pos.global_step + sum.steps) % c.checkpoint_every == 0) {
-        const auto t0 = Clock::now();
-        save_checkpoint(ckpt, refs, {epoch, b + 1, pos.global_step + sum.steps}, {}, meta);
-        ckpt_seconds += seconds_since(t0);
-      }
-      if (c.stop_after_steps > 0 && sum.steps >= c.stop_after_steps) {
-        if (!ckpt.empty()) save_checkpoint(ckpt, refs, {epoch, b + 1, pos.global_step + sum.steps}, {}, meta);
-        sum.stopped_early = true;
-        break;
-      }
-      if (sum.diverged) break;
+      Tensor loss = cross_entropy(setup.model(batch->input), batch->target);
+      if (!loop.step(loss, b, static_cast<double>(batch->target.size(0)), loader.wait_seconds())) break;
     }
-    const double epoch_seconds = seconds_since(t_epoch) - ckpt_seconds;
-    if (!c.quiet) bar.finish({{"loss", fmt_double(ema.value, 4)}});
-    sum.train_seconds += epoch_seconds;
-    sum.data_wait_seconds += loader.wait_seconds();
-    images += epoch_images;
-
-    if (sum.stopped_early) break;  // no evaluation: the run continues elsewhere with --resume
+    if (!loop.end_training(loader.wait_seconds())) break;
     const auto t_eval = Clock::now();
     const ImageEval ev = evaluate_images_with(setup.model, sets.test, c);
-    sum.eval_seconds += seconds_since(t_eval);
-    EpochStats es{.epoch = epoch + 1, .train_loss = done > 0 ? loss_sum / static_cast<double>(done) : 0,
-                  .val_loss = ev.loss, .val_metric = ev.accuracy, .seconds = epoch_seconds,
-                  .data_wait_seconds = loader.wait_seconds()};
-    sum.epochs.push_back(es);
-    sum.val_loss = ev.loss;
-    sum.val_metric = ev.accuracy;
-    if (!c.quiet)
-      out << "  epoch " << es.epoch << ": train loss " << fmt_double(es.train_loss, 4) << ", test loss "
-          << fmt_double(ev.loss, 4) << ", test accuracy " << fmt_double(100 * ev.accuracy, 2) << "%, "
-          << fmt_double(epoch_seconds, 1) << " s (data wait " << fmt_double(loader.wait_seconds(), 1) << " s)\n";
-    if (log)
-      log->write({{"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
-                  {"val_loss", ev.loss}, {"val_accuracy", ev.accuracy}, {"seconds", epoch_seconds},
-                  {"data_wait", loader.wait_seconds()}, {"peak_memory", memory::memory_stats().peak_allocated - baseline},
-                  {"skipped_total", scaler.skipped_steps()}, {"scale", scaler.get_scale()}});
-    if (!ckpt.empty()) save_checkpoint(ckpt, refs, {epoch + 1, 0, pos.global_step + sum.steps}, {}, meta);
+    loop.end_epoch(ev.loss, ev.accuracy, seconds_since(t_eval));
   }
-  sum.peak_bytes = memory::memory_stats().peak_allocated - baseline;
-  sum.skipped_steps = scaler.skipped_steps();
-  sum.final_loss_scale = scaler.get_scale();
-  sum.throughput = sum.train_seconds > 0 ? images / sum.train_seconds : 0;
+  loop.finish();
   return sum;
 }
 

@@ -1,0 +1,136 @@
+#include "train/train_loop.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <ostream>
+
+#include "mp/memory/allocator.hpp"
+#include "mp/optim/clip_grad.hpp"
+
+namespace mp::train::detail {
+namespace {
+
+std::string fmt(double v, int prec) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
+// Perplexity of a mean loss, capped so a diverged run prints a number instead of overflowing.
+double perplexity(double loss) { return std::exp(std::min(loss, 700.0)); }
+
+}  // namespace
+
+TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const Progress& start, int64_t baseline,
+                     std::ostream& out)
+    : c_(c), sum_(sum), parts_(std::move(parts)), start_(start), baseline_(baseline), out_(out),
+      text_(is_text_task(c)), ckpt_(checkpoint_path(c)), meta_{{"config", config_to_json(c)}} {
+  if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
+  if (!c.log.empty()) log_.emplace(c.log, /*append=*/c.resume);
+}
+
+void TrainLoop::save(const Progress& p, const nn::StateDict& extra) {
+  const auto t0 = Clock::now();
+  save_checkpoint(ckpt_, parts_.refs, p, extra, meta_);
+  ckpt_seconds_ += seconds_since(t0);
+}
+
+void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t steps) {
+  epoch_ = epoch;
+  done_ = 0;
+  loss_sum_ = units_ = ckpt_seconds_ = data_wait_ = 0;
+  ema_ = {};
+  bar_ = std::make_unique<ProgressBar>(out_, "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(c_.epochs),
+                                       steps - first, text_ ? "tok/s" : "img/s", out_is_tty(out_));
+  t_epoch_ = Clock::now();
+}
+
+bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double data_wait,
+                     const std::function<nn::StateDict()>& extra) {
+  amp::GradScaler& scaler = parts_.scaler;
+  scaler.scale(loss).backward();
+  if (c_.clip_grad_norm > 0) {
+    scaler.unscale_(parts_.optimizer);
+    optim::clip_grad_norm_(parts_.params, c_.clip_grad_norm);
+  }
+  const bool stepped = scaler.step(parts_.optimizer);
+  scaler.update();
+  if (stepped) parts_.scheduler.step();  // a skipped step does not advance the schedule
+
+  const double l = loss.item<double>();
+  ++sum_.steps;
+  ++done_;
+  loss_sum_ += l;
+  ema_.add(l);
+  sum_.step_losses.push_back(l);
+  units_ += units;
+  data_wait_ = data_wait;
+  if (!std::isfinite(l) && !scaler.is_enabled()) sum_.diverged = true;
+  const int64_t global = start_.global_step + sum_.steps;
+  if (log_) {
+    const double elapsed = seconds_since(t_epoch_) - ckpt_seconds_;
+    log_->write({{"type", std::string("step")}, {"epoch", epoch_ + 1}, {"step", global}, {"loss", l},
+                 {"lr", parts_.optimizer.lr(0)}, {"scale", scaler.get_scale()}, {"skipped", !stepped},
+                 {"throughput", units_ / std::max(elapsed, 1e-9)}, {"data_wait", data_wait},
+                 {"memory", memory::memory_stats().allocated - baseline_}});
+  }
+  if (!c_.quiet) {
+    std::vector<std::pair<std::string, std::string>> fields{{"loss", fmt(ema_.value, text_ ? 3 : 4)}};
+    if (text_) fields.emplace_back("ppl", fmt(perplexity(ema_.value), 1));
+    fields.emplace_back("scale", fmt(scaler.get_scale(), 0));
+    bar_->update(done_, units_, fields);
+  }
+  const Progress here{epoch_, batch + 1, global};
+  const bool stop = c_.stop_after_steps > 0 && sum_.steps >= c_.stop_after_steps;
+  if (!ckpt_.empty() && (stop || (c_.checkpoint_every > 0 && global % c_.checkpoint_every == 0)))
+    save(here, extra ? extra() : nn::StateDict{});
+  if (stop) sum_.stopped_early = true;
+  return !stopped();
+}
+
+bool TrainLoop::end_training(double data_wait) {
+  data_wait_ = data_wait;
+  epoch_seconds_ = seconds_since(t_epoch_) - ckpt_seconds_;
+  if (!c_.quiet) bar_->finish({{"loss", fmt(ema_.value, text_ ? 3 : 4)}});
+  bar_.reset();
+  sum_.train_seconds += epoch_seconds_;
+  sum_.data_wait_seconds += data_wait;
+  total_units_ += units_;
+  return !sum_.stopped_early;  // a stopped run continues elsewhere with --resume: no evaluation here
+}
+
+void TrainLoop::end_epoch(double val_loss, double val_metric, double eval_seconds) {
+  sum_.eval_seconds += eval_seconds;
+  const EpochStats es{.epoch = epoch_ + 1, .train_loss = done_ > 0 ? loss_sum_ / static_cast<double>(done_) : 0,
+                      .val_loss = val_loss, .val_metric = val_metric, .seconds = epoch_seconds_,
+                      .data_wait_seconds = data_wait_};
+  sum_.epochs.push_back(es);
+  sum_.val_loss = val_loss;
+  sum_.val_metric = val_metric;
+  if (!c_.quiet) {
+    out_ << "  epoch " << es.epoch << ": train loss " << fmt(es.train_loss, 4);
+    if (text_)
+      out_ << " (ppl " << fmt(perplexity(es.train_loss), 1) << "), valid loss " << fmt(val_loss, 4) << " (ppl "
+           << fmt(val_metric, 2) << ")";
+    else
+      out_ << ", test loss " << fmt(val_loss, 4) << ", test accuracy " << fmt(100 * val_metric, 2) << "%";
+    out_ << ", " << fmt(epoch_seconds_, 1) << " s (data wait " << fmt(data_wait_, 1) << " s)\n";
+  }
+  if (log_)
+    log_->write({{"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
+                 {"val_loss", val_loss}, {text_ ? "val_perplexity" : "val_accuracy", val_metric},
+                 {"seconds", epoch_seconds_}, {"data_wait", data_wait_},
+                 {"peak_memory", memory::memory_stats().peak_allocated - baseline_},
+                 {"skipped_total", parts_.scaler.skipped_steps()}, {"scale", parts_.scaler.get_scale()}});
+  if (!ckpt_.empty()) save({epoch_ + 1, 0, start_.global_step + sum_.steps}, {});
+}
+
+void TrainLoop::finish() {
+  sum_.peak_bytes = memory::memory_stats().peak_allocated - baseline_;
+  sum_.skipped_steps = parts_.scaler.skipped_steps();
+  sum_.final_loss_scale = parts_.scaler.get_scale();
+  sum_.throughput = sum_.train_seconds > 0 ? total_units_ / sum_.train_seconds : 0;
+}
+
+}  // namespace mp::train::detail

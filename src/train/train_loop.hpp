@@ -1,0 +1,76 @@
+#pragma once
+// What the image and the text training loops share around their model-specific forward pass.
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mp/amp/grad_scaler.hpp"
+#include "mp/optim/lr_scheduler.hpp"
+#include "mp/train/checkpoint.hpp"
+#include "mp/train/progress.hpp"
+#include "mp/train/run_log.hpp"
+#include "mp/train/trainer.hpp"
+#include "train/setup.hpp"
+
+namespace mp::train::detail {
+
+/// The optimizer step with loss scaling, clipping and the LR schedule; per-step records (loss curve,
+/// run log, progress bar); periodic and stop-after checkpoints; per-epoch records and checkpoints;
+/// and the summary's totals. Usage per epoch: begin_epoch, step() per batch while it returns true,
+/// end_training; then, if it returned true, evaluate and end_epoch.
+class TrainLoop {
+ public:
+  /// The live objects of a run.
+  struct Parts {
+    amp::GradScaler& scaler;
+    optim::Optimizer& optimizer;
+    optim::LRScheduler& scheduler;
+    std::vector<Tensor> params;  ///< clipped when clip_grad_norm > 0
+    CheckpointRefs refs;         ///< what checkpoints save
+  };
+  /// `start` is where the run resumes; `baseline` the allocated bytes before the model was built.
+  TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const Progress& start, int64_t baseline,
+            std::ostream& out);
+
+  /// Start epoch `epoch` (0-based) at batch `first` of `steps` steps.
+  void begin_epoch(int64_t epoch, int64_t first, int64_t steps);
+  /// Backward of `loss` (scaled), clip, optimizer step (skipped on inf/NaN), scale update, schedule
+  /// step; then the step's records. `batch` is the batch index within the epoch, `units` its images or
+  /// tokens, `data_wait` the epoch's data wait so far; `extra` supplies run-specific checkpoint tensors.
+  /// Returns false when the epoch must stop (diverged, or stop_after_steps reached).
+  bool step(const Tensor& loss, int64_t batch, double units, double data_wait,
+            const std::function<nn::StateDict()>& extra = {});
+  /// Close the epoch's training part; returns whether to evaluate (false when the run stops early).
+  bool end_training(double data_wait);
+  /// Record the epoch's evaluation (`metric`: accuracy or perplexity), log it and checkpoint.
+  void end_epoch(double val_loss, double val_metric, double eval_seconds);
+  /// Whether the run must end (diverged or stopped early).
+  bool stopped() const { return sum_.diverged || sum_.stopped_early; }
+  /// Fill the summary's totals (peak memory, skipped steps, scale, throughput).
+  void finish();
+
+ private:
+  void save(const Progress& p, const nn::StateDict& extra);
+
+  const TrainConfig& c_;
+  RunSummary& sum_;
+  Parts parts_;
+  Progress start_;
+  int64_t baseline_;
+  std::ostream& out_;
+  bool text_;
+  std::string ckpt_;
+  std::map<std::string, std::string> meta_;
+  std::optional<RunLog> log_;
+  // the current epoch
+  int64_t epoch_ = 0, done_ = 0;
+  double loss_sum_ = 0, units_ = 0, total_units_ = 0, ckpt_seconds_ = 0, epoch_seconds_ = 0, data_wait_ = 0;
+  LossEma ema_;
+  Clock::time_point t_epoch_;
+  std::unique_ptr<ProgressBar> bar_;
+};
+
+}  // namespace mp::train::detail
