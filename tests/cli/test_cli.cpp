@@ -2,7 +2,6 @@
 // train / eval / convert / compare / plot work end to end.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -10,7 +9,10 @@
 #include <fstream>
 #include <string>
 
+#include "test_util.hpp"
+
 namespace fs = std::filesystem;
+using mp::test::scratch_dir;
 
 namespace {
 
@@ -32,17 +34,10 @@ Result run(const std::string& args) {
   return r;
 }
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("mp_cli_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 // A small word-level corpus: a plain-text file with a few sentence patterns.
 fs::path corpus() {
   static const fs::path f = [] {
-    fs::path p = temp_dir("corpus") / "text.txt";
+    fs::path p = scratch_dir("cli", "corpus") / "text.txt";
     std::ofstream os(p);
     const char* w[] = {"and", "the", "lord", "said", "unto", "moses", "go", "forth"};
     for (int i = 0; i < 400; ++i) os << w[i % 8] << " " << w[(i * 3) % 8] << " " << w[(i * 5 + 1) % 8] << " .\n";
@@ -77,7 +72,7 @@ TEST(Cli, MistakesExitNonZeroWithAClearMessage) {
 }
 
 TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
-  const fs::path dir = temp_dir("lm");
+  const fs::path dir = scratch_dir("cli", "lm");
   const std::string common = "--dataset text --data_dir " + corpus().string() +
                              " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --quiet";
   Result r = run("train " + common + " --epochs 1 --checkpoint_dir " + dir.string() + " --log " +

@@ -7,18 +7,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "mp/data/cifar.hpp"
 #include "mp/data/idx.hpp"
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace mp;
 using namespace mp::data;
+using mp::test::error_of;
 
 namespace {
 
@@ -28,11 +28,7 @@ using Bytes = std::vector<uint8_t>;
 class DataFiles : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("mp_data_files_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = mp::test::scratch_dir("data_files", ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
@@ -114,19 +110,6 @@ Bytes test_pixels(size_t n) {
   for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>((i * 37 + 11) % 251);
   return p;
 }
-
-// The mp::Error message of f(), or "(no error)".
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mp::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
 
 void expect_idx(const ImageData& d, uint32_t n, uint32_t h, uint32_t w, const Bytes& pixels, const Bytes& labels) {
   ASSERT_EQ(d.images.sizes(), (Shape{n, 1, h, w}));

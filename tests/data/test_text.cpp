@@ -6,27 +6,24 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "mp/data/text.hpp"
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace mp;
 using namespace mp::data;
+using mp::test::error_of;
 
 namespace {
 
 class Text : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / ("mp_data_text_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = mp::test::scratch_dir("data_text", ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
@@ -36,18 +33,6 @@ class Text : public ::testing::Test {
   }
   fs::path dir_;
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mp::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
 
 std::vector<int64_t> ids(const Tensor& t) { return t.to_vector<int64_t>(); }
 

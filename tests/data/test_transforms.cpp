@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -12,9 +11,11 @@
 #include "mp/data/dataset.hpp"
 #include "mp/data/transforms.hpp"
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using namespace mp::data;
+using mp::test::error_of;
 
 namespace {
 
@@ -29,15 +30,6 @@ Tensor ramp_image(int64_t C, int64_t H, int64_t W) {
 
 float at(const std::vector<float>& v, int64_t H, int64_t W, int64_t c, int64_t y, int64_t x) {
   return v[static_cast<size_t>((c * H + y) * W + x)];
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mp::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Rng, DeterministicPerSeedAndStream) {

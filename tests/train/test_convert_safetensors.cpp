@@ -1,7 +1,6 @@
 // convert_safetensors: f32 -> bf16 halves the data and rounds to nearest even exactly like Tensor::to,
 // integer tensors and metadata survive, f32 -> f16 -> f32 stays within f16 precision, in-place works.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -10,30 +9,14 @@
 #include "mp/core/error.hpp"
 #include "mp/train/convert.hpp"
 #include "mp/train/safetensors.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using mp::DType;
 using mp::Tensor;
+using mp::test::scratch_dir;
 
 namespace {
-
-/// Removes the test's scratch folders when the process ends.
-struct TempDirs {
-  std::vector<fs::path> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& d : dirs) fs::remove_all(d, ec);
-  }
-};
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("mp_convert_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  static TempDirs cleanup;
-  cleanup.dirs.push_back(d);
-  return d;
-}
 
 std::string tensor_bytes(const Tensor& t) {
   const Tensor c = t.contiguous();
@@ -50,7 +33,7 @@ int64_t data_bytes(const std::string& path, DType* only = nullptr) {
 }  // namespace
 
 TEST(Convert, F32ToBf16HalvesRoundsToNearestEvenKeepsIntegers) {
-  const fs::path dir = temp_dir("bf16");
+  const fs::path dir = scratch_dir("convert", "bf16");
   const std::string in = (dir / "in.safetensors").string(), out = (dir / "out.safetensors").string();
   // Hand-picked ties: bf16 keeps 8 significant bits, so 1 + 2^-8 lies halfway between 1 and 1 + 2^-7
   // (even: 1), 1 + 3*2^-8 halfway between 1 + 2^-7 and 1 + 2^-6 (even: 1 + 2^-6); 1 + 2^-8 + 2^-20 is
@@ -95,7 +78,7 @@ TEST(Convert, F32ToBf16HalvesRoundsToNearestEvenKeepsIntegers) {
 }
 
 TEST(Convert, F16RoundTripWithinHalfPrecisionInPlace) {
-  const fs::path dir = temp_dir("f16");
+  const fs::path dir = scratch_dir("convert", "f16");
   const std::string path = (dir / "m.safetensors").string();
   // Magnitudes from 1e-4 to 1e4: inside f16's normal range (6.1e-5 .. 65504), where round to nearest
   // has a relative error of at most 2^-11 (half of f16's 10-bit mantissa ulp).
@@ -123,7 +106,7 @@ TEST(Convert, F16RoundTripWithinHalfPrecisionInPlace) {
 }
 
 TEST(Convert, RefusesIntegerTargetAndMissingInput) {
-  const fs::path dir = temp_dir("refuse");
+  const fs::path dir = scratch_dir("convert", "refuse");
   const std::string path = (dir / "m.safetensors").string();
   mp::train::save_safetensors(path, {{"x", mp::zeros({2})}});
   EXPECT_THROW(mp::train::convert_safetensors(path, path, DType::i32), mp::Error);

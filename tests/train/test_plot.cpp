@@ -1,55 +1,29 @@
 // plot_lines / plot_bars: PNG files (checked by their magic bytes) plus re-runnable .dat/.gp files when
 // gnuplot is installed (skipped otherwise); argument errors; the "gnuplot not found" message.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <vector>
 
 #include "mp/core/error.hpp"
 #include "mp/train/plot.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
+using mp::test::read_file;
+using mp::test::scratch_dir;
 using mp::train::Series;
 
 namespace {
 
-/// Removes the test's scratch folders when the process ends.
-struct TempDirs {
-  std::vector<fs::path> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& d : dirs) fs::remove_all(d, ec);
-  }
-};
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("mp_plot_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  static TempDirs cleanup;
-  cleanup.dirs.push_back(d);
-  return d;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool is_png(const fs::path& p) { return read_text(p).rfind("\x89PNG\r\n\x1a\n", 0) == 0; }
+bool is_png(const fs::path& p) { return read_file(p).rfind("\x89PNG\r\n\x1a\n", 0) == 0; }
 
 }  // namespace
 
 TEST(Plot, LinesWritePngDataAndScript) {
   if (!mp::train::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
-  const fs::path dir = temp_dir("lines");
+  const fs::path dir = scratch_dir("plot", "lines");
   const fs::path png = dir / "sub dir" / "loss's.png";  // a new folder, a space and a quote in the names
   Series a{"fp32", {}, {}}, b{"bf16 O2 'quoted' under_score", {}, {}};
   for (int i = 0; i < 200; ++i) {
@@ -59,8 +33,8 @@ TEST(Plot, LinesWritePngDataAndScript) {
   mp::train::plot_lines(png.string(), "training loss", "step", "loss", {a, b, Series{"empty", {}, {}}}, /*log_y=*/true);
   ASSERT_TRUE(fs::exists(png));
   EXPECT_TRUE(is_png(png));
-  const std::string dat = read_text(dir / "sub dir" / "loss's.dat");
-  const std::string gp = read_text(dir / "sub dir" / "loss's.gp");
+  const std::string dat = read_file(dir / "sub dir" / "loss's.dat");
+  const std::string gp = read_file(dir / "sub dir" / "loss's.gp");
   EXPECT_NE(dat.find("100 ?"), std::string::npos);  // the NaN point is marked missing
   EXPECT_NE(gp.find("set logscale y"), std::string::npos);
   EXPECT_NE(gp.find("'training loss'"), std::string::npos);
@@ -74,15 +48,15 @@ TEST(Plot, LinesWritePngDataAndScript) {
 
 TEST(Plot, BarsWritePng) {
   if (!mp::train::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
-  const fs::path dir = temp_dir("bars");
+  const fs::path dir = scratch_dir("plot", "bars");
   const fs::path png = dir / "time.png";
   mp::train::plot_bars(png.string(), "training time", "seconds", {"fp32", "bf16 O2", "fp16 \"O3\""}, {12.5, 4.25, 3.0});
   EXPECT_TRUE(is_png(png));
-  EXPECT_NE(read_text(dir / "time.dat").find("\"bf16 O2\" 4.25"), std::string::npos);
+  EXPECT_NE(read_file(dir / "time.dat").find("\"bf16 O2\" 4.25"), std::string::npos);
 }
 
 TEST(Plot, ArgumentErrors) {
-  const fs::path dir = temp_dir("errors");
+  const fs::path dir = scratch_dir("plot", "errors");
   const std::string png = (dir / "x.png").string();
   EXPECT_THROW(mp::train::plot_lines(png, "t", "x", "y", {Series{"s", {1, 2}, {1}}}), mp::Error);
   EXPECT_THROW(mp::train::plot_lines(png, "t", "x", "y", {}), mp::Error);
@@ -95,7 +69,7 @@ TEST(Plot, ArgumentErrors) {
 TEST(Plot, MissingGnuplotSaysHowToInstall) {
   // In a child process whose PATH has no gnuplot (a fresh process: the availability check is cached).
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const fs::path dir = temp_dir("missing");
+  const fs::path dir = scratch_dir("plot", "missing");
   const std::string png = (dir / "x.png").string();
   EXPECT_EXIT(
       {

@@ -1,54 +1,25 @@
 // RunLog: JSONL records in order, append vs truncate, NaN/inf written as null and read back as NaN,
 // a torn last record (crash mid-write) cut off on append and skipped on read, damaged lines refused.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
-#include <vector>
 
 #include "mp/core/error.hpp"
 #include "mp/train/run_log.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
+using mp::test::read_file;
+using mp::test::scratch_dir;
 using mp::train::LogValue;
 using mp::train::read_run_log;
 using mp::train::RunLog;
 
-namespace {
-
-/// Removes the test's scratch folders when the process ends.
-struct TempDirs {
-  std::vector<fs::path> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& d : dirs) fs::remove_all(d, ec);
-  }
-};
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("mp_run_log_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  static TempDirs cleanup;
-  cleanup.dirs.push_back(d);
-  return d;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
-
 TEST(RunLog, WritesOrderedJsonLinesAndReadsThemBack) {
-  const fs::path dir = temp_dir("basic");
+  const fs::path dir = scratch_dir("run_log", "basic");
   const std::string path = (dir / "run.jsonl").string();
   {
     RunLog log(path, /*append=*/false);
@@ -57,7 +28,7 @@ TEST(RunLog, WritesOrderedJsonLinesAndReadsThemBack) {
     log.write({{"type", std::string("step")}, {"step", int64_t{2}}, {"loss", std::nan("")},
                {"scale", std::numeric_limits<double>::infinity()}, {"big", int64_t{1} << 53}, {"whole", 2.0}});
     // Flushed per record: the file has both lines while the log is still open.
-    EXPECT_EQ(read_text(path),
+    EXPECT_EQ(read_file(path),
               "{\"type\":\"step\",\"step\":1,\"loss\":0.5,\"skipped\":false}\n"
               "{\"type\":\"step\",\"step\":2,\"loss\":null,\"scale\":null,\"big\":9007199254740992,\"whole\":2.0}\n");
   }
@@ -74,7 +45,7 @@ TEST(RunLog, WritesOrderedJsonLinesAndReadsThemBack) {
 }
 
 TEST(RunLog, AppendContinuesTruncateRestarts) {
-  const fs::path dir = temp_dir("append");
+  const fs::path dir = scratch_dir("run_log", "append");
   const std::string path = (dir / "run.jsonl").string();
   { RunLog(path, false).write({{"step", int64_t{1}}}); }
   { RunLog(path, true).write({{"step", int64_t{2}}}); }  // a resumed run
@@ -92,7 +63,7 @@ TEST(RunLog, AppendContinuesTruncateRestarts) {
 }
 
 TEST(RunLog, TornLastRecordIsSkippedAndCutOnAppend) {
-  const fs::path dir = temp_dir("torn");
+  const fs::path dir = scratch_dir("run_log", "torn");
   const std::string path = (dir / "run.jsonl").string();
   { RunLog(path, false).write({{"step", int64_t{1}}, {"note", std::string("a \"quoted\" line\n")}}); }
   {
@@ -110,11 +81,11 @@ TEST(RunLog, TornLastRecordIsSkippedAndCutOnAppend) {
   const std::string only = (dir / "only.jsonl").string();
   { std::ofstream(only) << "{\"step\""; }
   { RunLog(only, true).write({{"step", int64_t{1}}}); }
-  EXPECT_EQ(read_text(only), "{\"step\":1}\n");
+  EXPECT_EQ(read_file(only), "{\"step\":1}\n");
 }
 
 TEST(RunLog, DamagedLinesAndMissingFilesAreRefused) {
-  const fs::path dir = temp_dir("damaged");
+  const fs::path dir = scratch_dir("run_log", "damaged");
   const std::string path = (dir / "bad.jsonl").string();
   { std::ofstream(path) << "{\"step\": 1}\n\nnot json\n{\"step\": 3}\n"; }
   try {

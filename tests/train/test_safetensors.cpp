@@ -2,52 +2,28 @@
 // implementation writes), interoperability with Python when it is installed, every kind of damaged
 // file refused with a message naming the file and the tensor, and atomic_write_file's guarantees.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "mp/core/error.hpp"
 #include "mp/train/atomic_file.hpp"
 #include "mp/train/safetensors.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using mp::DType;
 using mp::Tensor;
+using mp::test::read_file;
+using mp::test::scratch_dir;
 using mp::train::load_safetensors;
 using mp::train::save_safetensors;
 
 namespace {
-
-/// Removes the test's scratch folders when the process ends.
-struct TempDirs {
-  std::vector<fs::path> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& d : dirs) fs::remove_all(d, ec);
-  }
-};
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("mp_safetensors_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  static TempDirs cleanup;
-  cleanup.dirs.push_back(d);
-  return d;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
@@ -108,7 +84,7 @@ mp::nn::StateDict every_dtype() {
 }  // namespace
 
 TEST(Safetensors, RoundTripEveryDtypeEmptyAndScalar) {
-  const fs::path dir = temp_dir("roundtrip");
+  const fs::path dir = scratch_dir("safetensors", "roundtrip");
   const mp::nn::StateDict sd = every_dtype();
   const std::map<std::string, std::string> meta{{"format", "pt"}, {"note", "ünïcode ✓"}};
   const std::string path = (dir / "all.safetensors").string();
@@ -129,7 +105,7 @@ TEST(Safetensors, RoundTripEveryDtypeEmptyAndScalar) {
 }
 
 TEST(Safetensors, NonContiguousInputIsWrittenContiguous) {
-  const fs::path dir = temp_dir("noncontig");
+  const fs::path dir = scratch_dir("safetensors", "noncontig");
   const Tensor base = mp::arange(0, 12, 1, {.dtype = DType::f32}).reshape({3, 4});
   const Tensor t = base.t();                          // 4x3, strides (1, 4)
   const Tensor s = base.slice(1, 0, 4, 2);            // 3x2, every other column
@@ -156,28 +132,28 @@ TEST(Safetensors, ByteExactLayoutMatchesReferenceImplementation) {
                                std::string("\x07\0\0\0\0\0\0\0", 8) +   // int64 7
                                std::string("\0\0\x80\x3f", 4) +         // float 1.0f
                                std::string("\0\0\0\xc0", 4);            // float -2.0f
-  const fs::path dir = temp_dir("exact");
+  const fs::path dir = scratch_dir("safetensors", "exact");
   const std::string path = (dir / "x.safetensors").string();
   save_safetensors(path,
                    {{"b", mp::scalar_tensor(7, {.dtype = DType::i64})}, {"a", mp::from_vector<float>({1.f, -2.f}, {2})}},
                    {{"k", "v"}});
-  EXPECT_EQ(read_bytes(path), expected);
+  EXPECT_EQ(read_file(path), expected);
 
   // Without metadata the key is left out; an empty file of tensors is a valid header "{}" + padding.
   save_safetensors(path, {});
-  EXPECT_EQ(read_bytes(path), std::string("\x08\0\0\0\0\0\0\0{}      ", 16));
+  EXPECT_EQ(read_file(path), std::string("\x08\0\0\0\0\0\0\0{}      ", 16));
   EXPECT_EQ(load_safetensors(path).tensors.size(), 0u);
 }
 
 TEST(Safetensors, ReadHeaderOnly) {
-  const fs::path dir = temp_dir("header");
+  const fs::path dir = scratch_dir("safetensors", "header");
   const std::string path = (dir / "h.safetensors").string();
   save_safetensors(path, {{"w", mp::zeros({2, 3}, {.dtype = DType::bf16})}, {"n", mp::zeros({5}, {.dtype = DType::i32})}},
                    {{"dtype", "bf16"}});
   std::map<std::string, std::string> meta;
   const auto infos = mp::train::read_safetensors_header(path, &meta);
   ASSERT_EQ(infos.size(), 2u);
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = read_file(path);
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   EXPECT_EQ(infos[0].name, "w");
@@ -193,7 +169,7 @@ TEST(Safetensors, ReadHeaderOnly) {
 }
 
 TEST(Safetensors, SaveRefusesBadNames) {
-  const fs::path dir = temp_dir("badnames");
+  const fs::path dir = scratch_dir("safetensors", "badnames");
   const std::string path = (dir / "x.safetensors").string();
   EXPECT_THROW(save_safetensors(path, {{"", mp::zeros({1})}}), mp::Error);
   EXPECT_THROW(save_safetensors(path, {{"__metadata__", mp::zeros({1})}}), mp::Error);
@@ -203,7 +179,7 @@ TEST(Safetensors, SaveRefusesBadNames) {
 }
 
 TEST(Safetensors, DamagedFilesAreRefusedNamingFileAndTensor) {
-  const fs::path dir = temp_dir("damaged");
+  const fs::path dir = scratch_dir("safetensors", "damaged");
   const std::string a8 = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
   const std::string eight(8, '\x01');
 
@@ -265,7 +241,7 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingFileAndTensor) {
 }
 
 TEST(Safetensors, BoolBytesAreNormalised) {
-  const fs::path dir = temp_dir("bool");
+  const fs::path dir = scratch_dir("safetensors", "bool");
   const fs::path p = dir / "b.safetensors";
   write_bytes(p, make_file(R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", std::string("\x00\x01\x07", 3)));
   const Tensor m = load_safetensors(p.string()).tensors.at("m");
@@ -275,7 +251,7 @@ TEST(Safetensors, BoolBytesAreNormalised) {
 TEST(Safetensors, InteroperatesWithPythonReference) {
   if (std::system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "Python's safetensors (pip install safetensors numpy) is not installed";
-  const fs::path dir = temp_dir("python");
+  const fs::path dir = scratch_dir("safetensors", "python");
   // Python writes, we read.
   const fs::path py_file = dir / "py.safetensors";
   const fs::path script = dir / "write.py";
@@ -344,12 +320,12 @@ std::vector<std::string> folder_entries(const fs::path& dir) {
 }  // namespace
 
 TEST(AtomicFile, WritesAndReplaces) {
-  const fs::path dir = temp_dir("atomic");
+  const fs::path dir = scratch_dir("safetensors", "atomic");
   const std::string path = (dir / "a.txt").string();
   mp::train::atomic_write_file(path, "first");
-  EXPECT_EQ(read_bytes(path), "first");
+  EXPECT_EQ(read_file(path), "first");
   mp::train::atomic_write_file(path, std::string_view("second\0x", 8));  // binary content
-  EXPECT_EQ(read_bytes(path), std::string("second\0x", 8));
+  EXPECT_EQ(read_file(path), std::string("second\0x", 8));
   // A writer larger than the internal buffer, in small and large pieces.
   std::string big;
   for (int i = 0; i < 300000; ++i) big += std::to_string(i % 10);
@@ -357,12 +333,12 @@ TEST(AtomicFile, WritesAndReplaces) {
     os << big.substr(0, 1000);
     os.write(big.data() + 1000, static_cast<std::streamsize>(big.size() - 1000));
   });
-  EXPECT_EQ(read_bytes(path), big);
+  EXPECT_EQ(read_file(path), big);
   EXPECT_EQ(folder_entries(dir), (std::vector<std::string>{"a.txt"}));  // no temporaries left
 }
 
 TEST(AtomicFile, ThrowingWriterLeavesOldFileAndNoTemporary) {
-  const fs::path dir = temp_dir("atomic_throw");
+  const fs::path dir = scratch_dir("safetensors", "atomic_throw");
   const std::string path = (dir / "keep.bin").string();
   mp::train::atomic_write_file(path, "old content");
   EXPECT_THROW(mp::train::atomic_write_file(path,
@@ -371,16 +347,16 @@ TEST(AtomicFile, ThrowingWriterLeavesOldFileAndNoTemporary) {
                                               throw std::runtime_error("writer failed");
                                             }),
                std::runtime_error);
-  EXPECT_EQ(read_bytes(path), "old content");
+  EXPECT_EQ(read_file(path), "old content");
   EXPECT_EQ(folder_entries(dir), (std::vector<std::string>{"keep.bin"}));
 
   // A save of a tensor that cannot be written (undefined) leaves the old checkpoint as it was too.
   EXPECT_THROW(save_safetensors(path, {{"x", Tensor()}}), mp::Error);
-  EXPECT_EQ(read_bytes(path), "old content");
+  EXPECT_EQ(read_file(path), "old content");
 }
 
 TEST(AtomicFile, MissingFolderNamesPathAndReason) {
-  const fs::path dir = temp_dir("atomic_missing");
+  const fs::path dir = scratch_dir("safetensors", "atomic_missing");
   const std::string path = (dir / "no" / "such" / "f.txt").string();
   try {
     mp::train::atomic_write_file(path, "x");

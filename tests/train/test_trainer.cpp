@@ -12,19 +12,14 @@
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/run_log.hpp"
 #include "mp/train/trainer.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
+using mp::test::scratch_dir;
 using mp::train::RunSummary;
 using mp::train::TrainConfig;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("mp_trainer_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 void put_u32be(std::ostream& os, uint32_t v) {
   const unsigned char b[4] = {static_cast<unsigned char>(v >> 24), static_cast<unsigned char>(v >> 16),
@@ -61,7 +56,7 @@ void write_idx_split(const fs::path& dir, const std::string& prefix, int n, int 
 
 const fs::path& image_data() {
   static const fs::path d = [] {
-    fs::path p = temp_dir("idx");
+    fs::path p = scratch_dir("trainer", "idx");
     write_idx_split(p, "train", 384, 12, 1);
     write_idx_split(p, "t10k", 128, 12, 2);
     return p;
@@ -72,7 +67,7 @@ const fs::path& image_data() {
 // A small text corpus with learnable structure (a few repeated sentence patterns).
 const fs::path& text_data() {
   static const fs::path f = [] {
-    fs::path p = temp_dir("text") / "corpus.txt";
+    fs::path p = scratch_dir("trainer", "text") / "corpus.txt";
     std::ofstream os(p);
     const char* subj[] = {"the king", "a man", "the people", "his son"};
     const char* verb[] = {"went unto", "spake to", "saw", "blessed"};
@@ -130,7 +125,7 @@ void expect_exact_resume(TrainConfig c, int64_t stop, const std::string& name) {
   const RunSummary full = mp::train::train(c, sink);
   ASSERT_GT(static_cast<int64_t>(full.step_losses.size()), stop);
 
-  const fs::path dir = temp_dir("resume_" + name);
+  const fs::path dir = scratch_dir("trainer", "resume_" + name);
   c.checkpoint_dir = dir.string();
   c.stop_after_steps = stop;
   const RunSummary first = mp::train::train(c, sink);
@@ -184,7 +179,7 @@ TEST(Trainer, ExactResumeWordLmWithDropoutMidEpoch) {
 TEST(Trainer, WordLmLearnsAndEvaluatesCheckpoint) {
   TrainConfig c = text_config("bf16");
   c.epochs = 3;
-  const fs::path dir = temp_dir("lm_eval");
+  const fs::path dir = scratch_dir("trainer", "lm_eval");
   c.checkpoint_dir = dir.string();
   c.log = (dir / "run.jsonl").string();
   std::ostringstream sink;
@@ -210,7 +205,7 @@ TEST(Trainer, WordLmLearnsAndEvaluatesCheckpoint) {
 TEST(Trainer, EvaluateCheckpointMatchesFinalAccuracy) {
   TrainConfig c = image_config("bf16");
   c.epochs = 1;
-  const fs::path dir = temp_dir("img_eval");
+  const fs::path dir = scratch_dir("trainer", "img_eval");
   c.checkpoint_dir = dir.string();
   std::ostringstream sink;
   const RunSummary s = mp::train::train(c, sink);
@@ -233,14 +228,7 @@ TEST(Trainer, ConfigJsonRoundTrip) {
 }
 
 TEST(Trainer, ValidationNamesTheProblem) {
-  auto message = [](TrainConfig c) -> std::string {
-    try {
-      mp::train::validate(c);
-    } catch (const mp::Error& e) {
-      return e.what();
-    }
-    return "";
-  };
+  auto message = [](const TrainConfig& c) { return mp::test::error_of([&] { mp::train::validate(c); }); };
   TrainConfig c = image_config("bf16");
   c.model = "resnet19";
   EXPECT_NE(message(c).find("resnet18"), std::string::npos) << message(c);  // lists the known models
@@ -266,7 +254,7 @@ TEST(Trainer, DamagedCheckpointIsRefusedOnResume) {
   TrainConfig c = image_config("fp32");
   c.epochs = 1;
   c.max_steps_per_epoch = 2;
-  const fs::path dir = temp_dir("damaged");
+  const fs::path dir = scratch_dir("trainer", "damaged");
   c.checkpoint_dir = dir.string();
   std::ostringstream sink;
   mp::train::train(c, sink);

@@ -1,0 +1,76 @@
+// Helpers shared by the test executables: scratch folders, whole-file reads and error messages.
+#pragma once
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace mp::test {
+
+namespace detail {
+
+/// The scratch folders made by this process, removed when it exits (a forked child that ends with
+/// _Exit leaves them to its parent).
+struct ScratchDirs {
+  std::mutex mutex;
+  std::vector<std::filesystem::path> dirs;
+  ~ScratchDirs() {
+    std::error_code ec;
+    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+
+}  // namespace detail
+
+/// A fresh empty folder <temp>/mp_<prefix>_<name>_<pid> (emptied if it exists), removed at process exit.
+inline std::filesystem::path scratch_dir(const std::string& prefix, const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::temp_directory_path() / ("mp_" + prefix + "_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  static detail::ScratchDirs cleanup;
+  const std::lock_guard<std::mutex> lock(cleanup.mutex);
+  cleanup.dirs.push_back(d);
+  return d;
+}
+
+/// The whole content of a file, byte for byte; throws std::runtime_error if it cannot be opened.
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("read_file: cannot open " + p.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// The message of the exception f() throws (an mp::Error or any std::exception), or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+/// EXPECT_CONTAINS's predicate: success when `haystack` holds `needle`, else both texts in the failure.
+inline ::testing::AssertionResult contains_format(const char* haystack_expr, const char* needle_expr,
+                                                  const std::string& haystack, const std::string& needle) {
+  if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << haystack_expr << " does not contain " << needle_expr << "\n  needle: "
+                                       << needle << "\n  message: " << haystack;
+}
+
+}  // namespace mp::test
+
+/// Expect the string `haystack` to contain `needle` (each argument evaluated once).
+#define EXPECT_CONTAINS(haystack, needle) EXPECT_PRED_FORMAT2(::mp::test::contains_format, haystack, needle)
