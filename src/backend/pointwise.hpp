@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/fast_math.hpp"
 #include "mp/core/macros.hpp"
 
 namespace mp::backend {
@@ -40,8 +41,11 @@ struct PointwiseParams {
 
 template <class T> struct CopyFn { MP_HD T operator()(T x) const { return x; } };
 template <class T> struct NegFn { MP_HD T operator()(T x) const { return -x; } };
-template <class T> struct ExpFn { MP_HD T operator()(T x) const { return std::exp(x); } };
-template <class T> struct LogFn { MP_HD T operator()(T x) const { return std::log(x); } };
+// The transcendental functors compute through math_exp/math_log/... (fast_math.hpp): the
+// vectorisable fast_* functions for float (Note [fast float transcendentals]), std:: for double, so
+// f64 gradchecks stay exact. They are force-inlined: a call left in the omp simd loop keeps it scalar.
+template <class T> struct ExpFn { MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_exp(x); } };
+template <class T> struct LogFn { MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_log(x); } };
 template <class T> struct SqrtFn { MP_HD T operator()(T x) const { return std::sqrt(x); } };
 template <class T> struct RsqrtFn { MP_HD T operator()(T x) const { return T(1) / std::sqrt(x); } };
 template <class T> struct ReluFn {
@@ -49,17 +53,13 @@ template <class T> struct ReluFn {
 };
 /// Exact GELU: x * Phi(x) with the Gaussian CDF via erf (PyTorch's default approximate='none').
 template <class T> struct GeluFn {
-  MP_HD T operator()(T x) const { return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))); }
-};
-template <class T> struct TanhFn { MP_HD T operator()(T x) const { return std::tanh(x); } };
-/// Sigmoid written to avoid overflow of exp for large |x|.
-template <class T> struct SigmoidFn {
-  MP_HD T operator()(T x) const {
-    if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
-    const T e = std::exp(x);
-    return e / (T(1) + e);
+  MP_HD MP_FORCE_INLINE T operator()(T x) const {
+    return T(0.5) * x * (T(1) + math_erf(x * T(0.70710678118654752440)));
   }
 };
+template <class T> struct TanhFn { MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_tanh(x); } };
+/// Sigmoid written to avoid overflow of exp for large |x| (math_sigmoid).
+template <class T> struct SigmoidFn { MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_sigmoid(x); } };
 template <class T> struct AbsFn { MP_HD T operator()(T x) const { return x < T(0) ? -x : x; } };
 template <class T> struct ReciprocalFn { MP_HD T operator()(T x) const { return T(1) / x; } };
 template <class T> struct SquareFn { MP_HD T operator()(T x) const { return x * x; } };
@@ -104,9 +104,9 @@ template <class T> struct GeFn { MP_HD bool operator()(T a, T b) const { return 
 template <class T> struct ReluBackwardFn { MP_HD T operator()(T g, T x) const { return x > T(0) ? g : T(0); } };
 /// d/dx [x Phi(x)] = Phi(x) + x phi(x).
 template <class T> struct GeluBackwardFn {
-  MP_HD T operator()(T g, T x) const {
-    const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
-    const T pdf = T(0.39894228040143267794) * std::exp(T(-0.5) * x * x);
+  MP_HD MP_FORCE_INLINE T operator()(T g, T x) const {
+    const T cdf = T(0.5) * (T(1) + math_erf(x * T(0.70710678118654752440)));
+    const T pdf = T(0.39894228040143267794) * math_exp(T(-0.5) * x * x);
     return g * (cdf + x * pdf);
   }
 };

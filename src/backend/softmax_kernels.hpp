@@ -1,10 +1,13 @@
 #pragma once
 // Softmax-family kernels: softmax / log-softmax along one dim (forward and backward) and the fused
 // class losses built on log-softmax (cross entropy, and NLL on log-probabilities). The formulas live
-// in the MP_HD functions below so the CPU loops and the CUDA kernels compute the same thing.
+// in the MP_HD functions below so the CPU loops and the CUDA kernels compute the same thing; exp and
+// log are math_exp/math_log (fast_math.hpp: vectorisable for float, Note [fast float
+// transcendentals]; std:: for double).
 #include <cmath>
 #include <cstdint>
 
+#include "backend/fast_math.hpp"
 #include "backend/registry.hpp"
 #include "mp/core/macros.hpp"
 #include "mp/tensor/tensor.hpp"
@@ -24,10 +27,10 @@ struct SoftmaxGradFn {
   MP_HD A operator()(A g, A y, A dot) const { return y * (g - dot); }
 };
 
-/// Log-softmax gradient of one element: g - exp(y) * sum_k g_k.
+/// Log-softmax gradient of one element: g - exp(y) * sum_k g_k (math_exp: vectorisable for float).
 template <class A>
 struct LogSoftmaxGradFn {
-  MP_HD A operator()(A g, A y, A gsum) const { return g - std::exp(y) * gsum; }
+  MP_HD MP_FORCE_INLINE A operator()(A g, A y, A gsum) const { return g - math_exp(y) * gsum; }
 };
 
 /// Options of a class loss as the kernels see them.

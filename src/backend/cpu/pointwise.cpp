@@ -1,8 +1,40 @@
 // CPU kernel of every element-wise op: picks the shared functor and runs the blocked loop.
+#include <atomic>
+#include <type_traits>
+
 #include "backend/cpu/loops.hpp"
 #include "backend/pointwise_kernels.hpp"
+#include "mp/core/cpu_features.hpp"
 
 namespace mp::backend::cpu {
+
+namespace {
+// Whether the CPU (and OS) support the AVX-512 loops; detected once.
+bool cpu_has_avx512_loops() {
+#if defined(MP_HAVE_AVX512_LOOPS)
+  static const bool has = [] {
+    const CpuFeatures& f = cpu_features();
+    return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+// set_avx512_loops()'s switch.
+std::atomic<bool> g_avx512_loops_allowed{true};
+}  // namespace
+
+bool avx512_loops_enabled() {
+  return g_avx512_loops_allowed.load(std::memory_order_relaxed) && cpu_has_avx512_loops();
+}
+
+bool set_avx512_loops(bool allowed) {
+  const bool was = avx512_loops_enabled();
+  g_avx512_loops_allowed.store(allowed, std::memory_order_relaxed);
+  return was;
+}
+
 namespace {
 
 template <class C>
@@ -36,19 +68,22 @@ void run_pointwise(PointwiseOp op, const Tensor& out, std::span<const Tensor> in
     default: break;
   }
   if constexpr (std::is_floating_point_v<C>) {
+    // The float transcendentals are compute-bound (fast_math.hpp): their loops also get an AVX-512
+    // copy (Note [AVX-512 element-wise loops] in loops.hpp); double calls libm either way.
+    constexpr LoopIsa kT = std::is_same_v<C, float> ? LoopIsa::avx512 : LoopIsa::baseline;
     switch (op) {
-      case PointwiseOp::exp: return pointwise_loop<C, 1>(out, ins, ExpFn<C>{});
-      case PointwiseOp::log: return pointwise_loop<C, 1>(out, ins, LogFn<C>{});
+      case PointwiseOp::exp: return pointwise_loop<C, 1, kT>(out, ins, ExpFn<C>{});
+      case PointwiseOp::log: return pointwise_loop<C, 1, kT>(out, ins, LogFn<C>{});
       case PointwiseOp::sqrt: return pointwise_loop<C, 1>(out, ins, SqrtFn<C>{});
       case PointwiseOp::rsqrt: return pointwise_loop<C, 1>(out, ins, RsqrtFn<C>{});
-      case PointwiseOp::gelu: return pointwise_loop<C, 1>(out, ins, GeluFn<C>{});
-      case PointwiseOp::tanh: return pointwise_loop<C, 1>(out, ins, TanhFn<C>{});
-      case PointwiseOp::sigmoid: return pointwise_loop<C, 1>(out, ins, SigmoidFn<C>{});
+      case PointwiseOp::gelu: return pointwise_loop<C, 1, kT>(out, ins, GeluFn<C>{});
+      case PointwiseOp::tanh: return pointwise_loop<C, 1, kT>(out, ins, TanhFn<C>{});
+      case PointwiseOp::sigmoid: return pointwise_loop<C, 1, kT>(out, ins, SigmoidFn<C>{});
       case PointwiseOp::reciprocal: return pointwise_loop<C, 1>(out, ins, ReciprocalFn<C>{});
       case PointwiseOp::pow_scalar: return pointwise_loop<C, 1>(out, ins, PowScalarFn<C>{s0});
       case PointwiseOp::div: return pointwise_loop<C, 2>(out, ins, DivFn<C>{});
       case PointwiseOp::pow: return pointwise_loop<C, 2>(out, ins, PowFn<C>{});
-      case PointwiseOp::gelu_backward: return pointwise_loop<C, 2>(out, ins, GeluBackwardFn<C>{});
+      case PointwiseOp::gelu_backward: return pointwise_loop<C, 2, kT>(out, ins, GeluBackwardFn<C>{});
       case PointwiseOp::tanh_backward: return pointwise_loop<C, 2>(out, ins, TanhBackwardFn<C>{});
       case PointwiseOp::sigmoid_backward: return pointwise_loop<C, 2>(out, ins, SigmoidBackwardFn<C>{});
       default: break;

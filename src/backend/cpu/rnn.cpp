@@ -1,10 +1,13 @@
 // CPU kernels of the fused recurrent-cell arithmetic (LSTM gates). Rows of the batch are cut into
 // blocks of kBlock hidden units; per block each operand is brought into a compute-type buffer
 // (bulk-converted when 16-bit), the shared MP_HD functor runs over plain arrays, and the results are
-// stored (converted when the destination is not the compute type).
+// stored (converted when the destination is not the compute type). The functors' sigmoid/tanh are
+// the vectorisable fast_math.hpp ones for float, so the lane loops vectorise; being compute-bound
+// (5 transcendentals per unit) they also get an AVX-512 copy (Note [AVX-512 element-wise loops]).
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cpu/loops.hpp"
 #include "backend/rnn_kernels.hpp"
@@ -47,10 +50,41 @@ void for_each_row_block(int64_t B, int64_t H, Body&& body) {
   }
 }
 
+// The forward functor over n lanes of plain arrays (vectorised; force-inlined for call_isa).
+template <class C>
+struct LstmForwardLanes {
+  MP_FORCE_INLINE void operator()(const C* gi, const C* gf, const C* gg, const C* go, const C* cp, C* hp, C* cn,
+                                  int64_t n) const {
+    const LstmGatesForwardFn<C> fn{};
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) fn(gi[j], gf[j], gg[j], go[j], cp[j], hp[j], cn[j]);
+  }
+};
+
+// The backward functor over n lanes; in = {gi, gf, gg, go, c, dh, dcn}, out = {dgi, dgf, dgg, dgo, dc}.
+template <class C>
+struct LstmBackwardLanes {
+  MP_FORCE_INLINE void operator()(const C* const* in, C* const* out, int64_t n) const {
+    const C *gi = in[0], *gf = in[1], *gg = in[2], *go = in[3], *cp = in[4], *dh = in[5], *dcn = in[6];
+    C *di = out[0], *df = out[1], *dgg = out[2], *dgo = out[3], *dcx = out[4];
+    const LstmGatesBackwardFn<C> fn{};
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j)
+      fn(gi[j], gf[j], gg[j], go[j], cp[j], dh[j], dcn[j], di[j], df[j], dgg[j], dgo[j], dcx[j]);
+  }
+};
+
+// Whether the float lane loops take their AVX-512 copy (double calls libm: no gain).
+template <class C>
+bool lanes_avx512() {
+  return std::is_same_v<C, float> && avx512_loops_enabled();
+}
+
 template <class C>
 void lstm_forward_impl(const Tensor& h_out, const Tensor& c_out, const Tensor& gates, const Tensor& c) {
   const int64_t B = c.size(0), H = c.size(1);
   const Operand g(gates), cc(c), ho(h_out), co(c_out);
+  const bool avx512 = lanes_avx512<C>();
   for_each_row_block(B, H, [&](int64_t b, int64_t j0, int64_t n) {
     alignas(64) C buf[5][kBlock];
     alignas(64) C hbuf[kBlock], cbuf[kBlock];
@@ -62,9 +96,7 @@ void lstm_forward_impl(const Tensor& h_out, const Tensor& c_out, const Tensor& g
     const C* cp = load_block<C>(cc.at(row), 1, cc.dtype, n, buf[4]);
     C* hp = out_ptr<C>(ho, row, hbuf);
     C* cn = out_ptr<C>(co, row, cbuf);
-    const LstmGatesForwardFn<C> fn{};
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) fn(gi[j], gf[j], gg[j], go[j], cp[j], hp[j], cn[j]);
+    call_isa(avx512, LstmForwardLanes<C>{}, gi, gf, gg, go, cp, hp, cn, n);
     finish<C>(ho, row, n, hp);
     finish<C>(co, row, n, cn);
   });
@@ -75,31 +107,24 @@ void lstm_backward_impl(const Tensor& dgates, const Tensor& dc, const Tensor& dh
                         const Tensor& gates, const Tensor& c) {
   const int64_t B = c.size(0), H = c.size(1);
   const Operand g(gates), cc(c), dho(dh_out), dco(dc_out), dg(dgates), dcp(dc);
+  const bool avx512 = lanes_avx512<C>();
   for_each_row_block(B, H, [&](int64_t b, int64_t j0, int64_t n) {
     alignas(64) C buf[7][kBlock];
     alignas(64) C obuf[5][kBlock];
     const int64_t grow = b * 4 * H + j0, row = b * H + j0;
-    const C* gi = load_block<C>(g.at(grow), 1, g.dtype, n, buf[0]);
-    const C* gf = load_block<C>(g.at(grow + H), 1, g.dtype, n, buf[1]);
-    const C* gg = load_block<C>(g.at(grow + 2 * H), 1, g.dtype, n, buf[2]);
-    const C* go = load_block<C>(g.at(grow + 3 * H), 1, g.dtype, n, buf[3]);
-    const C* cp = load_block<C>(cc.at(row), 1, cc.dtype, n, buf[4]);
-    const C* dh = load_block<C>(dho.at(row), 1, dho.dtype, n, buf[5]);
-    const C* dcn = load_block<C>(dco.at(row), 1, dco.dtype, n, buf[6]);
-    C* di = out_ptr<C>(dg, grow, obuf[0]);
-    C* df = out_ptr<C>(dg, grow + H, obuf[1]);
-    C* dgg = out_ptr<C>(dg, grow + 2 * H, obuf[2]);
-    C* dgo = out_ptr<C>(dg, grow + 3 * H, obuf[3]);
-    C* dcx = out_ptr<C>(dcp, row, obuf[4]);
-    const LstmGatesBackwardFn<C> fn{};
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j)
-      fn(gi[j], gf[j], gg[j], go[j], cp[j], dh[j], dcn[j], di[j], df[j], dgg[j], dgo[j], dcx[j]);
-    finish<C>(dg, grow, n, di);
-    finish<C>(dg, grow + H, n, df);
-    finish<C>(dg, grow + 2 * H, n, dgg);
-    finish<C>(dg, grow + 3 * H, n, dgo);
-    finish<C>(dcp, row, n, dcx);
+    const C* in[7] = {load_block<C>(g.at(grow), 1, g.dtype, n, buf[0]),
+                      load_block<C>(g.at(grow + H), 1, g.dtype, n, buf[1]),
+                      load_block<C>(g.at(grow + 2 * H), 1, g.dtype, n, buf[2]),
+                      load_block<C>(g.at(grow + 3 * H), 1, g.dtype, n, buf[3]),
+                      load_block<C>(cc.at(row), 1, cc.dtype, n, buf[4]),
+                      load_block<C>(dho.at(row), 1, dho.dtype, n, buf[5]),
+                      load_block<C>(dco.at(row), 1, dco.dtype, n, buf[6])};
+    C* out[5] = {out_ptr<C>(dg, grow, obuf[0]), out_ptr<C>(dg, grow + H, obuf[1]),
+                 out_ptr<C>(dg, grow + 2 * H, obuf[2]), out_ptr<C>(dg, grow + 3 * H, obuf[3]),
+                 out_ptr<C>(dcp, row, obuf[4])};
+    call_isa(avx512, LstmBackwardLanes<C>{}, static_cast<const C* const*>(in), static_cast<C* const*>(out), n);
+    for (int k = 0; k < 4; ++k) finish<C>(dg, grow + k * H, n, out[k]);
+    finish<C>(dcp, row, n, out[4]);
   });
 }
 
