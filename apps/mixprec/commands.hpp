@@ -22,6 +22,8 @@ void add_compare_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 /// `mixprec plot LOG...`: loss and metric curves of JSONL run logs as PNG charts.
 void add_plot_command(CLI::App& app);
+/// `mixprec bench step`: time training steps of one configuration, printed as JSON.
+void add_bench_command(CLI::App& app);
 
 /// Register every TrainConfig field as a flag --name (bools as --name / --no-name), except `skip`.
 inline void add_config_options(CLI::App* cmd, mp::train::TrainConfig& c, const std::set<std::string>& skip = {}) {

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   mixprec::add_convert_command(app);
   mixprec::add_plot_command(app);
   mixprec::add_demo_command(app);
+  mixprec::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,4 +1,4 @@
-// models::create_image_model: image classifiers by name ("mlp", "resnetN", "wrn-D-K").
+// models::create_image_model: image classifiers by name ("mlp", "mlp-WxL", "resnetN", "wrn-D-K").
 #include "mp/models/registry.hpp"
 
 #include <charconv>
@@ -42,6 +42,16 @@ std::optional<std::pair<int64_t, int64_t>> wrn_config(const std::string& name) {
   return std::make_pair(*d, *k);
 }
 
+// (width, hidden layers) of "mlp-WxL" with W >= 1 and L >= 1.
+std::optional<std::pair<int64_t, int64_t>> mlp_config(const std::string& name) {
+  if (name.rfind("mlp-", 0) != 0) return std::nullopt;
+  const size_t x = name.find('x', 4);
+  if (x == std::string::npos) return std::nullopt;
+  const auto w = parse_int(name, 4, x), l = parse_int(name, x + 1, name.size());
+  if (!w || !l || *w < 1 || *l < 1) return std::nullopt;
+  return std::make_pair(*w, *l);
+}
+
 std::string known_list() {
   std::string s;
   for (const std::string& n : image_model_names()) {
@@ -61,7 +71,8 @@ std::vector<std::string> image_model_names() {
 }
 
 bool is_image_model(const std::string& name) {
-  return name == "mlp" || resnet_depth(name).has_value() || wrn_config(name).has_value();
+  return name == "mlp" || mlp_config(name).has_value() || resnet_depth(name).has_value() ||
+         wrn_config(name).has_value();
 }
 
 std::shared_ptr<nn::UnaryModule> create_image_model(const std::string& name, const ImageModelSpec& spec) {
@@ -72,6 +83,10 @@ std::shared_ptr<nn::UnaryModule> create_image_model(const std::string& name, con
     return std::make_shared<MLP>(MLPOptions{.in_features = spec.in_channels * spec.image_size * spec.image_size,
                                             .hidden = {512, 512},
                                             .num_classes = spec.num_classes});
+  if (auto wl = mlp_config(name))
+    return std::make_shared<MLP>(MLPOptions{.in_features = spec.in_channels * spec.image_size * spec.image_size,
+                                            .hidden = std::vector<int64_t>(static_cast<size_t>(wl->second), wl->first),
+                                            .num_classes = spec.num_classes});
   if (auto d = resnet_depth(name))
     return std::make_shared<ResNet>(
         ResNetOptions{.depth = *d, .in_channels = spec.in_channels, .num_classes = spec.num_classes});
@@ -79,7 +94,7 @@ std::shared_ptr<nn::UnaryModule> create_image_model(const std::string& name, con
     return std::make_shared<WideResNet>(WideResNetOptions{
         .depth = wk->first, .widen = wk->second, .in_channels = spec.in_channels, .num_classes = spec.num_classes});
   MP_FAIL("create_image_model: unknown model '", name, "'; known: ", known_list(),
-          " (any wrn-D-K with D = 6n+4 >= 10 and K >= 1 works too)");
+          " (any wrn-D-K with D = 6n+4 >= 10 and K >= 1, and any mlp-WxL with W, L >= 1, works too)");
 }
 
 }  // namespace mp::models

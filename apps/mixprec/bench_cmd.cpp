@@ -1,0 +1,303 @@
+// `mixprec bench step`: the time of one training step of one configuration (issue 6, item 6).
+// A fixed synthetic batch (random images and labels, or random token windows and targets) drawn once;
+// after `warmup` untimed steps, each of `steps` steps (zero_grad, forward, cross-entropy on f32 logits,
+// loss-scaled backward, [LM: unscale + clip_grad_norm_ 0.25], scaler step and update) is timed with
+// steady_clock. Prints one JSON object; bench/pytorch/bench_step.py prints the same object for PyTorch
+// and bench/compare_pytorch.sh runs both side by side.
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "commands.hpp"
+#include "mp/amp/amp.hpp"
+#include "mp/core/error.hpp"
+#include "mp/core/philox.hpp"
+#include "mp/memory/allocator.hpp"
+#include "mp/models/models.hpp"
+#include "mp/ops/ops.hpp"
+#include "mp/optim/optim.hpp"
+#include "mp/system.hpp"
+
+namespace mixprec {
+namespace {
+
+using namespace mp;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
+
+/// What `mixprec bench step` measures; every field is the flag of the same name.
+struct BenchStepOptions {
+  std::string model = "resnet18";  ///< an image model name (mlp, mlp-WxL, resnetN, wrn-D-K) or lstm, gru, rnn
+  int64_t batch_size = 0;          ///< images or token streams per step (0 = 32 for images, 20 for the word LM)
+  int64_t image_size = 32;         ///< images: height = width
+  int64_t in_channels = 3;         ///< images: channels
+  int64_t num_classes = 10;        ///< images: classes
+  int64_t vocab_size = 10000;      ///< word LM: vocabulary
+  int64_t seq_len = 35;            ///< word LM: tokens per stream per step (bptt)
+  int64_t embed_size = 650;        ///< word LM: embedding size
+  int64_t hidden_size = 650;       ///< word LM: recurrent state size
+  int64_t num_layers = 2;          ///< word LM: stacked recurrent layers
+  double dropout = 0.5;            ///< word LM: dropout (the word_language_model example's medium model)
+  std::string precision = "fp32";  ///< fp32, fp16 or bf16
+  std::string opt_level;           ///< O0..O3; empty = O0 for fp32, O2 otherwise
+  std::string optimizer = "sgd";   ///< sgd (momentum 0.9) or adamw
+  double lr = 0;                   ///< learning rate (0 = 0.01 for sgd, 1e-3 for adamw)
+  int64_t warmup = 3;              ///< untimed steps first
+  int64_t steps = 10;              ///< timed steps
+  uint64_t seed = 0;               ///< seeds the initialisation, the batch and dropout
+  std::string json;                ///< also append the JSON object as one line to this file
+};
+
+/// Call f(name, field, help) for each field of `o` (the flags of `mixprec bench step`).
+template <class F>
+void visit_fields(BenchStepOptions& o, F&& f) {
+  f("model", o.model, "image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) or lstm, gru, rnn (word LM)");
+  f("batch_size", o.batch_size, "images or token streams per step (0 = 32 for images, 20 for the word LM)");
+  f("image_size", o.image_size, "images: height = width");
+  f("in_channels", o.in_channels, "images: channels");
+  f("num_classes", o.num_classes, "images: classes");
+  f("vocab_size", o.vocab_size, "word LM: vocabulary size");
+  f("seq_len", o.seq_len, "word LM: tokens per stream per step (the bptt window)");
+  f("embed_size", o.embed_size, "word LM: embedding size");
+  f("hidden_size", o.hidden_size, "word LM: recurrent state size");
+  f("num_layers", o.num_layers, "word LM: stacked recurrent layers");
+  f("dropout", o.dropout, "word LM: dropout probability");
+  f("precision", o.precision, "fp32, fp16 or bf16");
+  f("opt_level", o.opt_level, "O0, O1, O2 or O3 (default: O0 for fp32, O2 for fp16/bf16)");
+  f("optimizer", o.optimizer, "sgd (momentum 0.9) or adamw");
+  f("lr", o.lr, "learning rate (0 = 0.01 for sgd, 1e-3 for adamw)");
+  f("warmup", o.warmup, "untimed steps before the timed ones");
+  f("steps", o.steps, "timed steps");
+  f("seed", o.seed, "random seed (initialisation, synthetic batch, dropout)");
+  f("json", o.json, "also append the JSON object as one line to this file");
+}
+
+bool is_lm(const std::string& model) { return model == "lstm" || model == "gru" || model == "rnn"; }
+
+// The options with defaults filled in; throws mp::Error naming the flag for any invalid value.
+BenchStepOptions resolved(BenchStepOptions o) {
+  MP_CHECK(models::is_image_model(o.model) || is_lm(o.model), "bench step: unknown --model '", o.model,
+           "'; expected an image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) or lstm, gru, rnn");
+  const bool lm = is_lm(o.model);
+  if (o.batch_size == 0) o.batch_size = lm ? 20 : 32;
+  auto positive = [](const char* flag, int64_t v) {
+    MP_CHECK(v > 0, "bench step: --", flag, " must be positive, got ", v);
+  };
+  positive("batch_size", o.batch_size);
+  positive("steps", o.steps);
+  if (lm) {
+    positive("vocab_size", o.vocab_size);
+    positive("seq_len", o.seq_len);
+    positive("embed_size", o.embed_size);
+    positive("hidden_size", o.hidden_size);
+    positive("num_layers", o.num_layers);
+    MP_CHECK(o.dropout >= 0 && o.dropout < 1, "bench step: --dropout must be in [0, 1), got ", o.dropout);
+  } else {
+    positive("image_size", o.image_size);
+    positive("in_channels", o.in_channels);
+    positive("num_classes", o.num_classes);
+  }
+  MP_CHECK(o.warmup >= 0, "bench step: --warmup must be >= 0, got ", o.warmup);
+  MP_CHECK(o.precision == "fp32" || o.precision == "fp16" || o.precision == "bf16",
+           "bench step: unknown --precision '", o.precision, "'; expected fp32, fp16 or bf16");
+  if (o.opt_level.empty()) o.opt_level = o.precision == "fp32" ? "O0" : "O2";
+  MP_CHECK(o.opt_level == "O0" || o.opt_level == "O1" || o.opt_level == "O2" || o.opt_level == "O3",
+           "bench step: unknown --opt_level '", o.opt_level, "'; expected O0, O1, O2 or O3");
+  MP_CHECK((o.precision == "fp32") == (o.opt_level == "O0"), "bench step: --opt_level ", o.opt_level,
+           " does not go with --precision ", o.precision,
+           ": O0 is pure fp32, O1..O3 need fp16 or bf16 (leave --opt_level out for the default)");
+  MP_CHECK(o.optimizer == "sgd" || o.optimizer == "adamw", "bench step: unknown --optimizer '", o.optimizer,
+           "'; expected sgd or adamw");
+  MP_CHECK(o.lr >= 0, "bench step: --lr must be >= 0 (0 = the optimizer's default), got ", o.lr);
+  if (o.lr == 0) o.lr = o.optimizer == "sgd" ? 0.01 : 1e-3;
+  return o;
+}
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const BenchStepOptions& o, std::vector<Tensor> params) {
+  if (o.optimizer == "sgd")
+    return std::make_shared<optim::SGD>(std::move(params), optim::SGDOptions{.lr = o.lr, .momentum = 0.9});
+  return std::make_shared<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = o.lr});
+}
+
+amp::AmpOptions amp_options(const BenchStepOptions& o) {
+  return {.opt_level = amp::opt_level_from_string(o.opt_level), .dtype = o.precision == "fp16" ? DType::f16 : DType::bf16};
+}
+
+// "O2 bf16, loss scale none" / "O0 fp32".
+std::string describe(const amp::AmpOptions& r) {
+  if (r.opt_level == amp::OptLevel::O0) return "O0 fp32";
+  return std::string(amp::opt_level_name(r.opt_level)) + " " + dtype_name(r.dtype) + ", loss scale " +
+         r.loss_scale->str();
+}
+
+/// One configuration ready to step.
+struct Workload {
+  std::function<Tensor()> step;                     ///< one training step; returns the f32 loss
+  std::function<int64_t()> skipped;                 ///< steps the loss scaler skipped so far
+  double units_per_step = 0;                        ///< images or tokens per step
+  std::string unit;                                 ///< "img/s" or "tok/s"
+  std::string amp;                                  ///< describe() of the resolved amp options
+  Json config;                                      ///< what defines the workload (the same keys as PyTorch's side)
+};
+
+Workload image_workload(const BenchStepOptions& o) {
+  const models::ImageModelSpec spec{.in_channels = o.in_channels, .image_size = o.image_size,
+                                    .num_classes = o.num_classes};
+  std::shared_ptr<nn::UnaryModule> model = models::create_image_model(o.model, spec);
+  model->train();
+  const int64_t num_params = model->num_parameters();
+  std::shared_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
+  auto setup = std::make_shared<amp::AmpSetup>(amp::initialize(model, *opt, amp_options(o)));
+  const Tensor x = randn({o.batch_size, o.in_channels, o.image_size, o.image_size});
+  const Tensor y = randint(0, o.num_classes, {o.batch_size});
+  Workload w;
+  w.step = [setup, opt, x, y] {
+    opt->zero_grad();
+    Tensor loss = cross_entropy(setup->model(x), y);
+    setup->scaler.scale(loss).backward();
+    setup->scaler.step(*opt);
+    setup->scaler.update();
+    return loss;
+  };
+  w.skipped = [setup] { return setup->scaler.skipped_steps(); };
+  w.units_per_step = static_cast<double>(o.batch_size);
+  w.unit = "img/s";
+  w.amp = describe(setup->options());
+  w.config = {{"batch_size", o.batch_size}, {"in_channels", o.in_channels}, {"image_size", o.image_size},
+              {"num_classes", o.num_classes}, {"optimizer", o.optimizer}, {"lr", o.lr}, {"parameters", num_params}};
+  return w;
+}
+
+Workload lm_workload(const BenchStepOptions& o) {
+  auto model = std::make_shared<models::WordLM>(models::WordLMOptions{
+      .vocab_size = o.vocab_size, .embed_size = o.embed_size, .hidden_size = o.hidden_size,
+      .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout});
+  model->train();
+  const int64_t num_params = model->num_parameters();
+  std::shared_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
+  const amp::AmpOptions r = amp::prepare(*model, *opt, amp_options(o));
+  auto scaler = std::make_shared<amp::GradScaler>(r.scaler);
+  const std::vector<Tensor> params = model->parameters();  // the converted ones (O2/O3)
+  const Tensor tokens = randint(0, o.vocab_size, {o.seq_len, o.batch_size});
+  const Tensor targets = randint(0, o.vocab_size, {o.seq_len * o.batch_size});
+  Workload w;
+  w.step = [model, opt, scaler, params, tokens, targets, r] {
+    opt->zero_grad();
+    Tensor logits;
+    {
+      std::optional<amp::Autocast> guard;  // O1: per-op casting around the forward (as lm_trainer.cpp)
+      if (r.opt_level == amp::OptLevel::O1) guard.emplace(amp::AutocastOptions{.dtype = r.dtype});
+      logits = model->forward(tokens).first;  // zero initial state every step
+    }
+    Tensor loss = cross_entropy(logits.to(DType::f32), targets);
+    scaler->scale(loss).backward();
+    scaler->unscale_(*opt);
+    optim::clip_grad_norm_(params, 0.25);
+    scaler->step(*opt);
+    scaler->update();
+    return loss;
+  };
+  w.skipped = [scaler] { return scaler->skipped_steps(); };
+  w.units_per_step = static_cast<double>(o.batch_size * o.seq_len);
+  w.unit = "tok/s";
+  w.amp = describe(r);
+  w.config = {{"batch_size", o.batch_size}, {"seq_len", o.seq_len},       {"vocab_size", o.vocab_size},
+              {"embed_size", o.embed_size}, {"hidden_size", o.hidden_size}, {"num_layers", o.num_layers},
+              {"dropout", o.dropout},       {"optimizer", o.optimizer},     {"lr", o.lr},
+              {"parameters", num_params}};
+  return w;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int64_t max_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+Json run_bench_step(const BenchStepOptions& raw) {
+  const BenchStepOptions o = resolved(raw);
+  manual_seed(o.seed);
+  Workload w = is_lm(o.model) ? lm_workload(o) : image_workload(o);
+
+  for (int64_t i = 0; i < o.warmup; ++i) w.step();
+  memory::reset_peak_memory_stats();
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(o.steps));
+  Tensor loss;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    const auto t0 = Clock::now();
+    loss = w.step();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  const int64_t peak = memory::memory_stats().peak_allocated;
+  const double med = median(ms);
+  const double last_loss = loss.item<double>();
+
+  const SystemInfo s = system_info();
+  Json j;
+  j["framework"] = "mixprec";
+  j["version"] = s.version;
+  j["model"] = o.model;
+  j["config"] = w.config;
+  j["precision"] = o.precision;
+  j["opt_level"] = o.opt_level;
+  j["amp"] = w.amp;
+  j["warmup"] = o.warmup;
+  j["steps"] = o.steps;
+  j["median_ms"] = med;
+  j["min_ms"] = *std::min_element(ms.begin(), ms.end());
+  j["max_ms"] = *std::max_element(ms.begin(), ms.end());
+  j["step_ms"] = ms;
+  j["throughput"] = w.units_per_step / (med / 1000.0);
+  j["unit"] = w.unit;
+  j["peak_bytes"] = peak;
+  j["max_rss_bytes"] = max_rss_bytes();
+  j["final_loss"] = std::isfinite(last_loss) ? Json(last_loss) : Json(nullptr);
+  j["skipped_steps"] = w.skipped();
+  j["threads"] = omp_get_max_threads();
+  j["device"] = "cpu: " + (s.cpu.brand.empty() ? std::string("unknown CPU") : s.cpu.brand);
+  return j;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks (see bench/ for the suites and the PyTorch side by side)");
+  bench->require_subcommand(1);
+  auto* cmd = bench->add_subcommand(
+      "step", "Time training steps of one configuration on a fixed synthetic batch and print them as JSON");
+  auto o = std::make_shared<BenchStepOptions>();
+  visit_fields(*o, [&](const char* name, auto& field, const char* help) {
+    cmd->add_option(std::string("--") + name, field, help)->capture_default_str();
+  });
+  cmd->callback([o] {
+    std::ofstream f;
+    if (!o->json.empty()) {  // opened first: a bad path fails before minutes of benchmarking
+      f.open(o->json, std::ios::app);
+      MP_CHECK(f.good(), "bench step: cannot open --json file '", o->json, "' for appending; check the folder exists");
+    }
+    const std::string line = run_bench_step(*o).dump();
+    if (f.is_open()) {
+      f << line << "\n" << std::flush;
+      MP_CHECK(f.good(), "bench step: writing --json file '", o->json, "' failed");
+    }
+    std::printf("%s\n", line.c_str());
+  });
+}
+
+}  // namespace mixprec

@@ -1,0 +1,287 @@
+#!/usr/bin/python3
+"""The PyTorch twin of `mixprec bench step` (apps/mixprec/bench_cmd.cpp): times training steps of one
+configuration on a fixed synthetic batch and prints the same JSON object.
+
+    /usr/bin/python3 bench/pytorch/bench_step.py --model resnet18 --batch_size 32 --precision bf16
+
+One step = zero_grad (set_to_none, as mixprec drops gradients), forward on the batch drawn once
+(randn images and randint labels, or randint token windows [seq_len, batch] and targets), cross_entropy
+on f32 logits, backward, [word LM: clip_grad_norm_ 0.25], optimizer step. The models are
+bench/pytorch/models.py's twins of mp::models ("mlp-WxL" = MLP with L hidden layers of width W).
+
+Precisions on the CPU:
+- fp32: plain f32 (opt level "O0").
+- bf16: torch.autocast('cpu', dtype=torch.bfloat16): PyTorch's CPU AMP, per-op casting with f32 weights,
+  which is Apex's O1. There is no loss scaling (bf16 has f32's range; mixprec's bf16 runs use none either).
+  PyTorch has no O2/O3 for the CPU, so only O1 is accepted.
+- fp16: CPU autocast to float16 does not exist in torch 1.13 (autocast warns and disables itself, and
+  f16 matmul is not implemented on the CPU). Where it is missing the script prints the JSON object with
+  "unsupported" set to the reason and null timings, and exits 0. Where a newer torch supports it, fp16 runs
+  under autocast with torch.amp.GradScaler('cpu').
+
+Memory: torch has no allocator statistics for the CPU, so "peak_bytes" (mixprec: peak bytes of live tensors
+during the timed steps) is null here; "max_rss_bytes" (the process's peak resident set, interpreter and
+libraries included) is reported by both sides as a rough comparison.
+
+BLAS: torch's f32 matmuls (Linear, LSTM) run on the system's libblas.so.3; the JSON's "blas" names the
+library this process loaded. With only Debian's reference libblas3 they are ~50x slower than with OpenBLAS
+(apt-get install libopenblas0-openmp, or put its openblas-openmp folder first in LD_LIBRARY_PATH);
+bf16 matmuls and convolutions run on oneDNN either way.
+
+Threads: torch 1.13 on this machine defaults to 1 thread; --threads (default: OMP_NUM_THREADS, else the
+CPUs this process may run on, which is what libgomp gives mixprec) is passed to torch.set_num_threads.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import resource
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402  (bench/pytorch/models.py)
+
+LM_CELLS = ("lstm", "gru", "rnn")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet18",
+                   help="image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) or lstm, gru, rnn (word LM)")
+    p.add_argument("--batch_size", type=int, default=0, help="images or token streams per step (0 = 32 images, 20 LM)")
+    p.add_argument("--image_size", type=int, default=32, help="images: height = width")
+    p.add_argument("--in_channels", type=int, default=3, help="images: channels")
+    p.add_argument("--num_classes", type=int, default=10, help="images: classes")
+    p.add_argument("--vocab_size", type=int, default=10000, help="word LM: vocabulary size")
+    p.add_argument("--seq_len", type=int, default=35, help="word LM: tokens per stream per step")
+    p.add_argument("--embed_size", type=int, default=650, help="word LM: embedding size")
+    p.add_argument("--hidden_size", type=int, default=650, help="word LM: recurrent state size")
+    p.add_argument("--num_layers", type=int, default=2, help="word LM: stacked recurrent layers")
+    p.add_argument("--dropout", type=float, default=0.5, help="word LM: dropout probability")
+    p.add_argument("--precision", default="fp32", help="fp32, bf16 (CPU autocast) or fp16 (unsupported on torch 1.13 CPU)")
+    p.add_argument("--opt_level", default="", help="O0 for fp32; O1 (autocast, the default) for bf16/fp16")
+    p.add_argument("--optimizer", default="sgd", help="sgd (momentum 0.9) or adamw")
+    p.add_argument("--lr", type=float, default=0.0, help="learning rate (0 = 0.01 for sgd, 1e-3 for adamw)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--json", default="", help="also append the JSON object as one line to this file")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch.set_num_threads (0 = OMP_NUM_THREADS, else the CPUs this process may use)")
+    a = p.parse_args(argv)
+    lm = a.model in LM_CELLS
+    if not lm and not is_image_model(a.model):
+        p.error("unknown --model %r; expected an image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) "
+                "or lstm, gru, rnn" % a.model)
+    if a.batch_size == 0:
+        a.batch_size = 20 if lm else 32
+    positive = ["batch_size", "steps"] + (["vocab_size", "seq_len", "embed_size", "hidden_size", "num_layers"] if lm
+                                          else ["image_size", "in_channels", "num_classes"])
+    for name in positive:
+        if getattr(a, name) <= 0:
+            p.error("--%s must be positive, got %d" % (name, getattr(a, name)))
+    if a.warmup < 0:
+        p.error("--warmup must be >= 0, got %d" % a.warmup)
+    if not 0 <= a.dropout < 1:
+        p.error("--dropout must be in [0, 1), got %g" % a.dropout)
+    if a.precision not in ("fp32", "fp16", "bf16"):
+        p.error("unknown --precision %r; expected fp32, fp16 or bf16" % a.precision)
+    if not a.opt_level:
+        a.opt_level = "O0" if a.precision == "fp32" else "O1"
+    want = "O0" if a.precision == "fp32" else "O1"
+    if a.opt_level != want:
+        p.error("--opt_level %s with --precision %s: PyTorch's CPU AMP is autocast, so only %s is available here"
+                % (a.opt_level, a.precision, want))
+    if a.optimizer not in ("sgd", "adamw"):
+        p.error("unknown --optimizer %r; expected sgd or adamw" % a.optimizer)
+    if a.lr < 0:
+        p.error("--lr must be >= 0, got %g" % a.lr)
+    if a.lr == 0:
+        a.lr = 0.01 if a.optimizer == "sgd" else 1e-3
+    if a.threads < 0:
+        p.error("--threads must be >= 0, got %d" % a.threads)
+    if a.threads == 0:
+        env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
+        a.threads = int(env) if env.isdigit() and int(env) > 0 else len(os.sched_getaffinity(0))
+    return a
+
+
+def mlp_config(name):
+    m = re.fullmatch(r"mlp-([1-9]\d*)x([1-9]\d*)", name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def is_image_model(name):
+    """The names mp::models::is_image_model accepts (include/mp/models/registry.hpp)."""
+    if name == "mlp" or mlp_config(name):
+        return True
+    m = re.fullmatch(r"resnet([1-9]\d*)", name)
+    if m:
+        d = int(m.group(1))
+        return d in models.TORCHVISION_DEPTHS or d in models.CIFAR_DEPTHS
+    m = re.fullmatch(r"wrn-([1-9]\d*)-([1-9]\d*)", name)
+    return bool(m) and int(m.group(1)) >= 10 and (int(m.group(1)) - 4) % 6 == 0
+
+
+def create_image_model(a):
+    wl = mlp_config(a.model)
+    if wl:  # mlp-WxL (models.py's registry knows only the fixed "mlp")
+        return models.MLP(a.in_channels * a.image_size * a.image_size, [wl[0]] * wl[1], a.num_classes)
+    return models.create_image_model(a.model, a.in_channels, a.image_size, a.num_classes)
+
+
+def cpu_brand():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def blas_library():
+    """The BLAS library this process loaded (torch's f32 matmuls run on it): Debian's python3-torch takes
+    whatever libblas.so.3 is, and the reference one (libblas3) is ~50x slower than OpenBLAS."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line.rsplit("/", 1)[-1].lower()}
+    except OSError:
+        return None
+    return sorted(paths)[0] if paths else None
+
+
+def fp16_autocast_support():
+    """None when CPU autocast to float16 works here (with a CPU GradScaler), else the reason it does not."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.autocast("cpu", dtype=torch.float16):
+                r = torch.mm(torch.ones(2, 2), torch.ones(2, 2))
+        except RuntimeError as e:
+            return "torch %s: CPU autocast to float16 fails (%s)" % (torch.__version__, str(e).splitlines()[0])
+    if r.dtype != torch.float16:
+        return ("torch %s has no CPU autocast to float16 (autocast disables itself; f16 matmul is not implemented "
+                "on the CPU)" % torch.__version__)
+    if not hasattr(torch, "amp") or not hasattr(torch.amp, "GradScaler"):
+        return "torch %s has no CPU GradScaler (torch.amp.GradScaler('cpu'))" % torch.__version__
+    return None
+
+
+def result_base(a, config):
+    return {"framework": "pytorch", "version": torch.__version__, "blas": blas_library(), "model": a.model,
+            "config": config,
+            "precision": a.precision, "opt_level": a.opt_level}
+
+
+def main(argv):
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    lm = a.model in LM_CELLS
+    if lm:
+        model = models.WordLM(a.vocab_size, a.embed_size, a.hidden_size, a.num_layers, a.model, a.dropout)
+        config = {"batch_size": a.batch_size, "seq_len": a.seq_len, "vocab_size": a.vocab_size,
+                  "embed_size": a.embed_size, "hidden_size": a.hidden_size, "num_layers": a.num_layers,
+                  "dropout": a.dropout, "optimizer": a.optimizer, "lr": a.lr}
+        x = torch.randint(0, a.vocab_size, (a.seq_len, a.batch_size))
+        y = torch.randint(0, a.vocab_size, (a.seq_len * a.batch_size,))
+        units, unit = a.batch_size * a.seq_len, "tok/s"
+    else:
+        model = create_image_model(a)
+        config = {"batch_size": a.batch_size, "in_channels": a.in_channels, "image_size": a.image_size,
+                  "num_classes": a.num_classes, "optimizer": a.optimizer, "lr": a.lr}
+        x = torch.randn(a.batch_size, a.in_channels, a.image_size, a.image_size)
+        y = torch.randint(0, a.num_classes, (a.batch_size,))
+        units, unit = a.batch_size, "img/s"
+    config["parameters"] = sum(p.numel() for p in model.parameters())
+    model.train()
+    params = list(model.parameters())
+
+    out = result_base(a, config)
+    scaler = None
+    if a.precision == "fp16":
+        reason = fp16_autocast_support()
+        if reason:
+            out.update({"amp": None, "unsupported": reason, "warmup": a.warmup, "steps": a.steps, "median_ms": None,
+                        "min_ms": None, "max_ms": None, "step_ms": [], "throughput": None, "unit": unit,
+                        "peak_bytes": None, "max_rss_bytes": None, "final_loss": None, "skipped_steps": None,
+                        "threads": torch.get_num_threads(), "device": "cpu: " + cpu_brand()})
+            emit(out, a.json)
+            return 0
+        scaler = torch.amp.GradScaler("cpu")
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
+
+    if a.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=a.lr, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(params, lr=a.lr)
+
+    skipped = [0]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            logits = model(x)[0] if lm else model(x)  # LM: zero initial state every step
+        loss = F.cross_entropy(logits.float(), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            if lm:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(params, 0.25)
+            before = scaler.get_scale()
+            scaler.step(opt)
+            scaler.update()
+            skipped[0] += scaler.get_scale() < before  # the scale backs off exactly when the step was skipped
+        else:
+            loss.backward()
+            if lm:
+                torch.nn.utils.clip_grad_norm_(params, 0.25)
+            opt.step()
+        return loss
+
+    for _ in range(a.warmup):
+        step()
+    ms = []
+    loss = None
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        ms.append((time.perf_counter() - t0) * 1000.0)
+    srt = sorted(ms)
+    n = len(srt)
+    med = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])
+    last = loss.item()
+    if amp_dtype is None:
+        amp = "O0 fp32"
+    else:
+        amp = "O1 %s (torch.autocast('cpu')), loss scale %s" % (
+            {"bf16": "bf16", "fp16": "f16"}[a.precision], "dynamic" if scaler is not None else "none")
+    out.update({"amp": amp, "warmup": a.warmup, "steps": a.steps, "median_ms": med, "min_ms": srt[0],
+                "max_ms": srt[-1], "step_ms": ms, "throughput": units / (med / 1000.0), "unit": unit,
+                "peak_bytes": None,  # torch keeps no CPU allocator statistics (see the module docstring)
+                "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "final_loss": last if math.isfinite(last) else None,
+                "skipped_steps": skipped[0],
+                "threads": torch.get_num_threads(), "device": "cpu: " + cpu_brand()})
+    emit(out, a.json)
+    return 0
+
+
+def emit(obj, path):
+    line = json.dumps(obj)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
