@@ -107,3 +107,18 @@ TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
     EXPECT_TRUE(fs::exists(dir / "plots" / "loss.png"));
   }
 }
+
+TEST(Cli, BenchStepPrintsJsonAndRefusesBadFlags) {
+  Result r = run("bench step --model mlp --image_size 8 --in_channels 1 --batch_size 8 --warmup 1 --steps 2 "
+                 "--precision bf16");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* key : {"\"median_ms\"", "\"throughput\"", "\"peak_bytes\"", "\"opt_level\":\"O2\""})
+    EXPECT_CONTAINS(r.output, key);
+  r = run("bench step --model lstm --vocab_size 50 --embed_size 8 --hidden_size 8 --seq_len 4 --batch_size 2 "
+          "--warmup 1 --steps 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "\"tok/s\"");
+  expect_failure("bench step --precision fp8", "fp8");
+  expect_failure("bench step --model resnet19", "resnet18");
+  expect_failure("bench step --steps 0", "steps");
+}
