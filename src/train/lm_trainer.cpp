@@ -66,8 +66,6 @@ TextEval evaluate_lm(models::WordLM& model, const amp::AmpOptions& o, const Tens
 }
 
 
-// Perplexity of a mean loss, capped so a diverged run prints a number instead of overflowing.
-double perplexity(double loss) { return std::exp(std::min(loss, 700.0)); }
 
 }  // namespace
 

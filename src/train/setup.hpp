@@ -1,5 +1,6 @@
 #pragma once
 // Internal pieces shared by the image and text training loops (src/train/trainer.cpp, lm_trainer.cpp).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -45,6 +46,9 @@ class ForwardScope {
  private:
   std::optional<amp::Autocast> guard_;
 };
+
+/// Perplexity of a mean loss per token, capped so a diverged run prints a number instead of overflowing.
+inline double perplexity(double loss) { return std::exp(std::min(loss, 700.0)); }
 
 /// Exponential moving average of the loss for the progress bar.
 struct LossEma {

@@ -17,8 +17,6 @@ std::string fmt(double v, int prec) {
   return buf;
 }
 
-// Perplexity of a mean loss, capped so a diverged run prints a number instead of overflowing.
-double perplexity(double loss) { return std::exp(std::min(loss, 700.0)); }
 
 }  // namespace
 
