@@ -35,6 +35,7 @@ constexpr std::array<Entry, static_cast<size_t>(Op::kCount)> kTable{{
     {Op::linear, "linear", P::lower, P::lower},
     {Op::conv2d, "conv2d", P::lower, P::lower},
     {Op::lstm_cell, "lstm_cell", P::lower, P::lower},
+    {Op::lstm_layer, "lstm_layer", P::lower, P::lower},
     {Op::gru_cell, "gru_cell", P::lower, P::lower},
     {Op::rnn_tanh_cell, "rnn_tanh_cell", P::lower, P::lower},
     {Op::softmax, "softmax", P::fp32, P::fp32},

@@ -89,11 +89,19 @@ std::pair<Tensor, LSTMState> LSTM::forward(const Tensor& input, const LSTMState&
   for (int64_t l = 0; l < options_.num_layers; ++l) {
     // The input projection of every time step at once: [T, B, 4H].
     const Tensor gx = linear(x, *w_ih_[l], *b_ih_[l]);
+    if (options_.fused) {
+      auto [y, hT, cT] = lstm_layer(gx, h0.select(0, l), c0.select(0, l), *w_hh_[l], *b_hh_[l]);
+      h_n.push_back(hT);
+      c_n.push_back(cT);
+      x = between_layers(y, l);
+      continue;
+    }
     Tensor h = h0.select(0, l), c = c0.select(0, l);
+    const std::vector<Tensor> gx_t = unbind(gx, 0);
     std::vector<Tensor> outs;
     outs.reserve(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
-      std::tie(h, c) = lstm_gates(add(gx.select(0, t), linear(h, *w_hh_[l], *b_hh_[l])), c);
+      std::tie(h, c) = lstm_gates(add(gx_t[static_cast<size_t>(t)], linear(h, *w_hh_[l], *b_hh_[l])), c);
       outs.push_back(h);
     }
     h_n.push_back(h);
@@ -117,10 +125,11 @@ std::pair<Tensor, Tensor> RNNBase::forward_single_state(const Tensor& input, con
   std::vector<Tensor> h_n;
   for (int64_t l = 0; l < options_.num_layers; ++l) {
     Tensor h = h0.select(0, l);
+    const std::vector<Tensor> x_t = unbind(x, 0);
     std::vector<Tensor> outs;
     outs.reserve(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
-      h = cell(x.select(0, t), h, *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
+      h = cell(x_t[static_cast<size_t>(t)], h, *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
       outs.push_back(h);
     }
     h_n.push_back(h);

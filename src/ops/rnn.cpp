@@ -7,6 +7,9 @@
 #include "mp/autograd/node.hpp"
 #include "mp/ops/linalg.hpp"
 #include "mp/ops/pointwise.hpp"
+#include "mp/ops/reduce.hpp"
+
+#include <optional>
 
 namespace mp {
 
@@ -121,6 +124,109 @@ std::pair<Tensor, Tensor> lstm_cell(const Tensor& x, const Tensor& h, const Tens
   auto [h1, c1] = lstm_gates(cell_gates(batched(x), batched(h), w_ih, w_hh, b_ih, b_hh), batched(c));
   if (x.dim() == 1) return {h1.squeeze(0), c1.squeeze(0)};
   return {h1, c1};
+}
+
+// Note [lstm_layer]
+// The per-step composite (lstm_gates over linear + add) records 3-4 nodes per step; its backward
+// computes the recurrent weight gradient as T GEMMs of B rows each and adds T weight-sized gradients.
+// lstm_layer is one node: the forward saves the pre-activation gates of each step (as lstm_gates
+// does, see Note [lstm_gates saves pre-activations]), the hidden states hs = [h0, h_1..h_T] and the
+// f32 cell states cs = [c0, c_1..c_T]; the backward walks t = T-1..0 with the gate kernel and one
+// [B, 4H] x [4H, H] GEMM per step, writing dG_t into one [T, B, 4H] buffer, which is then both the
+// gradient of gx and the left operand of the single weight-gradient GEMM.
+std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor& h0_in, const Tensor& c0_in,
+                                              const Tensor& w_hh_in, const Tensor& b_hh_in) {
+  constexpr const char* op = "lstm_layer";
+  check_floating(gx_in, op, "input projection gx");
+  check_floating(h0_in, op, "initial hidden state h0");
+  check_floating(c0_in, op, "initial cell state c0");
+  check_floating(w_hh_in, op, "w_hh");
+  Tensor gx = gx_in, h0 = h0_in, w_hh = w_hh_in, b_hh = b_hh_in;
+  std::optional<amp::AutocastSuspend> suspend;
+  if (amp::autocast_active(gx.device().type) &&
+      amp::cast_policy(amp::Op::lstm_layer, gx.device().type) == amp::CastPolicy::lower) {
+    const DType low = amp::autocast_dtype();
+    for (Tensor* t : {&gx, &h0, &w_hh, &b_hh})
+      if (t->defined() && t->dtype() != DType::f64) *t = amp::autocast_cast(*t, low);
+    suspend.emplace();
+  }
+  MP_CHECK(gx.dim() == 3 && gx.size(2) % 4 == 0, op,
+           ": expected gx of shape [T, B, 4H] (the input projection of every step), got ", shape_str(gx.sizes()));
+  const int64_t T = gx.size(0), B = gx.size(1), H = gx.size(2) / 4;
+  MP_CHECK(T > 0, op, ": expected a sequence of at least one step, got gx ", shape_str(gx.sizes()));
+  for (const auto& [t, what] : {std::pair{static_cast<const Tensor*>(&h0), "h0"}, std::pair{&c0_in, "c0"}})
+    MP_CHECK(t->sizes() == (Shape{B, H}), op, ": expected ", what, " of shape [", B, ", ", H, "] ([B, H] for gx ",
+             shape_str(gx.sizes()), "), got ", shape_str(t->sizes()));
+  MP_CHECK(w_hh.sizes() == (Shape{4 * H, H}), op, ": expected w_hh of shape [", 4 * H, ", ", H, "], got ",
+           shape_str(w_hh.sizes()));
+  if (b_hh.defined()) {
+    check_floating(b_hh, op, "b_hh");
+    MP_CHECK(b_hh.sizes() == (Shape{4 * H}), op, ": expected b_hh of shape [", 4 * H, "], got ",
+             shape_str(b_hh.sizes()));
+    check_same_device(gx, b_hh, op, "b_hh");
+  }
+  MP_CHECK(h0.dtype() == gx.dtype() && w_hh.dtype() == gx.dtype(), op, ": expected gx, h0 and w_hh of one dtype, got ",
+           dtype_name(gx.dtype()), ", ", dtype_name(h0.dtype()), " and ", dtype_name(w_hh.dtype()),
+           "; convert them (or run under autocast)");
+  for (const auto& [t, what] : {std::pair{static_cast<const Tensor*>(&h0), "h0"}, std::pair{&c0_in, "c0"}, std::pair{static_cast<const Tensor*>(&w_hh), "w_hh"}})
+    check_same_device(gx, *t, op, what);
+
+  const Device dev = gx.device();
+  const DType dt = gx.dtype();
+  const DType state_dt = dt == DType::f64 || c0_in.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor hs = empty({T + 1, B, H}, {.dtype = dt, .device = dev});
+  Tensor cs = empty({T + 1, B, H}, {.dtype = state_dt, .device = dev});
+  std::vector<Tensor> gates(static_cast<size_t>(T));
+  const Tensor w = w_hh.detach(), b = b_hh.defined() ? b_hh.detach() : Tensor();
+  {
+    autograd::NoGradGuard ng;
+    hs.select(0, 0).copy_(h0);
+    cs.select(0, 0).copy_(c0_in);
+    const Tensor gxd = gx.detach();
+    for (int64_t t = 0; t < T; ++t) {
+      Tensor g = linear(hs.select(0, t), w, b);
+      add_(g, gxd.select(0, t));
+      backend::lstm_gates_forward_kernel.get(dev)(hs.select(0, t + 1), cs.select(0, t + 1), g, cs.select(0, t));
+      gates[static_cast<size_t>(t)] = std::move(g);
+    }
+  }
+  // Outputs are views of the saved state buffers, detached from them so that the node's outputs
+  // are fresh tensors for autograd; the backward reads the buffers, which nothing writes to later.
+  Tensor y = hs.narrow(0, 1, T), hT = hs.select(0, T), cT = cs.select(0, T);
+  std::vector<Tensor> inputs{gx, h0, c0_in, w_hh};
+  if (b_hh.defined()) inputs.push_back(b_hh);
+  if (autograd::any_requires_grad(inputs)) {
+    y = y.detach();
+    hT = hT.detach();
+    cT = cT.detach();
+    const bool with_bias = b_hh.defined();
+    autograd::record("LstmLayerBackward", inputs, {y, hT, cT},
+                     [hs, cs, gates = std::move(gates), w, with_bias, T, B, H](const std::vector<Tensor>& g) {
+      const Device d = hs.device();
+      const DType gdt = gates[0].dtype();
+      Tensor dG = empty({T, B, 4 * H}, {.dtype = gdt, .device = d});
+      // Two ping-pong buffers of our own (never written through g[2], which may be the caller's).
+      Tensor dc_a = empty({B, H}, {.dtype = cs.dtype(), .device = d});
+      Tensor dc_b = empty({B, H}, {.dtype = cs.dtype(), .device = d});
+      dc_a.copy_(g[2]);
+      Tensor dh_rec = g[1];
+      const Tensor dy = g[0];
+      for (int64_t t = T - 1; t >= 0; --t) {
+        const Tensor dh = add(dy.select(0, t), dh_rec).contiguous();
+        Tensor dgt = dG.select(0, t);
+        backend::lstm_gates_backward_kernel.get(d)(dgt, dc_b, dh, dc_a, gates[static_cast<size_t>(t)],
+                                                   cs.select(0, t));
+        std::swap(dc_a, dc_b);
+        dh_rec = matmul(dgt, w);
+      }
+      const Tensor dG2 = dG.view({T * B, 4 * H});
+      Tensor dw = matmul(dG2.t(), hs.narrow(0, 0, T).reshape({T * B, H}));
+      std::vector<Tensor> r{dG, dh_rec, dc_a, dw};
+      if (with_bias) r.push_back(sum(dG2, {0}));
+      return r;
+    });
+  }
+  return {y, hT, cT};
 }
 
 Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,

@@ -97,7 +97,31 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
   if (n == 0) return {x.narrow(dim, 0, 0)};
   std::vector<Tensor> out;
   out.reserve(static_cast<size_t>((n + size - 1) / size));
-  for (int64_t off = 0; off < n; off += size) out.push_back(x.narrow(dim, off, std::min(size, n - off)));
+  {
+    autograd::NoGradGuard ng;
+    for (int64_t off = 0; off < n; off += size) out.push_back(x.narrow(dim, off, std::min(size, n - off)));
+  }
+  // One node for all pieces: its backward concatenates the pieces' gradients into one buffer (the
+  // engine supplies zeros for unused pieces). A node per piece would build a full-size zero
+  // gradient for each and add them up: O(pieces^2) work for a recurrent net's per-step inputs.
+  autograd::record("SplitBackward", {x}, out,
+                   [dim](const std::vector<Tensor>& g) { return std::vector<Tensor>{cat(g, dim)}; });
+  return out;
+}
+
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
+  MP_CHECK(x.defined(), "unbind: got an undefined tensor");
+  MP_CHECK(x.dim() > 0, "unbind: cannot unbind a 0-dim tensor");
+  dim = wrap_dim(dim, x.dim(), "unbind");
+  std::vector<Tensor> out;
+  out.reserve(static_cast<size_t>(x.sizes()[dim]));
+  {
+    autograd::NoGradGuard ng;
+    for (int64_t i = 0; i < x.sizes()[dim]; ++i) out.push_back(x.select(dim, i));
+  }
+  // As split: one node whose backward stacks the slices' gradients.
+  autograd::record("UnbindBackward", {x}, out,
+                   [dim](const std::vector<Tensor>& g) { return std::vector<Tensor>{stack(g, dim)}; });
   return out;
 }
 

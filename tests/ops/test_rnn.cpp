@@ -298,3 +298,101 @@ TEST(Cells, ErrorsNameExpectedAndGot) {
   expect_error([&] { rnn_tanh_cell(zeros({2, 3, 1}), h, zeros({4, 3}), zeros({4, 4})); },
                {"rnn_tanh_cell", "[B, I]", "got [2, 3, 1]"});
 }
+
+// ------------------------------------------------------------------------------ lstm_layer
+
+namespace {
+
+// The basic per-step graph lstm_layer replaces: lstm_gates(gx_t + h W_hh^T + b_hh, c) for t = 0..T-1.
+std::tuple<Tensor, Tensor, Tensor> lstm_layer_ref(const Tensor& gx, const Tensor& h0, const Tensor& c0,
+                                                  const Tensor& w_hh, const Tensor& b_hh) {
+  Tensor h = h0, c = c0;
+  std::vector<Tensor> ys;
+  for (const Tensor& g : unbind(gx, 0)) {
+    std::tie(h, c) = lstm_gates(add(g, linear(h, w_hh, b_hh)), c);
+    ys.push_back(h);
+  }
+  return {stack(ys, 0), h, c};
+}
+
+}  // namespace
+
+TEST(LstmLayer, Gradcheck) {
+  const int64_t T = 4, B = 3, H = 5;
+  Tensor gx = leaf({T, B, 4 * H}, -2, 2), h0 = leaf({B, H}), c0 = leaf({B, H}), w = leaf({4 * H, H}, -0.5, 0.5),
+         b = leaf({4 * H});
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    auto [y, h, c] = lstm_layer(in[0], in[1], in[2], in[3], in[4]);
+    return std::vector<Tensor>{y, h, c};
+  }, {gx, h0, c0, w, b}));
+  // Only y used (h_T, c_T get zero gradients from the engine), and no bias.
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{std::get<0>(lstm_layer(in[0], in[1], in[2], in[3]))};
+  }, {gx, h0, c0, w}));
+}
+
+TEST(LstmLayer, F64MatchesPerStepGraphAndF32CellState) {
+  const int64_t T = 6, B = 4, H = 9;
+  for (DType dt : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor gx = rand({T, B, 4 * H}, {.dtype = dt}, -2, 2).requires_grad_();
+    Tensor h0 = rand({B, H}, {.dtype = dt}, -1, 1).requires_grad_(), c0 = rand({B, H}, {.dtype = dt}, -1, 1).requires_grad_();
+    Tensor w = rand({4 * H, H}, {.dtype = dt}, -0.4, 0.4).requires_grad_(), b = rand({4 * H}, {.dtype = dt}).requires_grad_();
+    auto [y, h, c] = lstm_layer(gx, h0, c0, w, b);
+    auto [yr, hr, cr] = lstm_layer_ref(gx, h0, c0, w, b);
+    EXPECT_EQ(y.sizes(), (Shape{T, B, H}));
+    EXPECT_EQ(y.dtype(), dt);
+    EXPECT_EQ(c.dtype(), dt);  // f32 or f64 state: the input precision already
+    // Same arithmetic in the forward (same GEMM shapes, same kernel): equal to rounding of the GEMM.
+    const double tol = dt == DType::f64 ? 1e-12 : 2e-6;
+    EXPECT_LE(excess(y, yr, tol, tol), 0.0);
+    EXPECT_LE(excess(c, cr, tol, tol), 0.0);
+    Tensor dy = randn({T, B, H}, {.dtype = dt}), dh = randn({B, H}, {.dtype = dt}), dc = randn({B, H}, {.dtype = dt});
+    auto g = autograd::grad({y, h, c}, {gx, h0, c0, w, b}, {dy, dh, dc});
+    auto gr = autograd::grad({yr, hr, cr}, {gx, h0, c0, w, b}, {dy, dh, dc});
+    // The weight gradient is summed in a different order (one GEMM over T*B rows vs T GEMMs added).
+    const double gtol = dt == DType::f64 ? 1e-11 : 2e-5;
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_LE(excess(g[i], gr[i], gtol, gtol), 0.0) << "gradient " << i;
+  }
+}
+
+TEST(LstmLayer, Bf16KeepsF32CellStateAndTracksF32) {
+  const int64_t T = 8, B = 5, H = 24;
+  Tensor gx = rand({T, B, 4 * H}, {}, -2, 2), h0 = rand({B, H}, {}, -1, 1), c0 = rand({B, H}, {}, -1, 1);
+  Tensor w = rand({4 * H, H}, {}, -0.3, 0.3), b = rand({4 * H}, {}, -0.5, 0.5);
+  auto [y32, h32, c32] = lstm_layer(gx, h0, c0, w, b);
+  auto [y, h, c] = lstm_layer(gx.to(DType::bf16), h0.to(DType::bf16), c0, w.to(DType::bf16), b.to(DType::bf16));
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  EXPECT_EQ(h.dtype(), DType::bf16);
+  EXPECT_EQ(c.dtype(), DType::f32);  // the cell state never rounds to bf16
+  // Each step rounds its gates (u = 2^-9, ~12 u through the activations, Note [16-bit tolerance
+  // table]) and the recurrent GEMM reads bf16 h; the error does not grow over 8 steps because the
+  // forget gate (sigma in (0.12, 0.88)) contracts it. Allowed 3x the one-step bound.
+  EXPECT_LE(excess(y, y32, 36.0 / 512, 0.0), 0.0);
+  EXPECT_LE(excess(c, c32, 36.0 / 512, 0.0), 0.0);
+}
+
+TEST(LstmLayer, AutocastRunsGemmsInBf16AndKeepsStateF32) {
+  const int64_t T = 3, B = 2, H = 4;
+  Tensor gx = rand({T, B, 4 * H}), h0 = zeros({B, H}), c0 = zeros({B, H});
+  Tensor w = rand({4 * H, H}, {}, -0.5, 0.5).requires_grad_(), b = zeros({4 * H}).requires_grad_();
+  amp::Autocast ac({.dtype = DType::bf16});
+  auto [y, h, c] = lstm_layer(gx, h0, c0, w, b);
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  EXPECT_EQ(c.dtype(), DType::f32);
+  sum(y).backward();
+  EXPECT_EQ(w.grad().dtype(), DType::f32);  // gradient flows back through the autocast cast
+  EXPECT_GT(sum(abs(w.grad())).item<double>(), 0.0);
+}
+
+TEST(LstmLayer, ErrorsNameExpectedAndGot) {
+  Tensor h = zeros({2, 3}), w = zeros({12, 3});
+  expect_error([&] { lstm_layer(zeros({4, 2, 10}), h, h, w); }, {"lstm_layer", "[T, B, 4H]", "got [4, 2, 10]"});
+  expect_error([&] { lstm_layer(zeros({4, 2, 12}), zeros({3, 3}), h, w); }, {"lstm_layer", "h0", "[2, 3]", "got [3, 3]"});
+  expect_error([&] { lstm_layer(zeros({4, 2, 12}), h, zeros({2, 4}), w); }, {"lstm_layer", "c0", "got [2, 4]"});
+  expect_error([&] { lstm_layer(zeros({4, 2, 12}), h, h, zeros({12, 4})); }, {"lstm_layer", "w_hh", "[12, 3]"});
+  expect_error([&] { lstm_layer(zeros({4, 2, 12}), h, h, w, zeros({3})); }, {"lstm_layer", "b_hh", "[12]", "got [3]"});
+  expect_error([&] { lstm_layer(zeros({0, 2, 12}), h, h, w); }, {"lstm_layer", "at least one step"});
+  expect_error([&] { lstm_layer(zeros({4, 2, 12}, {.dtype = DType::bf16}), h, h, w); },
+               {"lstm_layer", "one dtype", "bf16", "f32", "autocast"});
+}

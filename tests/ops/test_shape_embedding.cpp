@@ -149,6 +149,41 @@ TEST(Split, Gradcheck) {
   }, {x}));
 }
 
+TEST(Unbind, ViewsValuesAndErrors) {
+  Tensor x = iota_f64({3, 2});
+  auto rows = unbind(x, 0);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[1].sizes(), (Shape{2}));
+  EXPECT_EQ(rows[2].to_vector<double>(), (std::vector<double>{4, 5}));
+  for (const Tensor& r : rows) EXPECT_TRUE(r.is_alias_of(x));
+  auto cols = unbind(x, -1);
+  ASSERT_EQ(cols.size(), 2u);
+  EXPECT_EQ(cols[1].to_vector<double>(), (std::vector<double>{1, 3, 5}));
+  EXPECT_TRUE(unbind(empty({0, 4}), 0).empty());
+  expect_error([&] { unbind(scalar_tensor(1.0), 0); }, {"unbind", "0-dim"});
+  expect_error([&] { unbind(x, 2); }, {"unbind"});
+}
+
+TEST(Unbind, Gradcheck) {
+  Tensor x = leaf({3, 4});
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
+    auto r = unbind(in[0], 1);  // r[2] unused: its gradient is zero
+    return std::vector<Tensor>{mul(r[0], r[1]), r[3]};
+  }, {x}));
+}
+
+TEST(Unbind, OneNodeForAllSlicesAndUnusedSlicesGetZero) {
+  // All slices share one backward node: its gradient is assembled once (not one full-size buffer per
+  // slice), and slices that were not used contribute exact zeros.
+  Tensor x = iota_f64({4, 3}).requires_grad_();
+  auto r = unbind(x, 0);
+  for (size_t i = 1; i < r.size(); ++i) EXPECT_EQ(r[i].grad_fn().get(), r[0].grad_fn().get());
+  auto p = split(x, 2, 0);
+  EXPECT_EQ(p[0].grad_fn().get(), p[1].grad_fn().get());
+  sum(add(mul(r[0], 2.0), r[3])).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2, 2, 2, 0, 0, 0, 0, 0, 0, 1, 1, 1}));
+}
+
 // ----------------------------------------------------------------------------------------- embedding
 
 TEST(Embedding, GathersRowsForAnyIndexShape) {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <sstream>
 
 #include "mp/mp.hpp"
@@ -60,6 +62,26 @@ TEST(Tensor, ViewsShareStorage) {
   a.narrow(0, 0, 1).fill_(7.0);
   EXPECT_EQ(a.to_vector<float>()[11], 7.0f);
   EXPECT_EQ(a.to_vector<float>()[12], 12.0f);
+}
+
+TEST(Tensor, FillZeroFastPathMatchesGenericFill) {
+  // fill_(0) on contiguous host memory is a memset; the result must equal the generic path's in
+  // every dtype, touch only the tensor's own range, and leave -0.0 to the generic path.
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64, DType::i32, DType::u8, DType::b8}) {
+    Tensor a = ones({3, 5}, {.dtype = dt});
+    a.narrow(0, 1, 1).fill_(0.0);  // contiguous view in the middle of the storage
+    const std::vector<double> v = a.to(DType::f64).to_vector<double>();
+    for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], i >= 5 && i < 10 ? 0.0 : 1.0) << dtype_name(dt) << " " << i;
+    Tensor t = ones({4, 3}, {.dtype = dt}).t();  // not contiguous: generic path
+    t.fill_(0.0);
+    EXPECT_EQ(sum(t.to(DType::f64)).item<double>(), 0.0) << dtype_name(dt);
+  }
+  Tensor z = ones({4});
+  const uint64_t v0 = z.version();
+  z.fill_(0.0);
+  EXPECT_GT(z.version(), v0);
+  z.fill_(-0.0);
+  for (float f : z.to_vector<float>()) EXPECT_TRUE(std::signbit(f));
 }
 
 TEST(Tensor, ReshapeCopiesOnlyWhenNeeded) {

@@ -14,6 +14,10 @@ struct RNNOptions {
   bool bias = true;          ///< learn bias_ih_l* and bias_hh_l*
   bool batch_first = false;  ///< input/output [B, T, *] instead of [T, B, *]
   double dropout = 0.0;      ///< dropout on the outputs of every layer but the last, when training
+  /// LSTM only: run each layer as one sequence-level op (mp::lstm_layer, Note [lstm_layer]) instead of
+  /// a per-step composite of linear/add/lstm_gates nodes. Same values; the fused backward computes the
+  /// recurrent weight gradient as one GEMM. false keeps the basic per-step graph (for comparison).
+  bool fused = true;
 };
 /// Options of LSTM.
 using LSTMOptions = RNNOptions;
