@@ -13,13 +13,16 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "bench_step.hpp"
 #include "commands.hpp"
 #include "mp/amp/amp.hpp"
 #include "mp/core/error.hpp"
+#include "mp/core/profiler.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/memory/allocator.hpp"
 #include "mp/models/models.hpp"
@@ -33,53 +36,6 @@ namespace {
 using namespace mp;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::ordered_json;
-
-/// What `mixprec bench step` measures; every field is the flag of the same name.
-struct BenchStepOptions {
-  std::string model = "resnet18";  ///< an image model name (mlp, mlp-WxL, resnetN, wrn-D-K) or lstm, gru, rnn
-  int64_t batch_size = 0;          ///< images or token streams per step (0 = 32 for images, 20 for the word LM)
-  int64_t image_size = 32;         ///< images: height = width
-  int64_t in_channels = 3;         ///< images: channels
-  int64_t num_classes = 10;        ///< images: classes
-  int64_t vocab_size = 10000;      ///< word LM: vocabulary
-  int64_t seq_len = 35;            ///< word LM: tokens per stream per step (bptt)
-  int64_t embed_size = 650;        ///< word LM: embedding size
-  int64_t hidden_size = 650;       ///< word LM: recurrent state size
-  int64_t num_layers = 2;          ///< word LM: stacked recurrent layers
-  double dropout = 0.5;            ///< word LM: dropout (the word_language_model example's medium model)
-  std::string precision = "fp32";  ///< fp32, fp16 or bf16
-  std::string opt_level;           ///< O0..O3; empty = O0 for fp32, O2 otherwise
-  std::string optimizer = "sgd";   ///< sgd (momentum 0.9) or adamw
-  double lr = 0;                   ///< learning rate (0 = 0.01 for sgd, 1e-3 for adamw)
-  int64_t warmup = 3;              ///< untimed steps first
-  int64_t steps = 10;              ///< timed steps
-  uint64_t seed = 0;               ///< seeds the initialisation, the batch and dropout
-  std::string json;                ///< also append the JSON object as one line to this file
-};
-
-/// Call f(name, field, help) for each field of `o` (the flags of `mixprec bench step`).
-template <class F>
-void visit_fields(BenchStepOptions& o, F&& f) {
-  f("model", o.model, "image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) or lstm, gru, rnn (word LM)");
-  f("batch_size", o.batch_size, "images or token streams per step (0 = 32 for images, 20 for the word LM)");
-  f("image_size", o.image_size, "images: height = width");
-  f("in_channels", o.in_channels, "images: channels");
-  f("num_classes", o.num_classes, "images: classes");
-  f("vocab_size", o.vocab_size, "word LM: vocabulary size");
-  f("seq_len", o.seq_len, "word LM: tokens per stream per step (the bptt window)");
-  f("embed_size", o.embed_size, "word LM: embedding size");
-  f("hidden_size", o.hidden_size, "word LM: recurrent state size");
-  f("num_layers", o.num_layers, "word LM: stacked recurrent layers");
-  f("dropout", o.dropout, "word LM: dropout probability");
-  f("precision", o.precision, "fp32, fp16 or bf16");
-  f("opt_level", o.opt_level, "O0, O1, O2 or O3 (default: O0 for fp32, O2 for fp16/bf16)");
-  f("optimizer", o.optimizer, "sgd (momentum 0.9) or adamw");
-  f("lr", o.lr, "learning rate (0 = 0.01 for sgd, 1e-3 for adamw)");
-  f("warmup", o.warmup, "untimed steps before the timed ones");
-  f("steps", o.steps, "timed steps");
-  f("seed", o.seed, "random seed (initialisation, synthetic batch, dropout)");
-  f("json", o.json, "also append the JSON object as one line to this file");
-}
 
 bool is_lm(const std::string& model) { return model == "lstm" || model == "gru" || model == "rnn"; }
 
@@ -107,6 +63,8 @@ BenchStepOptions resolved(BenchStepOptions o) {
     positive("num_classes", o.num_classes);
   }
   MP_CHECK(o.warmup >= 0, "bench step: --warmup must be >= 0, got ", o.warmup);
+  MP_CHECK(o.lstm_impl == "fused" || o.lstm_impl == "basic", "bench step: unknown --lstm_impl '", o.lstm_impl,
+           "'; expected fused or basic");
   MP_CHECK(o.precision == "fp32" || o.precision == "fp16" || o.precision == "bf16",
            "bench step: unknown --precision '", o.precision, "'; expected fp32, fp16 or bf16");
   if (o.opt_level.empty()) o.opt_level = o.precision == "fp32" ? "O0" : "O2";
@@ -180,7 +138,7 @@ Workload image_workload(const BenchStepOptions& o) {
 Workload lm_workload(const BenchStepOptions& o) {
   auto model = std::make_shared<models::WordLM>(models::WordLMOptions{
       .vocab_size = o.vocab_size, .embed_size = o.embed_size, .hidden_size = o.hidden_size,
-      .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout});
+      .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout, .fused_lstm = o.lstm_impl == "fused"});
   model->train();
   const int64_t num_params = model->num_parameters();
   std::shared_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
@@ -229,6 +187,10 @@ int64_t max_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+}  // namespace
+
+bool bench_is_lm(const std::string& model) { return is_lm(model); }
+
 Json run_bench_step(const BenchStepOptions& raw) {
   const BenchStepOptions o = resolved(raw);
   manual_seed(o.seed);
@@ -239,11 +201,14 @@ Json run_bench_step(const BenchStepOptions& raw) {
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(o.steps));
   Tensor loss;
+  std::optional<profiler::Session> prof;
+  if (o.profile) prof.emplace();
   for (int64_t i = 0; i < o.steps; ++i) {
     const auto t0 = Clock::now();
     loss = w.step();
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
+  prof.reset();
   const int64_t peak = memory::memory_stats().peak_allocated;
   const double med = median(ms);
   const double last_loss = loss.item<double>();
@@ -271,10 +236,23 @@ Json run_bench_step(const BenchStepOptions& raw) {
   j["skipped_steps"] = w.skipped();
   j["threads"] = omp_get_max_threads();
   j["device"] = "cpu: " + (s.cpu.brand.empty() ? std::string("unknown CPU") : s.cpu.brand);
+  if (o.profile) {
+    // Per kernel label, per timed step. "kernel_ms" is their sum; the rest of a step is framework
+    // time (autograd, allocation, dispatch).
+    const double n = static_cast<double>(o.steps);
+    Json ops = Json::array();
+    double kernel_ms = 0;
+    for (const profiler::OpStats& op : profiler::snapshot()) {
+      ops.push_back({{"name", op.name}, {"calls", static_cast<double>(op.calls) / n},
+                     {"ms", op.seconds * 1e3 / n}, {"bytes", op.bytes / n}});
+      kernel_ms += op.seconds * 1e3 / n;
+    }
+    j["kernel_ms"] = kernel_ms;
+    j["mean_ms"] = std::accumulate(ms.begin(), ms.end(), 0.0) / n;
+    j["ops"] = ops;
+  }
   return j;
 }
-
-}  // namespace
 
 void add_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks (see bench/ for the suites and the PyTorch side by side)");
@@ -283,7 +261,10 @@ void add_bench_command(CLI::App& app) {
       "step", "Time training steps of one configuration on a fixed synthetic batch and print them as JSON");
   auto o = std::make_shared<BenchStepOptions>();
   visit_fields(*o, [&](const char* name, auto& field, const char* help) {
-    cmd->add_option(std::string("--") + name, field, help)->capture_default_str();
+    if constexpr (std::is_same_v<std::remove_reference_t<decltype(field)>, bool>)
+      cmd->add_flag(std::string("--") + name, field, help);
+    else
+      cmd->add_option(std::string("--") + name, field, help)->capture_default_str();
   });
   cmd->callback([o] {
     std::ofstream f;
@@ -298,6 +279,7 @@ void add_bench_command(CLI::App& app) {
     }
     std::printf("%s\n", line.c_str());
   });
+  add_bench_suites(bench);
 }
 
 }  // namespace mixprec

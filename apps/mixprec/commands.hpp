@@ -3,6 +3,8 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <vector>
+#include <ostream>
 
 #include "mp/train/trainer.hpp"
 
@@ -24,6 +26,11 @@ void add_convert_command(CLI::App& app);
 void add_plot_command(CLI::App& app);
 /// `mixprec bench step`: time training steps of one configuration, printed as JSON.
 void add_bench_command(CLI::App& app);
+
+/// The compare table (markdown on `out`; with a folder `dir` also compare.md, compare.json and PNG charts).
+void write_compare_report(const std::vector<mp::train::RunSummary>& runs, const std::string& dir, std::ostream& out);
+/// `mixprec bench SUITE`: the reference articles' experiments (bench_suites.cpp), under `bench`.
+void add_bench_suites(CLI::App* bench);
 
 /// Register every TrainConfig field as a flag --name (bools as --name / --no-name), except `skip`.
 inline void add_config_options(CLI::App* cmd, mp::train::TrainConfig& c, const std::set<std::string>& skip = {}) {

@@ -52,7 +52,9 @@ tr::Series smoothed(const std::string& title, const std::vector<double>& v, size
   return s;
 }
 
-void write_report(const std::vector<tr::RunSummary>& runs, const std::string& dir, std::ostream& out) {
+}  // namespace
+
+void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::string& dir, std::ostream& out) {
   const bool text = runs.front().metric_name == "perplexity";
   size_t ref = 0;
   for (size_t i = 0; i < runs.size(); ++i)
@@ -123,8 +125,6 @@ void write_report(const std::vector<tr::RunSummary>& runs, const std::string& di
   out << "\n";
 }
 
-}  // namespace
-
 void add_compare_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("compare", "Run one training job at several precisions and compare time, memory and "
                                             "accuracy/perplexity (markdown table, JSON, PNG plots)");
@@ -161,7 +161,7 @@ void add_compare_command(CLI::App& app) {
       runs.push_back(tr::train(c, std::cout));
       std::cout << "\n";
     }
-    write_report(runs, a->report, std::cout);
+    write_compare_report(runs, a->report, std::cout);
   });
 }
 

@@ -1,4 +1,5 @@
 #pragma once
+#include <iterator>
 #include <span>
 
 #include "backend/pointwise.hpp"
@@ -13,5 +14,24 @@ namespace mp::backend {
 using PointwiseKernel = void(PointwiseOp op, const Tensor& out, std::span<const Tensor> ins, DType compute,
                              const PointwiseParams& p);
 inline constinit KernelSlot<PointwiseKernel> pointwise_kernel{"pointwise"};
+
+/// The op's name as the profiler reports it ("add", "relu_backward", ...).
+constexpr const char* pointwise_op_name(PointwiseOp op) {
+  constexpr const char* kNames[] = {
+      "copy", "neg", "exp", "log", "sqrt", "rsqrt", "relu", "gelu", "tanh", "sigmoid", "abs", "reciprocal",
+      "square", "sign", "pow_scalar", "add_scalar", "mul_scalar", "clamp", "add", "sub", "mul", "div", "pow",
+      "maximum", "minimum", "add_scaled", "eq", "ne", "lt", "le", "gt", "ge", "relu_backward", "gelu_backward",
+      "tanh_backward", "sigmoid_backward", "clamp_backward", "where"};
+  static_assert(std::size(kNames) == static_cast<size_t>(PointwiseOp::where) + 1,
+                "pointwise_op_name: one name per PointwiseOp, in enum order");
+  return kNames[static_cast<size_t>(op)];
+}
+
+/// Profiler label of an element-wise call: the op, with copies that change dtype reported as "cast".
+template <class... R>
+const char* kernel_label(const char*, PointwiseOp op, const Tensor& out, std::span<const Tensor> ins, const R&...) {
+  if (op == PointwiseOp::copy && !ins.empty() && ins[0].dtype() != out.dtype()) return "cast";
+  return pointwise_op_name(op);
+}
 
 }  // namespace mp::backend

@@ -1,10 +1,69 @@
 #pragma once
 #include <array>
+#include <span>
+#include <type_traits>
 
 #include "mp/core/device.hpp"
 #include "mp/core/error.hpp"
+#include "mp/core/profiler.hpp"
+#include "mp/tensor/tensor.hpp"
 
 namespace mp::backend {
+
+/// Profiler label of a kernel call: the slot's name. Families whose first argument selects the op
+/// (element-wise, reductions) overload this in their header, found by argument-dependent lookup.
+template <class... A>
+const char* kernel_label(const char* slot, const A&...) {
+  return slot;
+}
+
+namespace kernel_call_detail {
+inline double operand_bytes(const Tensor& t) {
+  return t.defined() ? static_cast<double>(t.numel()) * static_cast<double>(t.element_size()) : 0.0;
+}
+inline double operand_bytes(std::span<const Tensor> ts) {
+  double b = 0;
+  for (const Tensor& t : ts) b += operand_bytes(t);
+  return b;
+}
+inline double operand_bytes(const std::vector<Tensor>& ts) { return operand_bytes(std::span<const Tensor>(ts)); }
+template <class T>
+  requires(!std::is_convertible_v<const T&, std::span<const Tensor>>)
+double operand_bytes(const T&) {
+  return 0.0;
+}
+
+// Closes a profiled region even when the kernel throws.
+struct ProfileRegion {
+  const char* label;
+  double bytes;
+  int64_t start = profiler::detail::begin();
+  ~ProfileRegion() { profiler::detail::end(label, start, bytes); }
+};
+}  // namespace kernel_call_detail
+
+template <class Fn>
+class KernelCall;
+
+/// A kernel as returned by KernelSlot::get: calls the function, timing it when the profiler is on.
+template <class R, class... A>
+class KernelCall<R(A...)> {
+ public:
+  constexpr KernelCall(R (*f)(A...), const char* op) : f_(f), op_(op) {}
+  /// Run the kernel.
+  R operator()(A... args) const {
+    if (!profiler::enabled()) return f_(std::forward<A>(args)...);
+    kernel_call_detail::ProfileRegion region{kernel_label(op_, args...),
+                                             (0.0 + ... + kernel_call_detail::operand_bytes(args))};
+    return f_(std::forward<A>(args)...);
+  }
+  /// The raw function.
+  R (*function() const)(A...) { return f_; }
+
+ private:
+  R (*f_)(A...);
+  const char* op_;
+};
 
 /// One op family's kernels, one per device type. Constant-initialised (constexpr constructor, plain
 /// pointer array), so backends may fill it from static registrars in any translation unit.
@@ -14,12 +73,13 @@ class KernelSlot {
   explicit constexpr KernelSlot(const char* op) : op_(op) {}
   /// Install the kernel for a device type.
   void set(DeviceType d, Fn* f) { fns_[static_cast<int>(d)] = f; }
-  /// The kernel for device d; throws naming op and device when none is registered.
-  Fn* get(Device d) const {
+  /// The kernel for device d (profiled when the profiler is on); throws naming op and device when
+  /// none is registered.
+  KernelCall<Fn> get(Device d) const {
     Fn* f = fns_[static_cast<int>(d.type)];
     MP_CHECK(f != nullptr, "no kernel for op '", op_, "' on device ", d.str(),
              d.is_cuda() ? ": mixprec was built without the CUDA backend (configure with -DMP_CUDA=ON)" : "");
-    return f;
+    return KernelCall<Fn>(f, op_);
   }
   /// Op family name.
   const char* op() const { return op_; }

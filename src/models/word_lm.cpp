@@ -40,7 +40,8 @@ WordLM::WordLM(const WordLMOptions& options) : nn::Module("WordLM"), options_(ch
   const nn::RNNOptions ro{.input_size = o.embed_size,
                           .hidden_size = o.hidden_size,
                           .num_layers = o.num_layers,
-                          .dropout = o.num_layers > 1 ? o.dropout : 0.0};
+                          .dropout = o.num_layers > 1 ? o.dropout : 0.0,
+                          .fused = o.fused_lstm};
   if (o.cell == "lstm")
     rnn_ = std::make_shared<nn::LSTM>(ro);
   else if (o.cell == "gru")

@@ -101,6 +101,21 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
   return sum_impl(x, dim_mask(x, dims, "sum"), keepdim);
 }
 
+Tensor sum_squares(const Tensor& x) {
+  MP_CHECK(x.defined(), "sum_squares: got an undefined tensor");
+  MP_CHECK(is_floating(x.dtype()), "sum_squares: expected a floating tensor, got ", x.describe());
+  const DType acc = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor out = empty({}, {.dtype = acc, .device = x.device()});
+  backend::reduce_kernel.get(x.device())(ReduceOp::sum_squares, out, x.detach(), x.dim());
+  if (autograd::any_requires_grad({&x})) {
+    const Tensor xd = x.detach();
+    autograd::record("SumSquaresBackward", {x}, {out}, [xd](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{mul(xd, mul(g[0], 2.0))};
+    });
+  }
+  return out;
+}
+
 Tensor mean(const Tensor& x) { return mean(x, {}, false); }
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
   MP_AUTOCAST(amp::Op::mean, mean, x, x, dims, keepdim);

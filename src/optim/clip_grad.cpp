@@ -16,8 +16,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
-    const DType acc = g.dtype() == DType::f64 ? DType::f64 : DType::f32;
-    sq += sum(square(g.to(acc))).item<double>();
+    sq += sum_squares(g).item<double>();  // one pass, f32 accumulation from any floating dtype
   }
   const double norm = std::sqrt(sq);
   const double coef = max_norm / (norm + 1e-6);

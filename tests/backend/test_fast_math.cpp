@@ -399,7 +399,7 @@ TEST(FastMathOps, GeluForwardBackwardBothLoops) {
   const std::vector<float> xv = spread(n, -12, 12);
   const Tensor x = f32(xv, {n});
   const Tensor g = ones({n});
-  const auto& pointwise = *pointwise_kernel.get(kCPU);
+  const auto pointwise = pointwise_kernel.get(kCPU);
   for_each_isa([&](const char* isa) {
     const std::vector<float> y = mp::gelu(x).to_vector<float>();
     Tensor dx = empty({n});

@@ -122,3 +122,37 @@ TEST(Cli, BenchStepPrintsJsonAndRefusesBadFlags) {
   expect_failure("bench step --model resnet19", "resnet18");
   expect_failure("bench step --steps 0", "steps");
 }
+
+TEST(Cli, BenchSuitesWriteReports) {
+  const fs::path dir = scratch_dir("cli", "suites");
+  auto text = [](const fs::path& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  // op-breakdown: a per-kernel table with matmul in it, fp32 and bf16 JSON with the op lists.
+  Result r = run("bench op-breakdown --model mlp --batch_size 8 --warmup 0 --steps 1 --report " + (dir / "ob").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(text(dir / "ob" / "op-breakdown.md"), "| matmul");
+  EXPECT_CONTAINS(text(dir / "ob" / "op-breakdown.md"), "whole step");
+  EXPECT_CONTAINS(text(dir / "ob" / "op-breakdown.json"), "\"kernel_ms\"");
+  // lstm-impl (quick: two sizes x two precisions x basic/fused).
+  r = run("bench lstm-impl --quick --warmup 0 --steps 1 --report " + (dir / "li").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(text(dir / "li" / "lstm-impl.md"), "fused speed-up");
+  // lstm-sweep on one tiny configuration: TFLOP/s columns filled.
+  r = run("bench lstm-sweep --layers 1 --batches 4 --cells 16 --vocab_size 50 --warmup 0 --steps 1 --report " +
+          (dir / "ls").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(text(dir / "ls" / "lstm-sweep.json"), "\"tflops\"");
+  EXPECT_CONTAINS(text(dir / "ls" / "lstm-sweep.md"), "|      1 |     4 |    16 |");
+  // resnets with a budget: the max-batch search runs real steps and records its trials.
+  r = run("bench resnets --models resnet18 --batch_size 2 --warmup 0 --steps 1 --memory_budget_gib 0.15 "
+          "--pytorch off --report " + (dir / "rn").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(text(dir / "rn" / "resnets.json"), "\"max_batch_trials\"");
+  EXPECT_CONTAINS(text(dir / "rn" / "resnets.md"), "| resnet18 |");
+  // Mistakes.
+  expect_failure("bench resnets --models vgg16 --pytorch off", "resnet");
+  expect_failure("bench lstm-sweep --cells 0", "positive");
+  expect_failure("bench resnets --pytorch maybe --models resnet18", "auto, on or off");
+}

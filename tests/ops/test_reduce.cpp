@@ -44,3 +44,36 @@ TEST(Reduce, SumToSize) {
   EXPECT_EQ(sum_to_size(g, {2, 1}).to_vector<float>(), (std::vector<float>{12, 12}));
   EXPECT_EQ(sum_to_size(g, {3}).to_vector<float>(), (std::vector<float>{8, 8, 8}));
 }
+
+TEST(Reduce, SumSquaresOnePassAnyDtype) {
+  // Against the two-pass reference (square in f32, then sum) on the same values: equal up to the
+  // summation order of f32 partial sums (2e-6 relative over 100k elements of similar magnitude).
+  Tensor x = randn({317, 331});
+  const double ref = sum(square(x.to(DType::f64))).item<double>();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    Tensor xd = x.to(dt);
+    const double want = sum(square(xd.to(DType::f64))).item<double>();
+    Tensor s = sum_squares(xd);
+    EXPECT_EQ(s.dtype(), DType::f32) << dtype_name(dt);
+    EXPECT_EQ(s.dim(), 0);
+    EXPECT_NEAR(s.item<double>(), want, 2e-6 * want) << dtype_name(dt);
+  }
+  EXPECT_NEAR(sum_squares(x.to(DType::f64)).item<double>(), ref, 1e-12 * ref);
+  EXPECT_EQ(sum_squares(x.to(DType::f64)).dtype(), DType::f64);
+  // Strided views, a 0-dim tensor and an empty tensor.
+  Tensor t = x.t();
+  EXPECT_NEAR(sum_squares(t.narrow(0, 3, 100)).item<double>(),
+              sum(square(t.narrow(0, 3, 100).to(DType::f64))).item<double>(), 1e-5 * ref);
+  EXPECT_FLOAT_EQ(sum_squares(scalar_tensor(-3.0, {.dtype = DType::f32})).item<float>(), 9.0f);
+  EXPECT_EQ(sum_squares(empty({0, 4})).item<float>(), 0.0f);
+  // Gradient 2x (f64 gradcheck), and integer input is refused.
+  Tensor g = rand({3, 4}, {.dtype = DType::f64}).requires_grad_();
+  auto r = autograd::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum_squares(in[0])}; }, {g});
+  EXPECT_TRUE(r.ok) << r.message;
+  try {
+    sum_squares(zeros({2}, {.dtype = DType::i64}));
+    ADD_FAILURE() << "expected mp::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sum_squares: expected a floating tensor"), std::string::npos) << e.what();
+  }
+}

@@ -9,6 +9,10 @@ namespace mp {
 Tensor sum(const Tensor& x);
 /// Sum over dims.
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim = false);
+/// Sum of the squares of all elements in one pass, accumulated in f32 (f64 for f64 input) and returned
+/// as a 0-dim f32 (f64) tensor whatever the input's floating dtype: the squared L2 norm without a
+/// squared temporary (clip_grad_norm_). Differentiable (2 x g).
+Tensor sum_squares(const Tensor& x);
 /// Mean of all elements.
 Tensor mean(const Tensor& x);
 /// Mean over dims.

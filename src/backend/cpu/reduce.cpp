@@ -49,20 +49,32 @@ int64_t offset_of(const Dims& d, int64_t i) {
   return off;
 }
 
+// Accumulators: init, combine two partials, and map (applied once to each loaded element).
 template <class A>
 struct SumAcc {
   static A init() { return A(0); }
   static A combine(A a, A b) { return a + b; }
+  static A map(A v) { return v; }
+};
+// Sum of squares in one pass (the gradient norm of clip_grad_norm_: no squared temporary, and a
+// 16-bit input is squared after conversion to float).
+template <class A>
+struct SumSqAcc {
+  static A init() { return A(0); }
+  static A combine(A a, A b) { return a + b; }
+  static A map(A v) { return v * v; }
 };
 template <class A>
 struct MaxAcc {
   static A init() { return std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity() : std::numeric_limits<A>::lowest(); }
   static A combine(A a, A b) { return (a != a || a > b) ? a : b; }  // NaN propagates
+  static A map(A v) { return v; }
 };
 template <class A>
 struct MinAcc {
   static A init() { return std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity() : std::numeric_limits<A>::max(); }
   static A combine(A a, A b) { return (a != a || a < b) ? a : b; }
+  static A map(A v) { return v; }
 };
 
 template <class A, class Acc>
@@ -99,9 +111,9 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
         const int64_t n = std::min({kBlock, row - j0, r1 - r0});
         const A* v = load_block<A>(base + (ko + offset_of(outer_red, rr) + j0) * es, 1, dt, n, buf);
         A part = Acc::init();
-        if constexpr (std::is_same_v<Acc, SumAcc<A>>) {
+        if constexpr (std::is_same_v<Acc, SumAcc<A>> || std::is_same_v<Acc, SumSqAcc<A>>) {
 #pragma omp simd reduction(+ : part)
-          for (int64_t j = 0; j < n; ++j) part += v[j];
+          for (int64_t j = 0; j < n; ++j) part += Acc::map(v[j]);
         } else {
           for (int64_t j = 0; j < n; ++j) part = Acc::combine(part, v[j]);
         }
@@ -144,7 +156,7 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
       for (int64_t r = 0; r < red.numel; ++r) {
         const A* v = load_block<A>(base + (ko + offset_of(red, r)) * es, 1, dt, n, buf);
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) acc[j] = Acc::combine(acc[j], v[j]);
+        for (int64_t j = 0; j < n; ++j) acc[j] = Acc::combine(acc[j], Acc::map(v[j]));
       }
     }
   } else if (red.numel > 0) {
@@ -163,7 +175,7 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
         for (int64_t j0 = 0; j0 < row; j0 += kBlock) {
           const int64_t n = std::min(kBlock, row - j0);
           const A* v = load_block<A>(base + (ro + j0 * rstride) * es, rstride, dt, n, buf);
-          for (int64_t j = 0; j < n; ++j) acc = Acc::combine(acc, v[j]);
+          for (int64_t j = 0; j < n; ++j) acc = Acc::combine(acc, Acc::map(v[j]));
         }
       }
       result[static_cast<size_t>(o)] = acc;
@@ -178,11 +190,12 @@ void reduce_typed(ReduceOp op, const Tensor& out, const Tensor& in, int64_t nred
     case ReduceOp::sum: return reduce_impl<A, SumAcc<A>>(out, in, nreduce);
     case ReduceOp::max: return reduce_impl<A, MaxAcc<A>>(out, in, nreduce);
     case ReduceOp::min: return reduce_impl<A, MinAcc<A>>(out, in, nreduce);
+    case ReduceOp::sum_squares: return reduce_impl<A, SumSqAcc<A>>(out, in, nreduce);
   }
 }
 
 void reduce_cpu(ReduceOp op, const Tensor& out, const Tensor& in, int64_t nreduce) {
-  MP_CHECK(op == ReduceOp::sum || in.numel() > 0 || nreduce == 0,
+  MP_CHECK(op == ReduceOp::sum || op == ReduceOp::sum_squares || in.numel() > 0 || nreduce == 0,
            "max/min: cannot reduce an empty dimension (input ", in.describe(), ")");
   switch (in.dtype()) {
     case DType::f64: return reduce_typed<double>(op, out, in, nreduce);
