@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DMP_WERROR=ON
 
-.PHONY: setup configure build run test bench clean
+.PHONY: setup configure build run test bench bench-suites clean
 
 setup:
 	./scripts/setup.sh
@@ -22,7 +22,16 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 bench: build
+	./scripts/setup.sh --bench
 	./bench/run_all.sh $(BUILD)
+
+# The reference articles' experiments at --quick sizes, side by side with PyTorch where it applies;
+# reports in report/bench-*. Full sizes are for a GPU: run the suites without --quick.
+bench-suites: build
+	./scripts/setup.sh --bench
+	for s in op-breakdown lstm-impl lstm-sweep resnets opt-levels; do \
+	  ./$(BUILD)/apps/mixprec/mixprec bench $$s --quick || exit 1; done
+	./bench/compare_pytorch.sh $(BUILD) --quick
 
 clean:
 	rm -rf $(BUILD)

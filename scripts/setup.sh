@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Install what mixprec needs from Debian (idempotent; skips packages already present).
 set -euo pipefail
+# --bench adds what the side-by-side benchmarks need: Debian's PyTorch and OpenBLAS (without it,
+# Debian's torch runs its f32 matmuls on the reference libblas3, ~50x slower: a straw man).
 pkgs=(build-essential cmake libdnnl-dev libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox)
+if [ "${1:-}" = "--bench" ]; then
+  pkgs+=(python3-torch libopenblas0-openmp)
+elif [ -n "${1:-}" ]; then
+  echo "setup.sh: unknown option '$1'; expected nothing or --bench" >&2
+  exit 2
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -37,7 +37,7 @@ struct SuiteArgs {
   std::string report;                            ///< output folder ("" = report/bench-SUITE)
   bool quick = false;                            ///< small sizes (minutes on a 2-core CPU)
   std::string pytorch = "auto";                  ///< auto (when found), on (required) or off
-  std::string python = "python3";                ///< interpreter with torch
+  std::string python = "/usr/bin/python3";       ///< interpreter with torch (Debian's python3-torch)
   std::string script = "bench/pytorch/bench_step.py";  ///< PyTorch's side of bench step
   int64_t warmup = -1;                           ///< untimed steps per configuration (-1 = suite default)
   int64_t steps = -1;                            ///< timed steps per configuration (-1 = suite default)
@@ -188,6 +188,8 @@ std::string header_line(const Json& j) {
 struct OpBreakdownArgs {
   std::string model = "lstm";
   int64_t batch_size = 0;
+  int64_t image_size = 32;
+  int64_t in_channels = 3;
   int64_t hidden_size = 650;
   std::string precision = "bf16";
 };
@@ -197,6 +199,8 @@ void op_breakdown(const SuiteArgs& a, const OpBreakdownArgs& ob, std::ostream& o
   BenchStepOptions o = base_step(a, a.quick ? 1 : 3, a.quick ? 3 : 10);
   o.model = ob.model;
   o.batch_size = ob.batch_size;
+  o.image_size = ob.image_size;
+  o.in_channels = ob.in_channels;
   o.embed_size = o.hidden_size = ob.hidden_size;
   o.profile = true;
   progress("op-breakdown: " + o.model + " fp32");
@@ -324,7 +328,7 @@ struct SweepArgs {
   int64_t vocab_size = 10000;
 };
 
-void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, std::ostream& out) {
+void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch, std::ostream& out) {
   Report rep(a, "lstm-sweep");
   auto pick = [](const std::vector<int64_t>& given, std::vector<int64_t> d) { return given.empty() ? d : given; };
   const std::vector<int64_t> layers = pick(g.layers, a.quick ? std::vector<int64_t>{2} : std::vector<int64_t>{2, 3, 4, 5});
@@ -336,6 +340,10 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, std::ostream& out) {
   tr::Table t;
   t.header = {"layers", "batch", "cells", "fp32 ms/step", "bf16 ms/step", "fp32 TFLOP/s", "bf16 TFLOP/s",
               "fp32 matmul TFLOP/s", "bf16 matmul TFLOP/s", "end-to-end speed-up"};
+  if (torch.enabled()) {
+    t.header.push_back("PyTorch fp32 / mixprec fp32");
+    t.header.push_back("PyTorch bf16 / mixprec bf16");
+  }
   Json runs = Json::array();
   Json first;
   std::map<std::string, tr::Series> curves;  // TFLOP/s vs cells per (precision, largest batch, 2 layers)
@@ -343,7 +351,7 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, std::ostream& out) {
     for (int64_t B : batches)
       for (int64_t N : cells) {
         const double flops = lm_step_flops(L, B, N, T, V);
-        Json r[2];
+        Json r[2], pt[2];
         for (int p = 0; p < 2; ++p) {
           BenchStepOptions o = base_step(a, 1, a.quick ? 2 : 5);
           o.model = "lstm";
@@ -369,6 +377,14 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, std::ostream& out) {
             if (first.is_null()) first = r[p];
           }
           r[p]["layers"] = L;
+          if (torch.enabled()) {
+            progress("lstm-sweep: L " + std::to_string(L) + " B " + std::to_string(B) + " N " + std::to_string(N) + " " +
+                     o.precision + " PyTorch");
+            o.profile = false;
+            pt[p] = torch.step(o);
+            pt[p].erase("step_ms");
+            r[p]["pytorch"] = pt[p];
+          }
           runs.push_back(r[p]);
         }
         auto cell = [&](int p, const char* key, const char* f) { return ok(r[p]) ? fmt(f, num(r[p], key)) : err_cell(r[p]); };
@@ -376,6 +392,10 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, std::ostream& out) {
                           cell(1, "median_ms", "%.1f"), cell(0, "tflops", "%.3f"), cell(1, "tflops", "%.3f"),
                           cell(0, "matmul_tflops", "%.3f"), cell(1, "matmul_tflops", "%.3f"),
                           fmt("%.2fx", num(r[0], "median_ms") / num(r[1], "median_ms"))});
+        if (torch.enabled())
+          for (int p = 0; p < 2; ++p)
+            t.rows.back().push_back(ok(pt[p]) && ok(r[p]) ? fmt("%.2fx", num(pt[p], "median_ms") / num(r[p], "median_ms"))
+                                                          : "-");
         if (L == layers.front() && B == batches.back())
           for (int p = 0; p < 2; ++p)
             if (ok(r[p])) {
@@ -390,7 +410,10 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, std::ostream& out) {
          (first.is_null() ? std::string() : header_line(first)) +
          "LSTM LM, vocabulary " + std::to_string(V) + ", sequence 35, SGD momentum; FLOPs = the matmuls of a training step (3x the "
          "forward: per layer 2TB(4N)(2N), decoder 2TBNV). End to end = FLOPs / median step time; matmul = FLOPs / "
-         "time in the matmul kernels (profiler). Configurations that did not fit are reported as OOM.\n\n");
+         "time in the matmul kernels (profiler). Configurations that did not fit are reported as OOM. " +
+         (torch.enabled() ? std::string("PyTorch ratios: its median step time over ours (> 1: mixprec faster).")
+                          : torch.why() + ".") +
+         "\n\n");
   rep.table(t);
   rep.json()["runs"] = runs;
   std::vector<tr::Series> series;
@@ -575,6 +598,8 @@ void add_bench_suites(CLI::App* bench) {
     cmd->add_option("--model", ob->model, "model as in bench step (lstm, resnet18, mlp-2048x2, ...)")->capture_default_str();
     cmd->add_option("--batch_size", ob->batch_size, "batch (0 = bench step's default)")->capture_default_str();
     cmd->add_option("--hidden_size", ob->hidden_size, "word LM: embedding and hidden size")->capture_default_str();
+    cmd->add_option("--image_size", ob->image_size, "images: height = width")->capture_default_str();
+    cmd->add_option("--in_channels", ob->in_channels, "images: channels")->capture_default_str();
     cmd->add_option("--precision", ob->precision, "mixed precision to compare with fp32: bf16 or fp16")
         ->capture_default_str();
     cmd->callback([a, ob] { op_breakdown(*a, *ob, std::cout); });
@@ -590,6 +615,7 @@ void add_bench_suites(CLI::App* bench) {
     auto a = std::make_shared<SuiteArgs>();
     auto g = std::make_shared<SweepArgs>();
     common(cmd, *a);
+    torch_flags(cmd, *a);
     cmd->add_option("--layers", g->layers, "layer counts (default 2,3,4,5; quick 2)")->delimiter(',');
     cmd->add_option("--batches", g->batches, "batch sizes (default 32..1024; quick 32,64)")->delimiter(',');
     cmd->add_option("--cells", g->cells, "hidden sizes (default 512..4096; quick 256,512)")->delimiter(',');
@@ -598,7 +624,8 @@ void add_bench_suites(CLI::App* bench) {
       for (const auto* v : {&g->layers, &g->batches, &g->cells})
         for (int64_t x : *v) MP_CHECK(x > 0, "bench lstm-sweep: --layers/--batches/--cells take positive sizes, got ", x);
       MP_CHECK(g->vocab_size > 0, "bench lstm-sweep: --vocab_size must be positive, got ", g->vocab_size);
-      lstm_sweep(*a, *g, std::cout);
+      const PyTorchSide torch(*a);
+      lstm_sweep(*a, *g, torch, std::cout);
     });
   }
   {

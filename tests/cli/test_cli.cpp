@@ -140,7 +140,7 @@ TEST(Cli, BenchSuitesWriteReports) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(text(dir / "li" / "lstm-impl.md"), "fused speed-up");
   // lstm-sweep on one tiny configuration: TFLOP/s columns filled.
-  r = run("bench lstm-sweep --layers 1 --batches 4 --cells 16 --vocab_size 50 --warmup 0 --steps 1 --report " +
+  r = run("bench lstm-sweep --layers 1 --batches 4 --cells 16 --vocab_size 50 --warmup 0 --steps 1 --pytorch off --report " +
           (dir / "ls").string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(text(dir / "ls" / "lstm-sweep.json"), "\"tflops\"");
