@@ -272,6 +272,17 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
       {{"depthwise 3x3 pad 1", {2, 16, 9, 8}, {16, 1, 3, 3}, true, {.padding = {1, 1}, .groups = 16}},
        {2, 16, 9, 8},
        {9, 9, 144, 144}},
+      // Outputs of <= 16 pixels: bf16 weight gradients take the im2col + GEMM path (Note [bf16 weight
+      // gradient as one GEMM] in src/backend/cpu/conv.cpp). 4x4 output: dweight/dbias N*OH*OW = 2*16.
+      {{"3x3 pad 1 on 4x4 (GEMM weight gradient)", {2, 16, 4, 4}, {8, 16, 3, 3}, true, {.padding = {1, 1}}},
+       {2, 8, 4, 4},
+       {144, 72, 32, 32}},
+      // Rectangular kernel, stride 2, dilation (2, 1), uneven padding: 4x3 output, padding taps are zeros
+      // in the unfolded input. y 6*3*2 taps; dx at most 4 outputs * 6 taps; dweight N*OH*OW = 3*12.
+      {{"3x2 stride 2 dilation (2,1) pad (2,1) (GEMM weight gradient)", {3, 6, 7, 5}, {4, 6, 3, 2}, true,
+        {.stride = {2, 2}, .padding = {2, 1}, .dilation = {2, 1}}},
+       {3, 4, 4, 3},
+       {36, 24, 36, 36}},
   };
   manual_seed(21);
   for (const LowPrecisionGeometry& lg : geos) {

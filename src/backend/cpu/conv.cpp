@@ -3,9 +3,14 @@
 // convolution on the CPU: f16 is storage-only here, and the result is rounded to f16 once).
 #include <omp.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/conv_kernels.hpp"
 #include "backend/cpu/loops.hpp"
 #include "backend/cpu/onednn_conv.hpp"
+#include "backend/linalg_kernels.hpp"
+#include "backend/reduce_kernels.hpp"
 
 namespace mp::backend::cpu {
 namespace {
@@ -187,6 +192,57 @@ void conv2d_backward_data_cpu(const Tensor& dx, const Tensor& dy, const Tensor& 
   if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
 }
 
+// Note [bf16 weight gradient as one GEMM]
+// oneDNN 2.6's AMX weight-gradient kernel is slow when the output is small in space: for ResNet-18's last
+// stage (512 -> 512, 3x3, 4x4 output, batch 32) one call took ~19 ms, ~0.13 TFLOP/s, slower than its f32
+// kernel; its 8x8 stage ~10 ms. The weight gradient is one GEMM over all output pixels of the batch:
+//   dW [O, C kH kW] = dY^T [O, N oh ow] x col [N oh ow, C kH kW],
+// where col is x unfolded (im2col; zero where the window hangs over the padding). With few output pixels
+// col stays small (4x4, C = 512, N = 32: 512 x 4608 bf16 = 4.7 MB), and the GEMM runs on oneDNN's bf16
+// matmul with f32 output, at its full AMX rate. Used for bf16, groups 1, when oh * ow <= kGemmWgradMaxPixels
+// (the measured crossover, see bench/RESULTS.md); the result differs from oneDNN's only in the order of
+// the f32 sums. Fixed by shape, never by timing at run time, so runs stay bit-reproducible.
+constexpr int64_t kGemmWgradMaxPixels = 16;
+
+bool use_gemm_weight_grad(const Conv2dArgs& a) {
+  static const int64_t max_pixels = [] {
+    const char* e = std::getenv("MP_CONV_WGRAD_GEMM_MAX_PIXELS");  // tuning experiments only
+    return e != nullptr ? std::atoll(e) : kGemmWgradMaxPixels;
+  }();
+  return a.src_dtype == DType::bf16 && a.groups == 1 && a.out_h() * a.out_w() <= max_pixels;
+}
+
+// col [N oh ow, C kH kW] (bf16) from x [N, C, H, W] (bf16, contiguous).
+void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col) {
+  const int64_t oh = a.out_h(), ow = a.out_w(), K = a.c * a.kh * a.kw, rows = a.n * oh * ow;
+#pragma omp parallel for if (rows * K >= kParallelGrain && !omp_in_parallel()) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = r / (oh * ow), oy = (r / ow) % oh, ox = r % ow;
+    uint16_t* out = col + r * K;
+    for (int64_t c = 0; c < a.c; ++c) {
+      const uint16_t* xp = x + (n * a.c + c) * a.h * a.w;
+      for (int64_t ky = 0; ky < a.kh; ++ky) {
+        const int64_t iy = oy * a.stride_h - a.pad_h + ky * a.dil_h;
+        for (int64_t kx = 0; kx < a.kw; ++kx) {
+          const int64_t ix = ox * a.stride_w - a.pad_w + kx * a.dil_w;
+          *out++ = iy >= 0 && iy < a.h && ix >= 0 && ix < a.w ? xp[iy * a.w + ix] : uint16_t{0};
+        }
+      }
+    }
+  }
+}
+
+void backward_weights_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& dyc, const Tensor& dweight,
+                           const Tensor& dbias) {
+  const int64_t P = a.out_h() * a.out_w(), K = a.c * a.kh * a.kw, R = a.n * P;
+  Tensor col = empty({1, R, K}, {.dtype = DType::bf16});
+  im2col_bf16(a, static_cast<const uint16_t*>(xc.raw_data()), static_cast<uint16_t*>(col.raw_data()));
+  // dY^T [O, N P]: a copy of the permuted view (small: O x N P).
+  const Tensor dyt = dyc.view({a.n, a.oc, P}).permute({1, 0, 2}).contiguous().view({1, a.oc, R});
+  matmul_kernel.get(kCPU)(dweight.view({1, a.oc, K}), dyt, col, Tensor(), false);
+  if (dbias.defined()) reduce_kernel.get(kCPU)(ReduceOp::sum, dbias, dyt.view({a.oc, R}), 1);
+}
+
 void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, const Tensor& x, const Tensor& dy,
                                  const Conv2dGeometry& g) {
   check_out(dweight, "dweight");
@@ -206,6 +262,7 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
             "conv2d backward kernel: dweight/dbias must be f32 for ", dtype_name(x.dtype()), " inputs");
   const DType ct = a.src_dtype;
   const Tensor xc = x.to(ct).contiguous(), dyc = dy.to(ct).contiguous();
+  if (a.n > 0 && use_gemm_weight_grad(a)) return backward_weights_gemm(a, xc, dyc, dweight, dbias);
   conv2d_backward_weights(a, xc.raw_data(), dyc.raw_data(), dweight.raw_data(),
                           dbias.defined() ? dbias.raw_data() : nullptr);
 }
