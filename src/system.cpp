@@ -3,6 +3,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "backend/cpu/onednn_matmul.hpp"
+#include "backend/cuda/runtime.hpp"
 
 namespace mp {
 
@@ -23,7 +24,27 @@ SystemInfo system_info() {
   s.onednn_bf16_matmul_impl = impl(DType::bf16);
 #if defined(MP_HAVE_CUDA)
   s.cuda_built = true;
-  s.cuda_status = "CUDA backend compiled in; device query not yet implemented";
+  namespace cu = backend::cuda;
+  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  const int driver = cu::driver_version();
+  const std::string versions =
+      "CUDA runtime " + version(cu::runtime_version()) + ", driver " + (driver > 0 ? version(driver) : "none");
+  const int n = cu::device_count();
+  if (n == 0) {
+    s.cuda_status = "no CUDA device: " + cu::no_device_reason() + " (" + versions + ")";
+  } else {
+    s.cuda_status = std::to_string(n) + (n == 1 ? " device (" : " devices (") + versions + ")";
+    for (int i = 0; i < n; ++i) {
+      try {
+        const cu::DeviceProperties& p = cu::device_properties(i);
+        s.gpus.push_back({.index = i, .name = p.name, .cc_major = p.cc_major, .cc_minor = p.cc_minor,
+                          .memory_gib = static_cast<double>(p.total_memory) / double(1 << 30),
+                          .multiprocessors = p.multiprocessors});
+      } catch (const Error& e) {
+        s.cuda_status += "; cuda:" + std::to_string(i) + " could not be queried: " + e.what();
+      }
+    }
+  }
 #else
   s.cuda_built = false;
   s.cuda_status = "not built (configure with -DMP_CUDA=ON on a machine with nvcc)";

@@ -21,9 +21,12 @@ void add_info_command(CLI::App& app) {
     std::printf("  f16 on the CPU is storage-only (oneDNN 2.6 has no f16 matmul/convolution here).\n\n");
     std::printf("CUDA: %s\n", s.cuda_status.c_str());
     for (const auto& g : s.gpus) {
+      const bool tensor_cores = g.cc_major >= 7;
+      std::printf("  cuda:%d %s: compute capability %d.%d%s, %.1f GiB, %d SMs\n", g.index, g.name.c_str(),
+                  g.cc_major, g.cc_minor, tensor_cores ? "" : " (no tensor cores: expect memory savings, no speed-up)",
+                  g.memory_gib, g.multiprocessors);
       const mp::PrecisionAdvice a = mp::gpu_precision_advice(g);
-      std::printf("  cuda:%d %s, compute capability %d.%d, %.1f GiB: advised %s — %s\n", g.index, g.name.c_str(),
-                  g.cc_major, g.cc_minor, g.memory_gib, mp::dtype_name(a.dtype), a.reason.c_str());
+      std::printf("    advised precision: %s — %s\n", mp::dtype_name(a.dtype), a.reason.c_str());
     }
   });
 }

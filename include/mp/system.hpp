@@ -12,7 +12,8 @@ struct GpuInfo {
   int index = 0;
   std::string name;
   int cc_major = 0, cc_minor = 0;  ///< compute capability
-  double memory_gib = 0.0;
+  double memory_gib = 0.0;         ///< device memory in GiB
+  int multiprocessors = 0;         ///< SM count
 };
 
 /// What this build and machine offer for mixed precision.
@@ -23,7 +24,7 @@ struct SystemInfo {
   std::string onednn_bf16_matmul_impl;  ///< kernel oneDNN picks for a bf16 matmul, e.g. "brg:avx512_core_amx"
   std::string onednn_f32_matmul_impl;   ///< kernel oneDNN picks for an f32 matmul
   bool cuda_built = false;             ///< the CUDA backend is compiled in
-  std::string cuda_status;             ///< "n devices" or why none (e.g. insufficient driver)
+  std::string cuda_status;             ///< "n device(s)" and the CUDA versions, or why there is none
   std::vector<GpuInfo> gpus;           ///< visible GPUs
 };
 

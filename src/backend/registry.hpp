@@ -77,8 +77,13 @@ class KernelSlot {
   /// none is registered.
   KernelCall<Fn> get(Device d) const {
     Fn* f = fns_[static_cast<int>(d.type)];
+#if defined(MP_HAVE_CUDA)
+    MP_CHECK(f != nullptr, "no kernel for op '", op_, "' on device ", d.str(),
+             d.is_cuda() ? ": the CUDA backend has no kernel for this op yet (run it on the CPU)" : "");
+#else
     MP_CHECK(f != nullptr, "no kernel for op '", op_, "' on device ", d.str(),
              d.is_cuda() ? ": mixprec was built without the CUDA backend (configure with -DMP_CUDA=ON)" : "");
+#endif
     return KernelCall<Fn>(f, op_);
   }
   /// Op family name.

@@ -40,7 +40,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   autograd::NoGradGuard ng;
   std::ostringstream body;
   body << std::setprecision(6);
-  if (t.numel() > 0) print_rec(body, t.dim() == 0 ? t : t, 0, 0);
+  if (t.numel() > 0) print_rec(body, t.to(kCPU), 0, 0);  // device tensors print from a host copy
   os << "Tensor(" << body.str() << ", shape=" << shape_str(t.sizes()) << ", dtype=" << dtype_name(t.dtype())
      << ", device=" << t.device().str() << (t.requires_grad() ? ", requires_grad" : "") << ")";
   return os;

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "backend/copy_kernels.hpp"
+#include "backend/cuda/runtime.hpp"
 #include "backend/pointwise_kernels.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/ops/reduce.hpp"
@@ -380,8 +382,33 @@ Tensor Tensor::to(DType dt) const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
-  MP_FAIL("to(", d.str(), "): copies between ", device().str(), " and ", d.str(),
-          " need the CUDA backend, which this build does not have (configure with -DMP_CUDA=ON)");
+  const Device from = device();
+  // The CUDA side must exist (throws "no CUDA device" with the reason otherwise), and the target is
+  // the current device while its memory is allocated (the CUDA allocator serves the current device).
+  backend::cuda::DeviceGuard guard(d.is_cuda() ? d : from, "to");
+  const auto copy = backend::copy_between_devices_kernel.get(d.is_cuda() ? d : from);
+  Tensor out;
+  if (numel() == 0) {
+    out = empty(sizes(), {.dtype = dtype(), .device = d});
+  } else if (from.is_cpu() || is_contiguous()) {
+    const Tensor src = detach().contiguous();  // a host-side gather for strided host sources
+    out = empty(sizes(), {.dtype = dtype(), .device = d});
+    copy(out, src);
+  } else {
+    // A strided device source: copy the storage span it covers to the host in one contiguous
+    // transfer, gather there, and send the result on when the target is another device.
+    int64_t lo = storage_offset(), hi = storage_offset();
+    for (int64_t i = 0; i < dim(); ++i) (stride(i) < 0 ? lo : hi) += stride(i) * (size(i) - 1);
+    const Tensor span(std::make_shared<TensorImpl>(storage(), lo, Shape{hi - lo + 1}, Shape{1}, dtype()));
+    const Tensor host_span = empty(span.sizes(), {.dtype = dtype()});
+    copy(host_span, span);
+    out = Tensor(std::make_shared<TensorImpl>(host_span.storage(), storage_offset() - lo, sizes(), strides(), dtype()))
+              .contiguous();
+    if (!d.is_cpu()) out = out.to(d);
+  }
+  autograd::record("ToDeviceBackward", {*this}, {out},
+                   [from](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(from)}; });
+  return out;
 }
 
 Tensor Tensor::detach() const {
@@ -401,7 +428,8 @@ double Tensor::item_double() const { return item<double>(); }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor c = detach().to(dtype_of<T>()).contiguous();
+  // Device tensors come to the host first (the host reads the bytes below).
+  Tensor c = detach().to(kCPU).to(dtype_of<T>()).contiguous();
   const T* p = static_cast<const T*>(c.raw_data());
   return std::vector<T>(p, p + c.numel());
 }

@@ -137,7 +137,7 @@ class Tensor {
   Tensor clone() const;
   /// Convert element type (a no-op returning *this when equal); differentiable.
   Tensor to(DType dtype) const;
-  /// Move to a device (cpu now; cuda with the CUDA backend).
+  /// Copy to a device (cpu, or cuda with the CUDA backend and a GPU; a clear error otherwise).
   Tensor to(Device device) const;
   /// The value of a one-element tensor as T.
   template <class T> T item() const;

@@ -1,0 +1,119 @@
+// The CUDA runtime layer: device discovery, the current device, per-device streams, properties and
+// error checking.
+//
+// Two parts. The first is device-neutral (no CUDA headers) and exists in every build, so tensor/,
+// system.cpp and the tests can ask "is there a device, and if not why" without the CUDA toolkit:
+// runtime.cu implements it in CUDA builds, unavailable.cpp in builds without CUDA (where
+// device_count() is 0 and the reason says the backend was not built). The second part uses CUDA
+// types and is visible only to sources compiled by nvcc (.cu).
+//
+// Note [no device is not a crash]: on machines without an NVIDIA driver or GPU, cudaGetDeviceCount
+// answers an error (cudaErrorInsufficientDriver on the build machines, cudaErrorNoDevice when
+// CUDA_VISIBLE_DEVICES hides every GPU). ANY error there means "no CUDA device": device_count() is
+// 0, the reason is kept for messages, and every request for a cuda tensor throws an mp::Error that
+// quotes it. The answer is computed once per process and cached.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "mp/core/device.hpp"
+
+namespace mp::backend::cuda {
+
+/// Bytes of one pinned host staging buffer; host<->device copies larger than this go in chunks
+/// through two such buffers per device (double buffering).
+inline constexpr size_t kStagingChunkBytes = size_t{8} << 20;
+
+/// Number of usable CUDA devices: 0 when the build has no CUDA backend or the runtime reports any
+/// error (no driver, no GPU). Cached after the first call; thread-safe.
+int device_count();
+
+/// Why device_count() is 0, e.g. "no NVIDIA driver, or one older than the CUDA 13.0 runtime
+/// (cudaErrorInsufficientDriver: ...)"; empty when there are devices.
+std::string no_device_reason();
+
+/// Throws mp::Error naming `op` unless d is a CUDA device that exists (says why there is none, or
+/// how many there are when the index is out of range).
+void check_device(Device d, const char* op);
+
+/// CUDA runtime version as major*1000 + minor*10 (13000 for 13.0); 0 in builds without CUDA.
+int runtime_version();
+/// Version of the installed driver's CUDA API, same encoding; 0 when no driver is installed.
+int driver_version();
+
+/// What `mixprec info` and kernel tuning need to know about one device.
+struct DeviceProperties {
+  int index = 0;                        ///< N of cuda:N
+  std::string name;                     ///< e.g. "NVIDIA H100 80GB HBM3"
+  int cc_major = 0, cc_minor = 0;       ///< compute capability (9.0 for Hopper)
+  size_t total_memory = 0;              ///< bytes of device memory
+  int multiprocessors = 0;              ///< SM count
+  size_t l2_cache_bytes = 0;            ///< L2 cache size
+  size_t shared_memory_per_block_optin = 0;  ///< largest dynamic shared memory a block may opt in to
+};
+
+/// Properties of cuda:index (queried once, cached); throws when the device does not exist.
+const DeviceProperties& device_properties(int index);
+
+/// Wait until all work queued on device d has finished (cudaDeviceSynchronize on d).
+void synchronize(Device d);
+
+/// The calling thread's current CUDA device index; throws when there is no device.
+int current_device();
+
+/// Make cuda:index the calling thread's current device; throws when it does not exist.
+void set_device(int index);
+
+/// RAII: makes a CUDA device current for a scope and restores the previous one; a no-op for cpu.
+/// Throws (naming `op`) when the device does not exist, so it doubles as the availability check.
+class DeviceGuard {
+ public:
+  /// Switch to d (when d is a CUDA device).
+  explicit DeviceGuard(Device d, const char* op = "cuda") {
+    if (!d.is_cuda()) return;
+    check_device(d, op);
+    const int prev = current_device();
+    if (prev != d.index) {
+      set_device(d.index);
+      prev_ = prev;
+    }
+  }
+  ~DeviceGuard() { restore_device_noexcept(prev_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  // Set the device back without throwing (destructors must not throw); -1 means "unchanged".
+  static void restore_device_noexcept(int index) noexcept;
+  int prev_ = -1;
+};
+
+#if defined(MP_HAVE_CUDA)
+/// Throw the mp::Error of a failed CUDA runtime call: names the call, the error (name and text)
+/// and what to do. `status` is the cudaError_t value. Clears the thread's non-sticky error state.
+[[noreturn]] void throw_cuda_error(int status, const char* call, const char* file, int line);
+#endif
+
+}  // namespace mp::backend::cuda
+
+#if defined(MP_HAVE_CUDA) && defined(__CUDACC__)
+#include <cuda_runtime_api.h>
+
+/// Check a CUDA runtime call; on failure throw mp::Error naming the call, the error and a remedy.
+#define MP_CUDA_CHECK(call)                                                                       \
+  do {                                                                                            \
+    const cudaError_t mp_cuda_status_ = (call);                                                   \
+    if (mp_cuda_status_ != cudaSuccess) [[unlikely]]                                             \
+      ::mp::backend::cuda::throw_cuda_error(static_cast<int>(mp_cuda_status_), #call, __FILE__, __LINE__); \
+  } while (0)
+
+namespace mp::backend::cuda {
+
+/// The stream mixprec queues work on for cuda:device: a non-blocking stream created on first use
+/// and kept for the process. Note [one stream per device]: every kernel and copy of a device goes
+/// to this one stream, so work is ordered and the caching allocator may hand a freed block to the
+/// next request at once (its earlier uses are queued before any new one).
+cudaStream_t current_stream(int device);
+
+}  // namespace mp::backend::cuda
+#endif
