@@ -1,0 +1,16 @@
+# written by mixprec; re-plot with: cd 'bench/reports/resnets' && gnuplot 'max_batch.gp'
+set terminal pngcairo size 1000,620 noenhanced
+set output 'max_batch.png'
+set title 'largest batch, bf16 / fp32'
+set ylabel 'ratio'
+set grid
+set datafile missing '?'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set boxwidth 0.8
+set yrange [0:*]
+set offsets 0, 0, graph 0.08, 0
+set grid noxtics ytics
+plot 'max_batch.dat' using 2:xtic(1) notitle lc rgb '#4477aa', \
+     'max_batch.dat' using 0:2:(sprintf('%.3g', $2)) with labels offset 0,0.8 notitle
