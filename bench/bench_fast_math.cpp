@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   const Tensor x16 = x32.to(DType::bf16);
   Tensor out32 = empty({n}), out16 = empty({n}, {.dtype = DType::bf16}), dx32 = empty({n});
   const std::vector<Tensor> gelu_bwd_ins = {g32, x32};
-  const auto& pointwise = *backend::pointwise_kernel.get(kCPU);
+  const auto pointwise = backend::pointwise_kernel.get(kCPU);
   auto libm_op = [&]<class F>(F, const Tensor& out, const Tensor& in) {
     return [&out, &in] {
       const Tensor ins[1] = {in};
