@@ -187,6 +187,27 @@ TEST(BatchNorm, F32StatisticsSurviveLargeMean) {
   EXPECT_LE(excess(y32, y64, 2e-3, 0.0), 0.0);
 }
 
+TEST(BatchNorm, BadPivotAndFarOutliersMatchF64) {
+  // Note [normalisation statistics on the CPU]: the shifted sums use the mean of a channel's first block
+  // (kBlock = 512 values) as pivot. Channel 0 starts with 512 values of 100 among 32768 N(0, 1) values: the
+  // pivot sits ~8 std from the channel mean (mean 1.56, std 12.4), past the 4-std bound, so the kernel redoes
+  // the channel about its mean. Channel 1 has single outliers at +-50 sigma among S = 16384 > 2048 values per
+  // plane; channel 2 is plain. Against the f64 computation on the same f32 values: f32 partial sums about a
+  // pivot within 4 std err by ~sqrt(512 / lanes) 2^-24 (var + d^2) ~ 1e-6 of var, plus the output rounding:
+  // allowed 1e-4 absolute on the normalised output.
+  const int64_t N = 2, C = 3, S = 16384;
+  Tensor x = randn({N, C, S});
+  x.select(1, 0).select(0, 0).narrow(0, 0, 512).fill_(100.0);
+  x.select(1, 1).select(0, 0).narrow(0, 100, 1).fill_(50.0);
+  x.select(1, 1).select(0, 1).narrow(0, 3000, 1).fill_(-50.0);
+  Tensor y32 = batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true);
+  Tensor y64 = batch_norm(x.to(DType::f64), Tensor(), Tensor(), Tensor(), Tensor(), true);
+  EXPECT_LE(excess(y32, y64, 1e-4, 0.0), 0.0);
+  // Not vacuous: the far block normalises to ~7.9 std and the outliers to ~+-50.
+  EXPECT_GT(y32.select(1, 0).select(0, 0).narrow(0, 0, 512).to_vector<float>()[0], 7.0f);
+  EXPECT_GT(y32.select(1, 1).select(0, 0).narrow(0, 100, 1).item<float>(), 40.0f);
+}
+
 TEST(BatchNorm, LowPrecisionAgainstF32) {
   for (DType dt : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(dt));

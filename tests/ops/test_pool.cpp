@@ -305,3 +305,50 @@ TEST(Pool2d, ErrorMessages) {
   expect_error([&] { max_pool2d(ones({1, 2, 0, 5}), {}); }, {"max_pool2d", "non-empty", "[1, 2, 0, 5]"});
   expect_error([&] { max_pool2d(ones({1, 2, 4, 4}, {.dtype = DType::i32}), {}); }, {"max_pool2d", "floating", "i32"});
 }
+
+TEST(MaxPool2d, FastPathSpecialValuesMatchTheScanRule) {
+  // The 2x2 stride-2 fast paths (Note [pooling fast paths], src/backend/cpu/pool.cpp: wide rows, rows of
+  // 7 outputs, and 7x7 planes with rows of 3) against the general loop's rule written out here: scan the
+  // cell a b / c d from m = -inf at the top-left offset, take v when v > m or v is NaN. So ties (including
+  // -0 vs +0) keep the first, the last NaN wins, an all -inf cell selects the top-left. Values are compared
+  // bit for bit (NaN as NaN) and the selected inputs through the gradient.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const double pool[] = {nan, inf, -inf, -0.0, 0.0, 1.0, -1.0, 2.0, 2.0, 0.5, -inf, -0.0};
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return pool[(state >> 33) % std::size(pool)];
+  };
+  for (const Shape& s : {Shape{2, 3, 16, 16}, Shape{1, 2, 14, 14}, Shape{2, 3, 7, 7}})
+    for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+      SCOPED_TRACE(shape_str(s) + " " + dtype_name(dt));
+      const int64_t P = s[0] * s[1], H = s[2], W = s[3], OH = H / 2, OW = W / 2;
+      std::vector<double> xs(static_cast<size_t>(P * H * W));
+      for (double& v : xs) v = next();
+      Tensor x = from_vector<double>(xs, s).to(dt).requires_grad_();
+      Tensor y = max_pool2d(x, {.kernel = {2, 2}, .stride = {2, 2}});
+      y.backward(ones_like(y));
+      const auto yv = y.to_vector<double>(), gv = x.grad().to_vector<double>();
+      std::vector<double> want_g(xs.size(), 0.0);
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t oy = 0; oy < OH; ++oy)
+          for (int64_t ox = 0; ox < OW; ++ox) {
+            const int64_t base = p * H * W;
+            int64_t best = base + 2 * oy * W + 2 * ox;
+            double m = -inf;
+            for (int64_t dy = 0; dy < 2; ++dy)
+              for (int64_t dx = 0; dx < 2; ++dx) {
+                const int64_t i = base + (2 * oy + dy) * W + 2 * ox + dx;
+                if (xs[i] > m || std::isnan(xs[i])) m = xs[i], best = i;
+              }
+            const double got = yv[(p * OH + oy) * OW + ox];
+            ASSERT_EQ(std::isnan(got), std::isnan(m)) << "window " << p << "," << oy << "," << ox;
+            if (!std::isnan(m)) {
+              ASSERT_EQ(got, m);
+              ASSERT_EQ(std::signbit(got), std::signbit(m)) << "-0 vs +0 tie must keep the first";
+            }
+            want_g[best] += 1.0;
+          }
+      ASSERT_EQ(gv, want_g);
+    }
+}
