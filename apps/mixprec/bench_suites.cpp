@@ -214,8 +214,16 @@ void op_breakdown(const SuiteArgs& a, const OpBreakdownArgs& ob, std::ostream& o
     double ms32 = 0, ms16 = 0, by32 = 0, by16 = 0;
   };
   std::map<std::string, Row> rows;
-  for (const auto& op : f["ops"]) rows[op["name"]].ms32 = op["ms"], rows[op["name"]].by32 = op["bytes"];
-  for (const auto& op : m["ops"]) rows[op["name"]].ms16 = op["ms"], rows[op["name"]].by16 = op["bytes"];
+  for (const auto& op : f["ops"]) {
+    Row& r = rows[op["name"]];
+    r.ms32 = op["ms"];
+    r.by32 = op["bytes"];
+  }
+  for (const auto& op : m["ops"]) {
+    Row& r = rows[op["name"]];
+    r.ms16 = op["ms"];
+    r.by16 = op["bytes"];
+  }
   std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
   std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.ms32 > y.second.ms32; });
   const double step32 = f["mean_ms"], step16 = m["mean_ms"];
@@ -438,11 +446,7 @@ std::pair<int64_t, Json> max_batch(BenchStepOptions o, double budget, int64_t st
     return f;
   };
   int64_t lo = 0, hi = std::max<int64_t>(1, start);
-  while (hi <= (1 << 16) && fits(hi)) lo = hi, hi *= 2;
-  if (lo == 0) {  // even `start` does not fit: search below it
-    hi = start;
-    lo = 0;
-  }
+  while (hi <= (1 << 16) && fits(hi)) lo = hi, hi *= 2;  // lo = 0 when even `start` does not fit
   while (hi - lo > std::max<int64_t>(1, lo / 16)) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (fits(mid))
@@ -536,20 +540,14 @@ void resnets(const SuiteArgs& a, const ResnetArgs& ra, const PyTorchSide& torch,
 
 void opt_levels(const SuiteArgs& a, tr::TrainConfig base, const std::vector<std::string>& runs_list, std::ostream& out) {
   const std::string dir = a.report.empty() ? "report/bench-opt-levels" : a.report;
-  std::filesystem::create_directories(dir);
+  std::vector<tr::TrainConfig> configs;
+  for (const std::string& item : runs_list) configs.push_back(compare_run_config(base, item, dir));  // flags first
   std::vector<tr::RunSummary> done;
   std::vector<std::string> failed;
-  for (const std::string& item : runs_list) {
-    tr::TrainConfig c = base;
-    const auto colon = item.find(':');
-    c.precision = item.substr(0, colon);
-    c.opt_level = colon == std::string::npos ? "" : item.substr(colon + 1);
-    std::string stem = item;
-    for (char& ch : stem)
-      if (ch == ':') ch = '_';
-    c.log = (std::filesystem::path(dir) / (stem + ".jsonl")).string();
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const tr::TrainConfig& c = configs[i];
+    const std::string& item = runs_list[i];
     try {
-      tr::validate(c);
       done.push_back(tr::train(c, out));
       out << "\n";
     } catch (const mp::Error& e) {  // reported however it ends (an unsupported dtype, a divergence that throws)

@@ -27,6 +27,10 @@ void add_plot_command(CLI::App& app);
 /// `mixprec bench step`: time training steps of one configuration, printed as JSON.
 void add_bench_command(CLI::App& app);
 
+/// One run of a comparison: `base` with the precision[:opt_level] of `item` ("bf16:O2") and, when
+/// `report` is a folder, its JSONL log there (ITEM.jsonl, ':' as '_'); checked with validate().
+mp::train::TrainConfig compare_run_config(const mp::train::TrainConfig& base, const std::string& item,
+                                          const std::string& report);
 /// The compare table (markdown on `out`; with a folder `dir` also compare.md, compare.json and PNG charts).
 void write_compare_report(const std::vector<mp::train::RunSummary>& runs, const std::string& dir, std::ostream& out);
 /// `mixprec bench SUITE`: the reference articles' experiments (bench_suites.cpp), under `bench`.

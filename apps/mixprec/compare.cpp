@@ -54,6 +54,20 @@ tr::Series smoothed(const std::string& title, const std::vector<double>& v, size
 
 }  // namespace
 
+tr::TrainConfig compare_run_config(const tr::TrainConfig& base, const std::string& item, const std::string& report) {
+  tr::TrainConfig c = base;
+  std::tie(c.precision, c.opt_level) = parse_run(item);
+  if (!report.empty()) {
+    std::string stem = item;
+    for (char& ch : stem)
+      if (ch == ':') ch = '_';
+    std::filesystem::create_directories(report);
+    c.log = (std::filesystem::path(report) / (stem + ".jsonl")).string();
+  }
+  tr::validate(c);
+  return c;
+}
+
 void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::string& dir, std::ostream& out) {
   const bool text = runs.front().metric_name == "perplexity";
   size_t ref = 0;
@@ -144,17 +158,7 @@ void add_compare_command(CLI::App& app) {
     MP_CHECK(!a->runs.empty(), "--runs: give at least one precision");
     std::vector<tr::TrainConfig> configs;
     for (const std::string& item : a->runs) {
-      tr::TrainConfig c = a->config;
-      std::tie(c.precision, c.opt_level) = parse_run(item);
-      if (!a->report.empty()) {
-        std::string stem = item;
-        for (char& ch : stem)
-          if (ch == ':') ch = '_';
-        std::filesystem::create_directories(a->report);
-        c.log = (std::filesystem::path(a->report) / (stem + ".jsonl")).string();
-      }
-      tr::validate(c);  // every run's flags are checked before the first one starts
-      configs.push_back(c);
+      configs.push_back(compare_run_config(a->config, item, a->report));  // all checked before the first run
     }
     std::vector<tr::RunSummary> runs;
     for (const tr::TrainConfig& c : configs) {
