@@ -73,4 +73,8 @@ PrecisionAdvice gpu_precision_advice(const GpuInfo& g) {
   return {DType::f16, "compute capability < 7.0: no tensor cores: f16 halves memory but gives no speed-up"};
 }
 
+void synchronize(Device d) {
+  if (d.is_cuda()) backend::cuda::synchronize(d);
+}
+
 }  // namespace mp

@@ -40,6 +40,21 @@ using Json = nlohmann::ordered_json;
 bool is_lm(const std::string& model) { return model == "lstm" || model == "gru" || model == "rnn"; }
 
 // The options with defaults filled in; throws mp::Error naming the flag for any invalid value.
+// The --device of a bench configuration (throws naming the flag when it does not parse or exist).
+Device bench_device(const BenchStepOptions& o) {
+  Device d;
+  try {
+    d = Device(o.device);
+  } catch (const Error& e) {
+    MP_FAIL("bench step: --device '", o.device, "': expected cpu, cuda or cuda:N (", e.what(), ")");
+  }
+  if (d.is_cuda()) {
+    const SystemInfo s = system_info();
+    MP_CHECK(static_cast<int>(s.gpus.size()) > d.index, "bench step: --device ", o.device, ": ", s.cuda_status);
+  }
+  return d;
+}
+
 BenchStepOptions resolved(BenchStepOptions o) {
   MP_CHECK(models::is_image_model(o.model) || is_lm(o.model), "bench step: unknown --model '", o.model,
            "'; expected an image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) or lstm, gru, rnn");
@@ -77,6 +92,7 @@ BenchStepOptions resolved(BenchStepOptions o) {
            "'; expected sgd or adamw");
   MP_CHECK(o.lr >= 0, "bench step: --lr must be >= 0 (0 = the optimizer's default), got ", o.lr);
   if (o.lr == 0) o.lr = o.optimizer == "sgd" ? 0.01 : 1e-3;
+  (void)bench_device(o);
   return o;
 }
 
@@ -111,12 +127,14 @@ Workload image_workload(const BenchStepOptions& o) {
   const models::ImageModelSpec spec{.in_channels = o.in_channels, .image_size = o.image_size,
                                     .num_classes = o.num_classes};
   std::shared_ptr<nn::UnaryModule> model = models::create_image_model(o.model, spec);
+  const Device dev = bench_device(o);
+  model->to(dev);
   model->train();
   const int64_t num_params = model->num_parameters();
   std::shared_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
   auto setup = std::make_shared<amp::AmpSetup>(amp::initialize(model, *opt, amp_options(o)));
-  const Tensor x = randn({o.batch_size, o.in_channels, o.image_size, o.image_size});
-  const Tensor y = randint(0, o.num_classes, {o.batch_size});
+  const Tensor x = randn({o.batch_size, o.in_channels, o.image_size, o.image_size}).to(dev);
+  const Tensor y = randint(0, o.num_classes, {o.batch_size}).to(dev);
   Workload w;
   w.step = [setup, opt, x, y] {
     opt->zero_grad();
@@ -139,14 +157,16 @@ Workload lm_workload(const BenchStepOptions& o) {
   auto model = std::make_shared<models::WordLM>(models::WordLMOptions{
       .vocab_size = o.vocab_size, .embed_size = o.embed_size, .hidden_size = o.hidden_size,
       .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout, .fused_lstm = o.lstm_impl == "fused"});
+  const Device dev = bench_device(o);
+  model->to(dev);
   model->train();
   const int64_t num_params = model->num_parameters();
   std::shared_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
   const amp::AmpOptions r = amp::prepare(*model, *opt, amp_options(o));
   auto scaler = std::make_shared<amp::GradScaler>(r.scaler);
   const std::vector<Tensor> params = model->parameters();  // the converted ones (O2/O3)
-  const Tensor tokens = randint(0, o.vocab_size, {o.seq_len, o.batch_size});
-  const Tensor targets = randint(0, o.vocab_size, {o.seq_len * o.batch_size});
+  const Tensor tokens = randint(0, o.vocab_size, {o.seq_len, o.batch_size}).to(dev);
+  const Tensor targets = randint(0, o.vocab_size, {o.seq_len * o.batch_size}).to(dev);
   Workload w;
   w.step = [model, opt, scaler, params, tokens, targets, r] {
     opt->zero_grad();
@@ -196,8 +216,10 @@ Json run_bench_step(const BenchStepOptions& raw) {
   manual_seed(o.seed);
   Workload w = is_lm(o.model) ? lm_workload(o) : image_workload(o);
 
+  const Device dev = bench_device(o);
   for (int64_t i = 0; i < o.warmup; ++i) w.step();
-  memory::reset_peak_memory_stats();
+  synchronize(dev);
+  memory::reset_peak_memory_stats(dev);
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(o.steps));
   Tensor loss;
@@ -206,10 +228,11 @@ Json run_bench_step(const BenchStepOptions& raw) {
   for (int64_t i = 0; i < o.steps; ++i) {
     const auto t0 = Clock::now();
     loss = w.step();
+    synchronize(dev);  // GPU kernels run asynchronously: a step ends when its work has
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   prof.reset();
-  const int64_t peak = memory::memory_stats().peak_allocated;
+  const int64_t peak = memory::memory_stats(dev).peak_allocated;
   const double med = median(ms);
   const double last_loss = loss.item<double>();
 
@@ -236,6 +259,9 @@ Json run_bench_step(const BenchStepOptions& raw) {
   j["skipped_steps"] = w.skipped();
   j["threads"] = omp_get_max_threads();
   j["device"] = "cpu: " + (s.cpu.brand.empty() ? std::string("unknown CPU") : s.cpu.brand);
+  if (dev.is_cuda())
+    for (const GpuInfo& g : s.gpus)
+      if (g.index == dev.index) j["device"] = dev.str() + ": " + g.name;
   if (o.profile) {
     // Per kernel label, per timed step. "kernel_ms" is their sum; the rest of a step is framework
     // time (autograd, allocation, dispatch).

@@ -28,6 +28,7 @@ struct BenchStepOptions {
   std::string json;                ///< also append the JSON object as one line to this file
   std::string lstm_impl = "fused";  ///< word LM (lstm): "fused" (one node per layer) or "basic" (per-step graph)
   bool profile = false;            ///< also time every kernel over the timed steps (JSON "ops")
+  std::string device = "cpu";      ///< cpu, cuda or cuda:N
 };
 
 /// Call f(name, field, help) for each field of `o` (the flags of `mixprec bench step`).
@@ -54,6 +55,7 @@ void visit_fields(BenchStepOptions& o, F&& f) {
   f("json", o.json, "also append the JSON object as one line to this file");
   f("lstm_impl", o.lstm_impl, "word LM (lstm): fused (one sequence-level node per layer) or basic (per-step graph)");
   f("profile", o.profile, "also time every kernel over the timed steps (adds \"ops\" to the JSON)");
+  f("device", o.device, "cpu, cuda or cuda:N (model, batch and optimizer state live there)");
 }
 
 /// Whether `model` names the word LM (lstm, gru, rnn) rather than an image model.

@@ -41,6 +41,7 @@ struct SuiteArgs {
   std::string script = "bench/pytorch/bench_step.py";  ///< PyTorch's side of bench step
   int64_t warmup = -1;                           ///< untimed steps per configuration (-1 = suite default)
   int64_t steps = -1;                            ///< timed steps per configuration (-1 = suite default)
+  std::string device = "cpu";                    ///< cpu, cuda or cuda:N (both frameworks)
 };
 
 std::string fmt(const char* f, double v) {
@@ -100,7 +101,7 @@ class PyTorchSide {
         << " --vocab_size " << o.vocab_size << " --seq_len " << o.seq_len << " --embed_size " << o.embed_size
         << " --hidden_size " << o.hidden_size << " --num_layers " << o.num_layers << " --dropout " << o.dropout
         << " --precision " << o.precision << " --optimizer " << o.optimizer << " --warmup " << o.warmup
-        << " --steps " << o.steps << " --seed " << o.seed << " 2>&1";
+        << " --steps " << o.steps << " --seed " << o.seed << " --device " << o.device << " 2>&1";
     FILE* p = popen(cmd.str().c_str(), "r");
     if (p == nullptr) return {{"error", "could not start " + a_.python}};
     std::string out, line;
@@ -175,6 +176,7 @@ BenchStepOptions base_step(const SuiteArgs& a, int64_t warmup, int64_t steps) {
   BenchStepOptions o;
   o.warmup = a.warmup >= 0 ? a.warmup : warmup;
   o.steps = a.steps > 0 ? a.steps : steps;
+  o.device = a.device;
   return o;
 }
 
@@ -580,6 +582,7 @@ void add_bench_suites(CLI::App* bench) {
     cmd->add_flag("--quick", a.quick, "small sizes: minutes on a 2-core CPU (full sizes are for a GPU)");
     cmd->add_option("--warmup", a.warmup, "untimed steps per configuration (default: the suite's)");
     cmd->add_option("--steps", a.steps, "timed steps per configuration (default: the suite's)");
+    cmd->add_option("--device", a.device, "cpu, cuda or cuda:N (PyTorch runs on the same device)")->capture_default_str();
   };
   auto torch_flags = [](CLI::App* cmd, SuiteArgs& a) {
     cmd->add_option("--pytorch", a.pytorch, "PyTorch side by side: auto (when torch imports), on or off")

@@ -48,6 +48,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--opt_level", a->overrides.opt_level, "O0..O3 (default: as trained)");
   cmd->add_option("--eval_batch_size", a->overrides.eval_batch_size, "images per batch")->capture_default_str();
   cmd->add_option("--num_workers", a->overrides.num_workers, "loader threads")->capture_default_str();
+  cmd->add_option("--device", a->overrides.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->callback([a] {
     const mp::train::EvalResult r = mp::train::evaluate_checkpoint(a->path, a->split, &a->overrides, std::cout);
     if (r.metric_name == "accuracy")

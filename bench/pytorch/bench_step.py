@@ -72,6 +72,8 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--json", default="", help="also append the JSON object as one line to this file")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (GPU: autocast('cuda'), GradScaler for fp16, "
+                   "no TF32, cudnn.benchmark on)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads (0 = OMP_NUM_THREADS, else the CPUs this process may use)")
     a = p.parse_args(argv)
@@ -104,6 +106,10 @@ def parse_args(argv):
         p.error("--lr must be >= 0, got %g" % a.lr)
     if a.lr == 0:
         a.lr = 0.01 if a.optimizer == "sgd" else 1e-3
+    if a.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", a.device):
+        p.error("unknown --device %r; expected cpu, cuda or cuda:N" % a.device)
+    if a.device != "cpu" and not torch.cuda.is_available():
+        p.error("--device %s: torch %s sees no CUDA device" % (a.device, torch.__version__))
     if a.threads < 0:
         p.error("--threads must be >= 0, got %d" % a.threads)
     if a.threads == 0:
@@ -175,6 +181,12 @@ def fp16_autocast_support():
     return None
 
 
+def device_name(a):
+    if a.device == "cpu":
+        return "cpu: " + cpu_brand()
+    return "%s: %s" % (a.device, torch.cuda.get_device_name(torch.device(a.device)))
+
+
 def result_base(a, config):
     return {"framework": "pytorch", "version": torch.__version__, "blas": blas_library(), "model": a.model,
             "config": config,
@@ -202,18 +214,30 @@ def main(argv):
         y = torch.randint(0, a.num_classes, (a.batch_size,))
         units, unit = a.batch_size, "img/s"
     config["parameters"] = sum(p.numel() for p in model.parameters())
+    dev = torch.device(a.device)
+    gpu = dev.type == "cuda"
+    if gpu:
+        # The fp32 baseline is true fp32 on both sides (mixprec's default float32 matmul precision is
+        # "highest"); cuDNN may pick its fastest algorithms (mixprec caches its choice per shape too).
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    model.to(dev)
+    x, y = x.to(dev), y.to(dev)
     model.train()
     params = list(model.parameters())
 
     out = result_base(a, config)
     scaler = None
-    if a.precision == "fp16":
+    if a.precision == "fp16" and gpu:
+        scaler = torch.cuda.amp.GradScaler()
+    elif a.precision == "fp16":
         reason = fp16_autocast_support()
         if reason:
             out.update({"amp": None, "unsupported": reason, "warmup": a.warmup, "steps": a.steps, "median_ms": None,
                         "min_ms": None, "max_ms": None, "step_ms": [], "throughput": None, "unit": unit,
                         "peak_bytes": None, "max_rss_bytes": None, "final_loss": None, "skipped_steps": None,
-                        "threads": torch.get_num_threads(), "device": "cpu: " + cpu_brand()})
+                        "threads": torch.get_num_threads(), "device": device_name(a)})
             emit(out, a.json)
             return 0
         scaler = torch.amp.GradScaler("cpu")
@@ -228,7 +252,7 @@ def main(argv):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+        with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
             logits = model(x)[0] if lm else model(x)  # LM: zero initial state every step
         loss = F.cross_entropy(logits.float(), y)
         if scaler is not None:
@@ -247,13 +271,21 @@ def main(argv):
             opt.step()
         return loss
 
+    def sync():
+        if gpu:
+            torch.cuda.synchronize(dev)
+
     for _ in range(a.warmup):
         step()
+    sync()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(dev)
     ms = []
     loss = None
     for _ in range(a.steps):
         t0 = time.perf_counter()
         loss = step()
+        sync()  # GPU kernels run asynchronously: the step ends when its work has
         ms.append((time.perf_counter() - t0) * 1000.0)
     srt = sorted(ms)
     n = len(srt)
@@ -262,15 +294,17 @@ def main(argv):
     if amp_dtype is None:
         amp = "O0 fp32"
     else:
-        amp = "O1 %s (torch.autocast('cpu')), loss scale %s" % (
-            {"bf16": "bf16", "fp16": "f16"}[a.precision], "dynamic" if scaler is not None else "none")
+        amp = "O1 %s (torch.autocast('%s')), loss scale %s" % (
+            {"bf16": "bf16", "fp16": "f16"}[a.precision], dev.type, "dynamic" if scaler is not None else "none")
     out.update({"amp": amp, "warmup": a.warmup, "steps": a.steps, "median_ms": med, "min_ms": srt[0],
                 "max_ms": srt[-1], "step_ms": ms, "throughput": units / (med / 1000.0), "unit": unit,
-                "peak_bytes": None,  # torch keeps no CPU allocator statistics (see the module docstring)
+                # torch keeps no CPU allocator statistics (see the module docstring); on a GPU its caching
+                # allocator's peak of allocated bytes is what mixprec's peak_bytes counts too
+                "peak_bytes": torch.cuda.max_memory_allocated(dev) if gpu else None,
                 "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 "final_loss": last if math.isfinite(last) else None,
                 "skipped_steps": skipped[0],
-                "threads": torch.get_num_threads(), "device": "cpu: " + cpu_brand()})
+                "threads": torch.get_num_threads(), "device": device_name(a)})
     emit(out, a.json)
     return 0
 

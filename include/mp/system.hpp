@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "mp/core/cpu_features.hpp"
+#include "mp/core/device.hpp"
 #include "mp/core/dtype.hpp"
 
 namespace mp {
@@ -30,6 +31,10 @@ struct SystemInfo {
 
 /// Gather SystemInfo (builds two tiny oneDNN primitives to see which kernels they choose).
 SystemInfo system_info();
+
+/// Wait until all work queued on device d has finished (a no-op for the CPU, whose kernels are
+/// synchronous). Timings of GPU work must call it before reading the clock.
+void synchronize(Device d);
 
 /// A recommendation of a compute dtype for a device and why.
 struct PrecisionAdvice {

@@ -322,7 +322,9 @@ void copy_into(const Tensor& out, const Tensor& src) {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   autograd::NoGradGuard ng;
-  copy_into(*this, src.detach());
+  // Across devices (loading host weights into a model on a GPU, or back): move the source first, as
+  // PyTorch's copy_ does; the element-wise copy then converts the dtype on the destination device.
+  copy_into(*this, src.device() == device() ? src.detach() : src.detach().to(device()));
   bump_version();
   return *this;
 }

@@ -3,6 +3,7 @@
 #include <set>
 #include <type_traits>
 
+#include "backend/cuda/runtime.hpp"
 #include "mp/amp/initialize.hpp"
 #include "mp/core/error.hpp"
 #include "mp/models/registry.hpp"
@@ -114,8 +115,20 @@ void validate(const TrainConfig& c) {
              " does not fit --precision ", c.precision, ": O0 is fp32, O1-O3 need fp16 or bf16");
   }
   if (!c.loss_scale.empty()) (void)amp::LossScale::parse(c.loss_scale);
+  (void)run_device(c);
   MP_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint_dir (the folder holding ",
            "checkpoint.safetensors)");
+}
+
+Device run_device(const TrainConfig& c) {
+  Device d;
+  try {
+    d = Device(c.device);
+  } catch (const Error& e) {
+    MP_FAIL("--device '", c.device, "': expected cpu, cuda or cuda:N (", e.what(), ")");
+  }
+  if (d.is_cuda()) backend::cuda::check_device(d, "--device");
+  return d;
 }
 
 std::string run_label(const TrainConfig& c) {

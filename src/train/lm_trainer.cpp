@@ -77,15 +77,18 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
   sum.throughput_unit = "tok/s";
 
   const data::Corpus corpus = load_text(c);
-  const Tensor train_data = data::batchify(corpus.train, c.batch_size);
-  const Tensor val_data = data::batchify(corpus.valid, kEvalStreams);
+  const Device dev = run_device(c);
+  // The token streams are small (8 bytes a token): they live on the device, and the windows are views.
+  const Tensor train_data = data::batchify(corpus.train, c.batch_size).to(dev);
+  const Tensor val_data = data::batchify(corpus.valid, kEvalStreams).to(dev);
   MP_CHECK(train_data.size(0) >= 2, "train: the training text has ", corpus.train.numel(), " tokens, too few for ",
            c.batch_size, " streams; lower --batch_size");
-  const int64_t baseline = memory::memory_stats().allocated;
-  memory::reset_peak_memory_stats();
+  const int64_t baseline = memory::memory_stats(dev).allocated;
+  memory::reset_peak_memory_stats(dev);
 
   manual_seed(c.seed);
   std::shared_ptr<models::WordLM> model = make_lm(c, corpus.vocab.size());
+  model->to(dev);  // initialised on the host (the same weights on every device), then moved
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   const amp::AmpOptions o = amp::prepare(*model, *opt, amp_options(c));
   amp::GradScaler scaler(o.scaler);
@@ -103,8 +106,8 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
     MP_CHECK(std::filesystem::exists(ckpt), "--resume: no checkpoint at '", ckpt, "'; run without --resume first");
     LoadedCheckpoint lc = load_checkpoint(ckpt, refs);
     pos = lc.progress;
-    if (const Tensor* h = lc.extra.find("lm_state.h")) state.h = *h;
-    if (const Tensor* cc = lc.extra.find("lm_state.c")) state.c = *cc;
+    if (const Tensor* h = lc.extra.find("lm_state.h")) state.h = h->to(dev);
+    if (const Tensor* cc = lc.extra.find("lm_state.c")) state.c = cc->to(dev);
     if (!c.quiet) out << "resuming from " << ckpt << " at epoch " << pos.epoch + 1 << ", batch " << pos.batch << "\n";
   }
   // The hidden state carried across windows is part of a mid-epoch checkpoint (Note [exact resume]).
@@ -160,8 +163,10 @@ EvalResult evaluate_text(const TrainConfig& c, const nn::StateDict& weights, con
   const data::Corpus corpus = load_text(c);
   std::shared_ptr<models::WordLM> model = make_lm(c, corpus.vocab.size());
   const amp::AmpOptions o = convert_for_eval(c, *model);
+  const Device dev = run_device(c);
+  model->to(dev);
   model->load_state_dict(weights, /*strict=*/true);
-  const Tensor source = data::batchify(split == "valid" ? corpus.valid : corpus.test, kEvalStreams);
+  const Tensor source = data::batchify(split == "valid" ? corpus.valid : corpus.test, kEvalStreams).to(dev);
   const TextEval ev = evaluate_lm(*model, o, source, c.bptt);
   return {.metric_name = "perplexity", .loss = ev.loss, .metric = perplexity(ev.loss), .examples = ev.tokens,
           .seconds = seconds_since(t0)};

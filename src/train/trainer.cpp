@@ -148,11 +148,13 @@ ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data:
   loader.start_epoch(0);
   double loss_sum = 0;
   int64_t correct = 0, n = 0;
+  const Device dev = run_device(c);
   while (auto b = loader.next()) {
-    Tensor logits = model(b->input);
-    const int64_t bs = b->target.size(0);
-    loss_sum += cross_entropy(logits, b->target).item<double>() * static_cast<double>(bs);
-    correct += sum(eq(argmax(logits, 1), b->target).to(DType::i64)).item<int64_t>();
+    const Tensor target = b->target.to(dev);
+    Tensor logits = model(b->input.to(dev));
+    const int64_t bs = target.size(0);
+    loss_sum += cross_entropy(logits, target).item<double>() * static_cast<double>(bs);
+    correct += sum(eq(argmax(logits, 1), target).to(DType::i64)).item<int64_t>();
     n += bs;
   }
   model.module().train(was_training);
@@ -173,12 +175,14 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
   sum.throughput_unit = "img/s";
 
   ImageSets sets = load_images(c, /*need_train=*/true);
-  const int64_t baseline = memory::memory_stats().allocated;
-  memory::reset_peak_memory_stats();
+  const Device dev = run_device(c);
+  const int64_t baseline = memory::memory_stats(dev).allocated;
+  memory::reset_peak_memory_stats(dev);
 
   manual_seed(c.seed);
   std::shared_ptr<nn::UnaryModule> model = models::create_image_model(
       c.model, {.in_channels = sets.channels, .image_size = sets.size, .num_classes = sets.classes});
+  model->to(dev);  // initialised on the host (the same weights on every device), then moved
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
   amp::GradScaler& scaler = setup.scaler;
@@ -217,7 +221,7 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
       std::optional<data::Batch> batch = loader.next();
       if (!batch) break;
       opt->zero_grad();
-      Tensor loss = cross_entropy(setup.model(batch->input), batch->target);
+      Tensor loss = cross_entropy(setup.model(batch->input.to(dev)), batch->target.to(dev));
       if (!loop.step(loss, b, static_cast<double>(batch->target.size(0)), loader.wait_seconds())) break;
     }
     if (!loop.end_training(loader.wait_seconds())) break;
@@ -235,6 +239,7 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
   std::shared_ptr<nn::UnaryModule> model = models::create_image_model(
       c.model, {.in_channels = sets.channels, .image_size = sets.size, .num_classes = sets.classes});
   const amp::AmpOptions o = convert_for_eval(c, *model);
+  model->to(run_device(c));
   model->load_state_dict(weights, /*strict=*/true);
   amp::AmpModel m(model, o);
   const ImageEval ev = evaluate_images_with(m, sets.test, c);
@@ -268,6 +273,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
     }
     c.eval_batch_size = overrides->eval_batch_size;
     c.num_workers = overrides->num_workers;
+    c.device = overrides->device;
   }
   c.resume = false;
   validate(c);

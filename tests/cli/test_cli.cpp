@@ -68,6 +68,11 @@ TEST(Cli, MistakesExitNonZeroWithAClearMessage) {
   expect_failure("convert /nonexistent/a.safetensors /tmp/b.safetensors --dtype bf16", "/nonexistent/a.safetensors");
   expect_failure("convert a b --dtype int3", "int3");
   expect_failure("compare --runs fp32,fp12", "fp12");
+  expect_failure("train --device gpu", "expected cpu, cuda or cuda:N");
+  expect_failure("bench step --device tpu", "expected cpu, cuda or cuda:N");
+  // No machine has 64 GPUs: refused either for lack of a device (naming why) or for the index.
+  expect_failure("train --device cuda:63 --epochs 1", "cuda");
+  expect_failure("bench step --device cuda:63", "cuda");
   expect_failure("", "");  // no subcommand: usage and a non-zero exit
 }
 

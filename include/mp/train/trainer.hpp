@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "mp/core/device.hpp"
+
 namespace mp::train {
 
 /// Everything that defines a training run. The CLI flags of `mixprec train` have these names.
@@ -45,6 +47,7 @@ struct TrainConfig {
   // ---- run ----
   uint64_t seed = 0;                       ///< seeds initialisation, dropout, data order and augmentation
   int num_workers = 2;                     ///< loader threads (0 = load on the training thread)
+  std::string device = "cpu";              ///< cpu, cuda or cuda:N: where the model and batches live
   int64_t eval_batch_size = 500;           ///< images per evaluation batch (text: 10 streams)
   std::string checkpoint_dir;              ///< write checkpoint.safetensors here (empty = none)
   int64_t checkpoint_every = 0;            ///< also checkpoint every N steps (0 = at each epoch end only)
@@ -87,6 +90,7 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("max_vocab", c.max_vocab, "word LM: vocabulary cap, other words become <unk> (0 = all)");
   f("seed", c.seed, "random seed (initialisation, dropout, data order, augmentation)");
   f("num_workers", c.num_workers, "data loader threads (0 = load on the training thread)");
+  f("device", c.device, "cpu, cuda or cuda:N (the model, batches and optimizer state live there)");
   f("eval_batch_size", c.eval_batch_size, "images per evaluation batch");
   f("checkpoint_dir", c.checkpoint_dir, "write checkpoint.safetensors into this folder");
   f("checkpoint_every", c.checkpoint_every, "also checkpoint every N steps (0 = at epoch ends only)");
@@ -106,6 +110,8 @@ TrainConfig config_from_json(const std::string& json);
 void validate(const TrainConfig& c);
 /// Whether the config's dataset is a text corpus (word LM) rather than images.
 bool is_text_task(const TrainConfig& c);
+/// The device of the config (throws naming --device when it does not parse or, for cuda, does not exist).
+Device run_device(const TrainConfig& c);
 /// "fp32", "bf16 O2", ... (the label of a run in tables).
 std::string run_label(const TrainConfig& c);
 
