@@ -306,6 +306,7 @@ void add_bench_command(CLI::App& app) {
     std::printf("%s\n", line.c_str());
   });
   add_bench_suites(bench);
+  add_bench_kernels(bench);
 }
 
 }  // namespace mixprec

@@ -35,6 +35,8 @@ mp::train::TrainConfig compare_run_config(const mp::train::TrainConfig& base, co
 void write_compare_report(const std::vector<mp::train::RunSummary>& runs, const std::string& dir, std::ostream& out);
 /// `mixprec bench SUITE`: the reference articles' experiments (bench_suites.cpp), under `bench`.
 void add_bench_suites(CLI::App* bench);
+/// `mixprec bench kernels` (bench_kernels.cpp): GEMM TFLOP/s and element-wise bandwidth.
+void add_bench_kernels(CLI::App* bench);
 
 /// Register every TrainConfig field as a flag --name (bools as --name / --no-name), except `skip`.
 inline void add_config_options(CLI::App* cmd, mp::train::TrainConfig& c, const std::set<std::string>& skip = {}) {
