@@ -70,6 +70,7 @@ int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim(d, dim(), "size"
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element is out of place (PyTorch agrees)
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (sizes()[i] == 1) continue;
@@ -127,7 +128,12 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
 // (the same chunk-matching rule as PyTorch's computeStride).
 bool view_strides(const Shape& sizes, const Shape& strides, const Shape& shape, Shape& out) {
   out.assign(shape.size(), 0);
-  if (sizes.empty()) {
+  // No elements: any strides describe it, so every view exists (as in PyTorch).
+  if (sizes.empty() || shape_numel(sizes) == 0) {
+    if (sizes == shape) {
+      out = strides;
+      return true;
+    }
     out = contiguous_strides(shape);
     return true;
   }

@@ -167,3 +167,20 @@ TEST(Memory, PeakStatsTrackAllocations) {
   EXPECT_EQ(after.allocated, before.allocated);
   EXPECT_GE(after.peak_allocated - before.allocated, 4 << 20);
 }
+
+// Empty tensors are contiguous whatever their strides, and every view of one exists (PyTorch's rule):
+// a [5, 0] tensor gets strides [1, 1], which the general rule called non-contiguous, so views and
+// the K = 0 matmul that reshapes it failed.
+TEST(Tensor, EmptyTensorsAreContiguousAndViewable) {
+  const Tensor a = zeros({5, 0});
+  EXPECT_TRUE(a.is_contiguous());
+  EXPECT_EQ(a.view({0, 5}).sizes(), (Shape{0, 5}));
+  EXPECT_EQ(a.reshape({0}).numel(), 0);
+  EXPECT_EQ(a.view({5, 0}).strides(), a.strides());
+  const Tensor p = matmul(zeros({5, 0}), zeros({0, 7}));  // an empty sum: all zeros
+  EXPECT_EQ(p.sizes(), (Shape{5, 7}));
+  for (float v : p.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+  const Tensor q = matmul(zeros({2, 5, 0}).to(DType::bf16), zeros({2, 0, 3}).to(DType::bf16));
+  EXPECT_EQ(q.sizes(), (Shape{2, 5, 3}));
+  for (float v : q.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+}
