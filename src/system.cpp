@@ -4,6 +4,7 @@
 
 #include "backend/cpu/onednn_matmul.hpp"
 #include "backend/cuda/runtime.hpp"
+#include "mp/core/error.hpp"
 
 namespace mp {
 
@@ -71,6 +72,17 @@ PrecisionAdvice gpu_precision_advice(const GpuInfo& g) {
   if (cc >= 70)
     return {DType::f16, "compute capability 7.x: f16 tensor cores (no bf16); use dynamic loss scaling"};
   return {DType::f16, "compute capability < 7.0: no tensor cores: f16 halves memory but gives no speed-up"};
+}
+
+Device device_from_flag(const std::string& value, const std::string& flag) {
+  Device d;
+  try {
+    d = Device(value);
+  } catch (const Error& e) {
+    MP_FAIL(flag, " '", value, "': expected cpu, cuda or cuda:N (", e.what(), ")");
+  }
+  if (d.is_cuda()) backend::cuda::check_device(d, flag.c_str());
+  return d;
 }
 
 void synchronize(Device d) {

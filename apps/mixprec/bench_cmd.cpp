@@ -22,6 +22,7 @@
 #include "commands.hpp"
 #include "mp/amp/amp.hpp"
 #include "mp/core/error.hpp"
+#include "mp/core/math_mode.hpp"
 #include "mp/core/profiler.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/memory/allocator.hpp"
@@ -41,19 +42,7 @@ bool is_lm(const std::string& model) { return model == "lstm" || model == "gru" 
 
 // The options with defaults filled in; throws mp::Error naming the flag for any invalid value.
 // The --device of a bench configuration (throws naming the flag when it does not parse or exist).
-Device bench_device(const BenchStepOptions& o) {
-  Device d;
-  try {
-    d = Device(o.device);
-  } catch (const Error& e) {
-    MP_FAIL("bench step: --device '", o.device, "': expected cpu, cuda or cuda:N (", e.what(), ")");
-  }
-  if (d.is_cuda()) {
-    const SystemInfo s = system_info();
-    MP_CHECK(static_cast<int>(s.gpus.size()) > d.index, "bench step: --device ", o.device, ": ", s.cuda_status);
-  }
-  return d;
-}
+Device bench_device(const BenchStepOptions& o) { return device_from_flag(o.device, "bench step: --device"); }
 
 BenchStepOptions resolved(BenchStepOptions o) {
   MP_CHECK(models::is_image_model(o.model) || is_lm(o.model), "bench step: unknown --model '", o.model,
@@ -93,6 +82,7 @@ BenchStepOptions resolved(BenchStepOptions o) {
   MP_CHECK(o.lr >= 0, "bench step: --lr must be >= 0 (0 = the optimizer's default), got ", o.lr);
   if (o.lr == 0) o.lr = o.optimizer == "sgd" ? 0.01 : 1e-3;
   (void)bench_device(o);
+  (void)float32_matmul_precision_from_string(o.matmul_precision);
   return o;
 }
 
@@ -213,6 +203,7 @@ bool bench_is_lm(const std::string& model) { return is_lm(model); }
 
 Json run_bench_step(const BenchStepOptions& raw) {
   const BenchStepOptions o = resolved(raw);
+  set_float32_matmul_precision(float32_matmul_precision_from_string(o.matmul_precision));
   manual_seed(o.seed);
   Workload w = is_lm(o.model) ? lm_workload(o) : image_workload(o);
 
@@ -244,6 +235,7 @@ Json run_bench_step(const BenchStepOptions& raw) {
   j["config"] = w.config;
   j["precision"] = o.precision;
   j["opt_level"] = o.opt_level;
+  j["matmul_precision"] = o.matmul_precision;
   j["amp"] = w.amp;
   j["warmup"] = o.warmup;
   j["steps"] = o.steps;

@@ -52,15 +52,8 @@ double time_median(Device d, int64_t iters, const std::function<void()>& f) {
 
 Json run_kernels(const KernelBenchArgs& in) {
   KernelBenchArgs a = in;
-  Device d;
-  try {
-    d = Device(a.device);
-  } catch (const Error& e) {
-    MP_FAIL("bench kernels: --device '", a.device, "': expected cpu, cuda or cuda:N (", e.what(), ")");
-  }
+  const Device d = device_from_flag(a.device, "bench kernels: --device");
   const SystemInfo s = system_info();
-  MP_CHECK(d.is_cpu() || static_cast<int>(s.gpus.size()) > d.index, "bench kernels: --device ", a.device, ": ",
-           s.cuda_status);
   const bool gpu = d.is_cuda();
   if (a.m == 0) a.m = gpu ? 8192 : 1024;
   if (a.n == 0) a.n = a.m;

@@ -29,6 +29,7 @@ struct BenchStepOptions {
   std::string lstm_impl = "fused";  ///< word LM (lstm): "fused" (one node per layer) or "basic" (per-step graph)
   bool profile = false;            ///< also time every kernel over the timed steps (JSON "ops")
   std::string device = "cpu";      ///< cpu, cuda or cuda:N
+  std::string matmul_precision = "highest";  ///< f32 matmuls/convs on CUDA: highest (f32) or high (TF32)
 };
 
 /// Call f(name, field, help) for each field of `o` (the flags of `mixprec bench step`).
@@ -56,6 +57,7 @@ void visit_fields(BenchStepOptions& o, F&& f) {
   f("lstm_impl", o.lstm_impl, "word LM (lstm): fused (one sequence-level node per layer) or basic (per-step graph)");
   f("profile", o.profile, "also time every kernel over the timed steps (adds \"ops\" to the JSON)");
   f("device", o.device, "cpu, cuda or cuda:N (model, batch and optimizer state live there)");
+  f("matmul_precision", o.matmul_precision, "f32 matmuls and convolutions on CUDA: highest (true f32) or high (TF32)");
 }
 
 /// Whether `model` names the word LM (lstm, gru, rnn) rather than an image model.

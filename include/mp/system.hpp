@@ -32,6 +32,10 @@ struct SystemInfo {
 /// Gather SystemInfo (builds two tiny oneDNN primitives to see which kernels they choose).
 SystemInfo system_info();
 
+/// The device a command-line flag names ("cpu", "cuda", "cuda:N"): throws mp::Error naming `flag`
+/// when the text does not parse, or when the CUDA device does not exist (saying why there is none).
+Device device_from_flag(const std::string& value, const std::string& flag);
+
 /// Wait until all work queued on device d has finished (a no-op for the CPU, whose kernels are
 /// synchronous). Timings of GPU work must call it before reading the clock.
 void synchronize(Device d);

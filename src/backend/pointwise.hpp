@@ -4,8 +4,10 @@
 // check exactly the formulas the GPU runs.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/fast_math.hpp"
+#include "mp/core/error.hpp"
 #include "mp/core/macros.hpp"
 
 namespace mp::backend {
@@ -127,5 +129,78 @@ constexpr int pointwise_arity(PointwiseOp op) {
 
 /// Whether the op produces bool.
 constexpr bool pointwise_is_comparison(PointwiseOp op) { return op >= PointwiseOp::eq && op <= PointwiseOp::ge; }
+
+/// Number of inputs as a type (the first argument visit_pointwise_functor passes).
+template <int N>
+using PointwiseArity = std::integral_constant<int, N>;
+
+/// Whether functor F is compute-bound float math (exp, log, erf, tanh, sigmoid): the CPU gives its
+/// loops an AVX-512 copy (Note [AVX-512 element-wise loops] in cpu/loops.hpp).
+template <class F>
+inline constexpr bool kTranscendentalFn = false;
+template <class T> inline constexpr bool kTranscendentalFn<ExpFn<T>> = true;
+template <class T> inline constexpr bool kTranscendentalFn<LogFn<T>> = true;
+template <class T> inline constexpr bool kTranscendentalFn<GeluFn<T>> = true;
+template <class T> inline constexpr bool kTranscendentalFn<TanhFn<T>> = true;
+template <class T> inline constexpr bool kTranscendentalFn<SigmoidFn<T>> = true;
+template <class T> inline constexpr bool kTranscendentalFn<GeluBackwardFn<T>> = true;
+
+/// Call v(PointwiseArity<N>{}, functor) with op's functor in compute type C (float, double or
+/// int64_t): the one mapping from PointwiseOp to its functor, shared by the CPU loops and the CUDA
+/// kernels. Ops that need a floating C (exp, sqrt, pow...) throw for integer C; div is defined on
+/// integers (C++ division).
+template <class C, class V>
+void visit_pointwise_functor(PointwiseOp op, const PointwiseParams& p, V&& v) {
+  using A1 = PointwiseArity<1>;
+  using A2 = PointwiseArity<2>;
+  const C s0 = static_cast<C>(p.scalar0), s1 = static_cast<C>(p.scalar1);
+  switch (op) {
+    case PointwiseOp::copy: return v(A1{}, CopyFn<C>{});
+    case PointwiseOp::neg: return v(A1{}, NegFn<C>{});
+    case PointwiseOp::abs: return v(A1{}, AbsFn<C>{});
+    case PointwiseOp::square: return v(A1{}, SquareFn<C>{});
+    case PointwiseOp::sign: return v(A1{}, SignFn<C>{});
+    case PointwiseOp::relu: return v(A1{}, ReluFn<C>{});
+    case PointwiseOp::add_scalar: return v(A1{}, AddScalarFn<C>{s0});
+    case PointwiseOp::mul_scalar: return v(A1{}, MulScalarFn<C>{s0});
+    case PointwiseOp::clamp: return v(A1{}, ClampFn<C>{s0, s1});
+    case PointwiseOp::add: return v(A2{}, AddFn<C>{});
+    case PointwiseOp::sub: return v(A2{}, SubFn<C>{});
+    case PointwiseOp::mul: return v(A2{}, MulFn<C>{});
+    case PointwiseOp::div: return v(A2{}, DivFn<C>{});
+    case PointwiseOp::maximum: return v(A2{}, MaximumFn<C>{});
+    case PointwiseOp::minimum: return v(A2{}, MinimumFn<C>{});
+    case PointwiseOp::add_scaled: return v(A2{}, AddScaledFn<C>{s0});
+    case PointwiseOp::eq: return v(A2{}, EqFn<C>{});
+    case PointwiseOp::ne: return v(A2{}, NeFn<C>{});
+    case PointwiseOp::lt: return v(A2{}, LtFn<C>{});
+    case PointwiseOp::le: return v(A2{}, LeFn<C>{});
+    case PointwiseOp::gt: return v(A2{}, GtFn<C>{});
+    case PointwiseOp::ge: return v(A2{}, GeFn<C>{});
+    case PointwiseOp::relu_backward: return v(A2{}, ReluBackwardFn<C>{});
+    case PointwiseOp::clamp_backward: return v(A2{}, ClampBackwardFn<C>{s0, s1});
+    case PointwiseOp::where: return v(PointwiseArity<3>{}, WhereFn<C>{});
+    default: break;
+  }
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case PointwiseOp::exp: return v(A1{}, ExpFn<C>{});
+      case PointwiseOp::log: return v(A1{}, LogFn<C>{});
+      case PointwiseOp::sqrt: return v(A1{}, SqrtFn<C>{});
+      case PointwiseOp::rsqrt: return v(A1{}, RsqrtFn<C>{});
+      case PointwiseOp::gelu: return v(A1{}, GeluFn<C>{});
+      case PointwiseOp::tanh: return v(A1{}, TanhFn<C>{});
+      case PointwiseOp::sigmoid: return v(A1{}, SigmoidFn<C>{});
+      case PointwiseOp::reciprocal: return v(A1{}, ReciprocalFn<C>{});
+      case PointwiseOp::pow_scalar: return v(A1{}, PowScalarFn<C>{s0});
+      case PointwiseOp::pow: return v(A2{}, PowFn<C>{});
+      case PointwiseOp::gelu_backward: return v(A2{}, GeluBackwardFn<C>{});
+      case PointwiseOp::tanh_backward: return v(A2{}, TanhBackwardFn<C>{});
+      case PointwiseOp::sigmoid_backward: return v(A2{}, SigmoidBackwardFn<C>{});
+      default: break;
+    }
+  }
+  MP_FAIL("pointwise op ", static_cast<int>(op), " is not defined for integer tensors; convert to a floating dtype");
+}
 
 }  // namespace mp::backend

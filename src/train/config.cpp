@@ -3,10 +3,11 @@
 #include <set>
 #include <type_traits>
 
-#include "backend/cuda/runtime.hpp"
 #include "mp/amp/initialize.hpp"
 #include "mp/core/error.hpp"
+#include "mp/core/math_mode.hpp"
 #include "mp/models/registry.hpp"
+#include "mp/system.hpp"
 #include "mp/train/trainer.hpp"
 
 namespace mp::train {
@@ -116,20 +117,12 @@ void validate(const TrainConfig& c) {
   }
   if (!c.loss_scale.empty()) (void)amp::LossScale::parse(c.loss_scale);
   (void)run_device(c);
+  (void)float32_matmul_precision_from_string(c.matmul_precision);
   MP_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint_dir (the folder holding ",
            "checkpoint.safetensors)");
 }
 
-Device run_device(const TrainConfig& c) {
-  Device d;
-  try {
-    d = Device(c.device);
-  } catch (const Error& e) {
-    MP_FAIL("--device '", c.device, "': expected cpu, cuda or cuda:N (", e.what(), ")");
-  }
-  if (d.is_cuda()) backend::cuda::check_device(d, "--device");
-  return d;
-}
+Device run_device(const TrainConfig& c) { return device_from_flag(c.device, "--device"); }
 
 std::string run_label(const TrainConfig& c) {
   if (!c.label.empty()) return c.label;

@@ -10,6 +10,7 @@
 
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/autograd/node.hpp"
+#include "mp/core/math_mode.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/data/data.hpp"
 #include "mp/memory/allocator.hpp"
@@ -252,6 +253,7 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
 RunSummary train(const TrainConfig& config, std::ostream& out) {
   validate(config);
   const TrainConfig c = detail::with_task_defaults(config);
+  set_float32_matmul_precision(float32_matmul_precision_from_string(c.matmul_precision));
   return is_text_task(c) ? detail::train_text(c, out) : detail::train_images(c, out);
 }
 

@@ -48,6 +48,7 @@ struct TrainConfig {
   uint64_t seed = 0;                       ///< seeds initialisation, dropout, data order and augmentation
   int num_workers = 2;                     ///< loader threads (0 = load on the training thread)
   std::string device = "cpu";              ///< cpu, cuda or cuda:N: where the model and batches live
+  std::string matmul_precision = "highest";  ///< f32 matmuls/convs on CUDA: highest (f32) or high (TF32)
   int64_t eval_batch_size = 500;           ///< images per evaluation batch (text: 10 streams)
   std::string checkpoint_dir;              ///< write checkpoint.safetensors here (empty = none)
   int64_t checkpoint_every = 0;            ///< also checkpoint every N steps (0 = at each epoch end only)
@@ -91,6 +92,7 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("seed", c.seed, "random seed (initialisation, dropout, data order, augmentation)");
   f("num_workers", c.num_workers, "data loader threads (0 = load on the training thread)");
   f("device", c.device, "cpu, cuda or cuda:N (the model, batches and optimizer state live there)");
+  f("matmul_precision", c.matmul_precision, "f32 matmuls and convolutions on CUDA: highest (true f32) or high (TF32)");
   f("eval_batch_size", c.eval_batch_size, "images per evaluation batch");
   f("checkpoint_dir", c.checkpoint_dir, "write checkpoint.safetensors into this folder");
   f("checkpoint_every", c.checkpoint_every, "also checkpoint every N steps (0 = at epoch ends only)");

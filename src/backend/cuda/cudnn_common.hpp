@@ -1,0 +1,295 @@
+// cuDNN 9 for the CUDA backend (conv.cu, batch_norm.cu): the per-device handle, error checking, the
+// dtype mapping, RAII descriptors, workspaces from the caching allocator, the run-time switches, and
+// the small device helpers the cuDNN families share (dtype conversion of contiguous tensors, [C]
+// parameter vectors, per-channel sums over [N, C, S], index walkers over [N, C, S]).
+//
+// Only for CUDA sources compiled with cuDNN (MP_HAVE_CUDNN, set by CMake when cuDNN 9 was found):
+// without it the CUDA backend builds without the convolution and batch-norm kernels, and those ops
+// on cuda say that the CUDA backend has no kernel for them.
+//
+// Note [cuDNN handle]: one cudnnHandle_t per device, created on first use with that device current
+// and bound to its one stream (Note [one stream per device]), so cuDNN's work is ordered with every
+// other kernel and copy of the device. A handle must not be used by two threads at once: CudnnHandle
+// locks the device's handle for its lifetime, which also guards the plan caches kept beside it. The
+// handles are never destroyed (Note [leaked runtime state] in runtime.cu).
+//
+// Note [cuDNN switches]: environment variables read once per process.
+//   MP_CUDNN_BENCHMARK=1      pick convolution algorithms by timing them (cudnnFind*AlgorithmEx) on
+//                             the first call of each shape, like torch.backends.cudnn.benchmark;
+//                             default 0: cuDNN's heuristics (cudnnGet*Algorithm_v7), fixed by shape.
+//   MP_CUDNN_DETERMINISTIC=0  allow algorithms that cuDNN reports as non-deterministic (atomics);
+//                             default 1. See Note [cuDNN algorithm choice] in conv.cu.
+//   MP_CUDNN_BATCH_NORM=0     run batch norm on mixprec's own kernels only (for comparisons and
+//                             debugging); default 1. See Note [batch norm on cuDNN] in batch_norm.cu.
+#pragma once
+#if defined(MP_HAVE_CUDNN)
+#if !defined(__CUDACC__)
+#error "cudnn_common.hpp is for CUDA sources (.cu) only"
+#endif
+#include <cudnn.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "backend/cuda/runtime.hpp"
+#include "mp/core/dtype.hpp"
+#include "mp/core/macros.hpp"
+#include "mp/tensor/tensor.hpp"
+
+namespace mp::backend::cuda {
+
+// ================================================================ errors
+
+/// Throw the mp::Error of a failed cuDNN call: names the call, the status (cudnnGetErrorString and
+/// cuDNN's own last-error text), `context` (the problem, e.g. shapes; may be empty) and a remedy.
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* call, const std::string& context,
+                                    const char* file, int line);
+
+/// Whether a status says "not supported" (a different algorithm or path may work).
+constexpr bool cudnn_not_supported(cudnnStatus_t s) { return static_cast<int>(s) / 1000 == 3; }
+
+}  // namespace mp::backend::cuda
+
+/// Check a cuDNN call; on failure throw mp::Error naming the call, the status and a remedy.
+#define MP_CUDNN_CHECK(call) MP_CUDNN_CHECK_CTX(call, std::string())
+
+/// MP_CUDNN_CHECK with a description of the problem (a std::string expression, evaluated on failure only).
+#define MP_CUDNN_CHECK_CTX(call, context)                                                                   \
+  do {                                                                                                      \
+    const cudnnStatus_t mp_cudnn_status_ = (call);                                                          \
+    if (mp_cudnn_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                              \
+      ::mp::backend::cuda::throw_cudnn_error(mp_cudnn_status_, #call, (context), __FILE__, __LINE__);       \
+  } while (0)
+
+namespace mp::backend::cuda {
+
+// ================================================================ handle and switches
+
+/// The cuDNN handle of one device, locked for the lifetime of this object (Note [cuDNN handle]).
+/// Created on first use; bound to current_stream(device). Throws when cuDNN cannot be initialised.
+class CudnnHandle {
+ public:
+  /// Lock (and on first use create) the handle of cuda:device.
+  explicit CudnnHandle(int device);
+  /// The handle (valid while this object lives).
+  cudnnHandle_t get() const { return handle_; }
+  CudnnHandle(const CudnnHandle&) = delete;
+  CudnnHandle& operator=(const CudnnHandle&) = delete;
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  cudnnHandle_t handle_ = nullptr;
+};
+
+/// The run-time switches of Note [cuDNN switches] (read once; thread-safe).
+struct CudnnOptions {
+  bool benchmark = false;     ///< MP_CUDNN_BENCHMARK: time the algorithms on first use of a shape
+  bool deterministic = true;  ///< MP_CUDNN_DETERMINISTIC: only algorithms cuDNN reports deterministic
+  bool batch_norm = true;     ///< MP_CUDNN_BATCH_NORM: allow cuDNN's batch norm
+};
+
+/// The process's cuDNN switches.
+const CudnnOptions& cudnn_options();
+
+/// cuDNN data type of f32, f64, f16 or bf16; throws mp::Error naming `op` for any other dtype.
+cudnnDataType_t cudnn_dtype(DType dt, const char* op);
+
+/// A workspace of `bytes` bytes on dev from the caching allocator (an undefined Tensor for 0); its
+/// memory returns to the cache when the Tensor dies, ordered by the device's one stream.
+Tensor cudnn_workspace(size_t bytes, Device dev);
+
+/// Pointer to the value 1 or 0 in the scaling type cuDNN expects for `compute` (double for
+/// CUDNN_DATA_DOUBLE, float otherwise): the alpha/beta arguments.
+const void* cudnn_scale(cudnnDataType_t compute, double value);
+
+/// Whether every value fits cuDNN's legacy API (int).
+inline bool fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+
+// ================================================================ descriptors (RAII)
+
+/// cudnnTensorDescriptor_t.
+class CudnnTensorDescriptor {
+ public:
+  CudnnTensorDescriptor();
+  ~CudnnTensorDescriptor();
+  CudnnTensorDescriptor(const CudnnTensorDescriptor&) = delete;
+  CudnnTensorDescriptor& operator=(const CudnnTensorDescriptor&) = delete;
+  /// A contiguous NCHW tensor [n, c, h, w] (described with its strides; every value < 2^31).
+  void set_nchw(cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w);
+  /// The raw descriptor.
+  cudnnTensorDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnTensorDescriptor_t desc_ = nullptr;
+};
+
+/// cudnnFilterDescriptor_t.
+class CudnnFilterDescriptor {
+ public:
+  CudnnFilterDescriptor();
+  ~CudnnFilterDescriptor();
+  CudnnFilterDescriptor(const CudnnFilterDescriptor&) = delete;
+  CudnnFilterDescriptor& operator=(const CudnnFilterDescriptor&) = delete;
+  /// A contiguous OIHW filter [o, i, kh, kw] (i = input channels per group).
+  void set_oihw(cudnnDataType_t dt, int64_t o, int64_t i, int64_t kh, int64_t kw);
+  /// The raw descriptor.
+  cudnnFilterDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnFilterDescriptor_t desc_ = nullptr;
+};
+
+/// cudnnConvolutionDescriptor_t.
+class CudnnConvolutionDescriptor {
+ public:
+  CudnnConvolutionDescriptor();
+  ~CudnnConvolutionDescriptor();
+  CudnnConvolutionDescriptor(const CudnnConvolutionDescriptor&) = delete;
+  CudnnConvolutionDescriptor& operator=(const CudnnConvolutionDescriptor&) = delete;
+  /// 2-D cross-correlation (PyTorch's conv2d) with the given padding, strides, dilations and groups,
+  /// accumulating in `compute` (CUDNN_DATA_FLOAT for f32/f16/bf16, CUDNN_DATA_DOUBLE for f64).
+  void set_2d(int64_t pad_h, int64_t pad_w, int64_t stride_h, int64_t stride_w, int64_t dil_h, int64_t dil_w,
+              int64_t groups, cudnnDataType_t compute);
+  /// cudnnSetConvolutionMathType.
+  void set_math(cudnnMathType_t math);
+  /// The raw descriptor.
+  cudnnConvolutionDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnConvolutionDescriptor_t desc_ = nullptr;
+};
+
+// ================================================================ shared tensor helpers
+
+/// t itself when it is contiguous and its data 16-byte aligned (what cuDNN's vectorised kernels
+/// need), else a fresh contiguous copy (which the caching allocator aligns to 512 bytes).
+Tensor cudnn_dense(const Tensor& t);
+
+/// dst = src (or dst += src when accumulate) element by element, converting the dtype (f32, f64, f16,
+/// bf16; 16-bit results rounded to nearest even as on the CPU). Both contiguous with one element
+/// count, on one CUDA device; runs on its stream.
+void convert_dtype_into(const Tensor& dst, const Tensor& src, bool accumulate = false);
+
+/// A contiguous [n] vector of dtype dt on dev: t converted (t itself when it already is one), or
+/// `fill` everywhere when t is undefined. For the weight/bias/statistics vectors of the norms.
+Tensor param_vector(const Tensor& t, int64_t n, DType dt, double fill, Device dev);
+
+/// Per-channel sums over a contiguous [N, C, S] tensor dy (f32, f64, f16 or bf16), in double:
+/// sum_dy[c] = sum of dy[:, c, :]; when sum_dy_xmu is defined also
+/// sum_dy_xmu[c] = sum of dy[:, c, :] * (x[:, c, :] - mean[c]) with x like dy (same dtype) and mean [C]
+/// (f32, or f64 for f64 data). Each product is formed in the statistics type (f32 for 16-bit and f32
+/// data, as the CPU does); partial sums add in f32 over short runs and in double beyond, in a fixed
+/// order (deterministic). Outputs: contiguous f64 [C] tensors on dy's device.
+void per_channel_sums(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& dy, const Tensor& x,
+                      const Tensor& mean);
+
+/// Block partitioning of per-channel reductions over [N, C, S] (in units of `vec` elements): each of
+/// the C * parts blocks reduces `chunk` consecutive positions j = n S + s of one channel.
+struct ChannelSplit {
+  int64_t parts = 1;  ///< blocks per channel
+  int64_t chunk = 0;  ///< positions per block (the last block of a channel may have fewer)
+};
+
+/// The split used for channels of `positions` positions each on cuda:device: enough blocks to fill
+/// the device (a function of the shape and the device's multiprocessor count only, so the
+/// reduction order, and the result, is the same on every run).
+ChannelSplit channel_split(int64_t channels, int64_t positions, int device);
+
+/// Threads per block of the cuDNN families' own kernels.
+inline constexpr int kDnnThreads = 256;
+
+// ================================================================ device-side walkers
+
+/// A grid-stride loop over the elements (or vectors of `v` elements, with S counted in vectors) of
+/// a contiguous [N, C, S] tensor that tracks each index's channel without a division per step:
+/// the stride is split once as step = q S + ds, q = q' C + dc, and each step adds the pieces.
+struct NcsIndexWalk {
+  int64_t s, c;           ///< position in the row and channel of the current index
+  int64_t S, C, ds, dc;   ///< row length, channel count, step % S, (step / S) % C
+  /// Start at linear index i; the loop adds `step` per iteration.
+  __device__ NcsIndexWalk(int64_t i, int64_t step, int64_t S_, int64_t C_) : S(S_), C(C_) {
+    const int64_t r = i / S_;
+    s = i - r * S_;
+    c = r % C_;
+    const int64_t q = step / S_;
+    ds = step - q * S_;
+    dc = q % C_;
+  }
+  /// Advance by `step`: the row advances by q or q + 1 (when s wraps), so the channel by dc + carry.
+  __device__ MP_FORCE_INLINE void next() {
+    s += ds;
+    int64_t carry = 0;
+    if (s >= S) {
+      s -= S;
+      carry = 1;
+    }
+    c += dc + carry;  // < 2 C: one subtraction reduces it
+    if (c >= C) c -= C;
+  }
+};
+
+/// Walks the positions j = n S + s of one channel c of a contiguous [N, C, S] tensor (units as in
+/// NcsIndexWalk) in steps of `step`, tracking the element offset (n C + c) S + s without divisions.
+struct NcsChannelWalk {
+  int64_t off, s;                       ///< element offset and position in the row of the current j
+  int64_t S, ds, jump, wrap;            ///< row length, step % S, offset change, extra offset on wrap
+  /// Start at position j of channel c; the loop adds `step` to j per iteration.
+  __device__ NcsChannelWalk(int64_t j, int64_t step, int64_t c, int64_t S_, int64_t C) : S(S_) {
+    const int64_t n = j / S_;
+    s = j - n * S_;
+    off = (n * C + c) * S_ + s;
+    const int64_t q = step / S_;
+    ds = step - q * S_;
+    jump = q * C * S_ + ds;
+    wrap = C * S_ - S_;
+  }
+  /// Advance by `step` positions: n grows by q (+1 when s wraps), s by ds (-S when it wraps).
+  __device__ MP_FORCE_INLINE void next() {
+    s += ds;
+    off += jump;
+    if (s >= S) {
+      s -= S;
+      off += wrap;
+    }
+  }
+};
+
+/// K doubles reduced across a block with a combine function (deterministic tree order).
+template <int K>
+struct DoubleTuple {
+  double v[K];
+};
+
+/// Combine every thread's value with `combine(a, b)` (associative in the tree order it is applied in)
+/// across a block of blockDim.x threads (a multiple of 32, <= 1024); thread 0 gets the result.
+/// `identity` fills the missing warps. Every thread of the block must call it (it synchronises).
+template <int K, class F>
+__device__ DoubleTuple<K> block_combine(DoubleTuple<K> a, DoubleTuple<K> identity, F combine) {
+  __shared__ DoubleTuple<K> warp_vals[32];
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    DoubleTuple<K> b;
+#pragma unroll
+    for (int k = 0; k < K; ++k) b.v[k] = __shfl_down_sync(0xffffffffu, a.v[k], o);
+    a = combine(a, b);  // lanes >= 32 - o combine garbage that lane 0's result never reads
+  }
+  if (lane == 0) warp_vals[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < (blockDim.x >> 5) ? warp_vals[lane] : identity;
+    for (int o = 16; o > 0; o >>= 1) {
+      DoubleTuple<K> b;
+#pragma unroll
+      for (int k = 0; k < K; ++k) b.v[k] = __shfl_down_sync(0xffffffffu, a.v[k], o);
+      a = combine(a, b);
+    }
+  }
+  __syncthreads();  // warp_vals may be reused by the next call
+  return a;
+}
+
+}  // namespace mp::backend::cuda
+
+#endif  // MP_HAVE_CUDNN

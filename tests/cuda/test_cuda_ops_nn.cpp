@@ -1,0 +1,629 @@
+// CUDA against the CPU, part 2: the network ops. matmul / bmm / linear (cuBLASLt: 2-D, 1-D, batched,
+// broadcast and folded batches, transposed operands, K = 0, bias, TF32 switch), conv2d (cuDNN: stride,
+// padding, dilation, groups, depthwise, 1x1, asymmetric kernels, strided inputs), max / avg / adaptive
+// pools, batch norm (train / eval, running statistics, f32 parameters on 16-bit data, a far pivot),
+// layer norm, softmax / log_softmax (short rows, rows longer than a block, inner > 1, -inf, large
+// logits) and cross entropy / nll / mse (ignore_index, label smoothing, reductions, bad targets).
+// Forward and backward in f32, f16, bf16 and f64. Embedding, dropout and the recurrent cells:
+// test_cuda_ops_seq.cpp.
+//
+// Multilinear ops (matmul, conv, pools) use OpCheck::abs_scales: the tolerance of every
+// element is c sqrt(K) u_acc times the sum of |terms| behind that element (the op on |inputs| in f64),
+// plus the output's rounding. Tests skip without a CUDA device; MP_CUDA_TESTS_ON_CPU=1 runs them with
+// the CPU as the device (self-check).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "mp/core/math_mode.hpp"
+
+using namespace mp;
+using namespace mp::cuda_test;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Tolerance of a library GEMM / convolution over K terms: c sqrt(K) u_acc sum|terms| (OpCheck::abs_scales)
+// plus `ulps` of the output dtype.
+Tol gemm_tol(DType dt, int64_t K, double c, double ulps, const std::string& why) {
+  Tol t;
+  t.scaled = c * std::sqrt(static_cast<double>(std::max<int64_t>(K, 1))) * acc_roundoff(dt);
+  t.ulps = ulps;
+  t.why = why;
+  return t;
+}
+
+}  // namespace
+
+// =============================================================================== matmul / linear
+
+TEST(CudaLinalg, MatmulShapesAndDtypes) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    Shape a, b;
+    bool ta, tb;  // the leaf is stored transposed (the op sees .t() / transpose(-1, -2))
+    int64_t K, K_bwd;
+  };
+  const std::vector<Case> cases = {
+      {"2-D [37, 53] x [53, 29]", {37, 53}, {53, 29}, false, false, 53, 37},
+      {"1-D [53] x 2-D [53, 29]", {53}, {53, 29}, false, false, 53, 29},
+      {"2-D [37, 53] x 1-D [53]", {37, 53}, {53}, false, false, 53, 37},
+      {"dot [1037] x [1037]", {1037}, {1037}, false, false, 1037, 1},
+      {"batched [4, 37, 53] x [4, 53, 29]", {4, 37, 53}, {4, 53, 29}, false, false, 53, 37},
+      {"broadcast batch [3, 1, 17, 23] x [5, 23, 11]", {3, 1, 17, 23}, {5, 23, 11}, false, false, 23, 55},
+      {"folded batch [4, 37, 53] x [53, 29]", {4, 37, 53}, {53, 29}, false, false, 53, 148},
+      {"transposed operands [37, 53] x [53, 29]", {53, 37}, {29, 53}, true, true, 53, 37},
+      {"batched, transposed a [4, 37, 53] x [4, 53, 29]", {4, 53, 37}, {4, 53, 29}, true, false, 53, 37},
+      {"tensor-core tiles [128, 256] x [256, 96]", {128, 256}, {256, 96}, false, false, 256, 128},
+  };
+  for (DType dt : kFloatTypes) {
+    // f32 / f64: FMA accumulation in another order than the CPU (and split-K partial sums): 2 sqrt(K) u.
+    // f16 / bf16: products exact in f32, tensor-core accumulation in f32 in tile order: 4 sqrt(K) u_f32;
+    // the batch-broadcast gradients sum 16-bit products again (one more rounding): 2 ulps.
+    const double c = is_low_precision(dt) ? 4 : 2;
+    for (const Case& k : cases) {
+      OpCheck chk;
+      chk.name = std::string("matmul ") + dtype_name(dt) + " " + k.name;
+      chk.inputs = {uniform(k.a, -1, 1, dt), uniform(k.b, -1, 1, dt)};
+      const bool ta = k.ta, tb = k.tb;
+      chk.fn = [ta, tb](const std::vector<Tensor>& in) {
+        return matmul(ta ? in[0].transpose(-1, -2) : in[0], tb ? in[1].transpose(-1, -2) : in[1]);
+      };
+      chk.out = gemm_tol(dt, k.K, c, 1, "GEMM: accumulation order differs (c sqrt(K) u_acc sum|a b|), output rounding");
+      chk.grad = gemm_tol(dt, k.K_bwd, c, 2, "gradient GEMMs (and batch sums) in another order, rounded");
+      chk.abs_scales = true;
+      chk.f64_may_be_unsupported = true;
+      check_op(chk);
+    }
+    OpCheck bm;
+    bm.name = std::string("bmm ") + dtype_name(dt) + " [6, 19, 40] x [6, 40, 12]";
+    bm.inputs = {uniform({6, 19, 40}, -1, 1, dt), uniform({6, 40, 12}, -1, 1, dt)};
+    bm.fn = [](const std::vector<Tensor>& in) { return bmm(in[0], in[1]); };
+    bm.out = gemm_tol(dt, 40, c, 1, "GEMM accumulation order");
+    bm.grad = gemm_tol(dt, 19, c, 1, "gradient GEMMs");
+    bm.abs_scales = true;
+    bm.f64_may_be_unsupported = true;
+    check_op(bm);
+  }
+}
+
+TEST(CudaLinalg, LinearWithAndWithoutBias) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    Shape x;
+    bool bias, tx;
+    DType bias_dt;  // f32 bias with 16-bit x and weight: the bias keeps its dtype
+    int64_t rows;
+  };
+  for (DType dt : kFloatTypes) {
+    const double c = is_low_precision(dt) ? 4 : 2;
+    const std::vector<Case> cases = {
+        {"[37, 53] + bias", {37, 53}, true, false, dt, 37},
+        {"[4, 9, 53] (3-D) + bias", {4, 9, 53}, true, false, dt, 36},
+        {"[37, 53] no bias", {37, 53}, false, false, dt, 37},
+        {"[37, 53] transposed input + bias", {53, 37}, true, true, dt, 37},
+        {"[37, 53] + f32 bias", {37, 53}, true, false, dt == DType::f64 ? DType::f64 : DType::f32, 37},
+        {"[1, 53] (one row) + bias", {1, 53}, true, false, dt, 1},
+    };
+    for (const Case& k : cases) {
+      OpCheck chk;
+      chk.name = std::string("linear ") + dtype_name(dt) + " " + k.name;
+      chk.inputs = {uniform(k.x, -1, 1, dt), uniform({29, 53}, -0.5, 0.5, dt),
+                    k.bias ? uniform({29}, -1, 1, k.bias_dt) : Tensor()};
+      const bool tx = k.tx;
+      chk.fn = [tx](const std::vector<Tensor>& in) { return linear(tx ? in[0].t() : in[0], in[1], in[2]); };
+      // 16-bit with bias: a bias pass may round the output twice (GEMM result, then + bias): 2 ulps.
+      chk.out = gemm_tol(dt, 53, c, 2, "GEMM accumulation order; a separate bias pass may round twice");
+      chk.grad = gemm_tol(dt, std::max<int64_t>(k.rows, 29), c, 2,
+                          "gradient GEMMs over 29 outputs / the rows, bias gradient a column sum");
+      chk.abs_scales = true;
+      chk.f64_may_be_unsupported = true;
+      check_op(chk);
+    }
+  }
+}
+
+TEST(CudaLinalg, Tf32SwitchChangesOnlyF32Precision) {
+  MP_SKIP_WITHOUT_GPU();
+  // Note [TF32] (mp/core/math_mode.hpp): `high` lets f32 GEMMs round their inputs to TF32 (10-bit
+  // mantissa: relative error 2^-11 per input, 2^-10 per product); `highest` (the default) keeps f32.
+  ASSERT_EQ(float32_matmul_precision(), Float32MatmulPrecision::highest) << "the default must be no TF32";
+  const int64_t K = 512;
+  const Tensor a = uniform({256, K}, -1, 1), b = uniform({K, 192}, -1, 1);
+  const Tensor want = matmul(a, b);
+  const Tensor scale = matmul(abs(a.to(DType::f64)), abs(b.to(DType::f64)));
+  guarded("TF32", [&] {
+    set_float32_matmul_precision(Float32MatmulPrecision::high);
+    const Tensor tf32 = matmul(on_dev(a), on_dev(b));
+    set_float32_matmul_precision(Float32MatmulPrecision::highest);
+    const Tensor f32 = matmul(on_dev(a), on_dev(b));
+    Tol t = gemm_tol(DType::f32, K, 4, 1, "TF32 products: 2^-10 relative each, random signs: 4 sqrt(K) 2^-11");
+    t.scaled = 4 * std::sqrt(static_cast<double>(K)) * std::ldexp(1.0, -11);
+    EXPECT_TRUE(close("matmul f32 under TF32 (high)", tf32, want, t, scale));
+    EXPECT_TRUE(close("matmul f32 back at highest", f32, want,
+                      gemm_tol(DType::f32, K, 2, 1, "f32 GEMM: accumulation order only"), scale));
+    if (dev().is_cuda()) {
+      // On tensor-core GPUs TF32 really is used: its error is far above f32's on random data.
+      const double e_tf32 = amax(abs(tf32.to(kCPU).to(DType::f64) - want.to(DType::f64)), {0, 1}).item<double>();
+      const double e_f32 = amax(abs(f32.to(kCPU).to(DType::f64) - want.to(DType::f64)), {0, 1}).item<double>();
+      EXPECT_GT(e_tf32, 10 * e_f32) << "TF32 (high) error " << e_tf32 << " vs f32 (highest) error " << e_f32
+                                    << ": set_float32_matmul_precision(high) seems to have no effect";
+    }
+  });
+  set_float32_matmul_precision(Float32MatmulPrecision::highest);
+}
+
+// =============================================================================== conv2d
+
+TEST(CudaConv, Conv2dGeometriesAndDtypes) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    Shape x, w;
+    Conv2dOptions opt;
+    bool bias;
+    bool transposed_input;  // x's leaf is [N, H, C, W], the op sees transpose(1, 2)
+  };
+  const std::vector<Case> cases = {
+      {"3x3 pad 1 + bias", {2, 3, 11, 13}, {8, 3, 3, 3}, {.padding = {1, 1}}, true, false},
+      {"3x3 stride 2", {2, 4, 12, 9}, {6, 4, 3, 3}, {.stride = {2, 2}}, false, false},
+      {"3x3 dilation 2 pad 2 + bias", {1, 5, 10, 10}, {4, 5, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}}, true, false},
+      {"groups 2 + bias", {2, 6, 9, 9}, {8, 3, 3, 3}, {.padding = {1, 1}, .groups = 2}, true, false},
+      {"depthwise (groups = C)", {2, 8, 10, 7}, {8, 1, 3, 3}, {.padding = {1, 1}, .groups = 8}, false, false},
+      {"1x1 stride 2 + bias", {3, 16, 8, 8}, {32, 16, 1, 1}, {.stride = {2, 2}}, true, false},
+      {"5x3 stride (1, 2) pad (2, 1) + bias", {2, 3, 15, 17}, {5, 3, 5, 3}, {.stride = {1, 2}, .padding = {2, 1}}, true, false},
+      {"odd channels [4, 13, 16, 16] x [17, 13, 3, 3]", {4, 13, 16, 16}, {17, 13, 3, 3}, {.padding = {1, 1}}, false, false},
+      {"strided input view (transpose(1, 2))", {2, 11, 3, 13}, {8, 3, 3, 3}, {.padding = {1, 1}}, true, true},
+  };
+  for (DType dt : kFloatTypes) {
+    // cuDNN's algorithms (implicit GEMM, Winograd, FFT) sum in other orders and some add transform
+    // roundings: 4 sqrt(K) u_acc sum|x w|. 16-bit with bias: the bias is added by a separate pass, so the
+    // output may be rounded twice (Note [cuDNN convolution precision]): 2 ulps.
+    for (const Case& k : cases) {
+      const Shape xs = k.transposed_input ? Shape{k.x[0], k.x[2], k.x[1], k.x[3]} : k.x;
+      const int64_t groups = k.opt.groups, C = xs[1], O = k.w[0], kh = k.w[2], kw = k.w[3];
+      const int64_t oh = (xs[2] + 2 * k.opt.padding[0] - k.opt.dilation[0] * (kh - 1) - 1) / k.opt.stride[0] + 1;
+      const int64_t ow = (xs[3] + 2 * k.opt.padding[1] - k.opt.dilation[1] * (kw - 1) - 1) / k.opt.stride[1] + 1;
+      const int64_t K = C / groups * kh * kw;
+      const int64_t K_bwd = std::max(O / groups * kh * kw, xs[0] * oh * ow);
+      OpCheck chk;
+      chk.name = std::string("conv2d ") + dtype_name(dt) + " " + k.name;
+      chk.inputs = {uniform(k.x, -1, 1, dt), uniform(k.w, -0.5, 0.5, dt), k.bias ? uniform({O}, -1, 1, dt) : Tensor()};
+      const Conv2dOptions opt = k.opt;
+      const bool tr = k.transposed_input;
+      chk.fn = [opt, tr](const std::vector<Tensor>& in) {
+        return conv2d(tr ? in[0].transpose(1, 2) : in[0], in[1], in[2], opt);
+      };
+      chk.out = gemm_tol(dt, K, 4, k.bias ? 2 : 1, "convolution: cuDNN's summation order / algorithm, output rounding");
+      chk.grad = gemm_tol(dt, K_bwd, 4, 2,
+                          "data and weight gradients: cuDNN's order over O/g kh kw or N oh ow terms; a 16-bit weight "
+                          "gradient is rounded inside cuDNN (Note [conv weight gradient dtype]) then once more");
+      chk.abs_scales = true;
+      chk.f64_may_be_unsupported = true;
+      check_op(chk);
+    }
+  }
+}
+
+// =============================================================================== pools
+
+TEST(CudaPool, MaxAvgAndAdaptivePools) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    Shape x;
+    Pool2dOptions opt;
+  };
+  const std::vector<Case> cases = {
+      {"2x2 / 2", {2, 3, 8, 8}, {.kernel = {2, 2}}},
+      {"3x3 / 2 pad 1", {2, 3, 9, 11}, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}},
+      {"3x3 / 1 pad 1 ceil", {1, 2, 7, 7}, {.kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1}, .ceil_mode = true}},
+      {"2x2 / 2 ceil (odd sizes)", {2, 2, 7, 9}, {.kernel = {2, 2}, .ceil_mode = true}},
+      {"3x2 / (2, 1) no count_include_pad", {2, 3, 10, 6},
+       {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1}, .count_include_pad = false}},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& k : cases) {
+      const Pool2dOptions opt = k.opt;
+      // Max pool on values with ties: the first maximum of each window wins on both devices (a selection);
+      // the backward adds each window's gradient at its winner: up to 9 overlapping windows summed in
+      // another order (<= 8 u_acc * 9 for |g| < 1), rounded once.
+      OpCheck mx;
+      mx.name = std::string("max_pool2d ") + dtype_name(dt) + " " + k.name;
+      mx.inputs = {from_set(k.x, {-2, -1, 0, 0.5, 1, 3}, dt)};
+      mx.fn = [opt](const std::vector<Tensor>& in) { return max_pool2d(in[0], opt); };
+      mx.out = exact("a selection");
+      mx.bit_exact_output = true;
+      mx.grad = Tol{.ulps = 1, .atol = 72 * acc_roundoff(dt), .why = "sums of the gradients of overlapping windows"};
+      check_op(mx);
+
+      OpCheck av;
+      av.name = std::string("avg_pool2d ") + dtype_name(dt) + " " + k.name;
+      av.inputs = {uniform(k.x, -1, 1, dt)};
+      av.fn = [opt](const std::vector<Tensor>& in) { return avg_pool2d(in[0], opt); };
+      av.out = reduction_tol(dt, opt.kernel[0] * opt.kernel[1], 2, "; the division may round once more");
+      av.out.ulps = 2;
+      av.grad = reduction_tol(dt, 9, 2, "; each input sums the shares of its windows");
+      av.grad->ulps = 2;
+      av.abs_scales = true;
+      check_op(av);
+    }
+    // NaN wins a max-pool window.
+    guarded(std::string("max_pool2d NaN ") + dtype_name(dt), [&] {
+      Tensor x = uniform({1, 2, 6, 6}, -1, 1, dt);
+      x.select(1, 0).select(1, 2).narrow(1, 3, 1).fill_(kNaN);
+      EXPECT_TRUE(identical("max_pool2d with NaN", max_pool2d(on_dev(x), {.kernel = {2, 2}}), max_pool2d(x, {.kernel = {2, 2}})));
+    });
+    const std::vector<std::pair<Shape, std::array<int64_t, 2>>> adaptive = {
+        {{2, 3, 7, 5}, {3, 2}}, {{2, 3, 8, 8}, {1, 1}}, {{1, 2, 5, 7}, {5, 7}}, {{2, 4, 13, 11}, {4, 3}}};
+    for (const auto& [xs, os] : adaptive) {
+      OpCheck ad;
+      ad.name = std::string("adaptive_avg_pool2d ") + dtype_name(dt) + " " + shape_str(xs) + " -> (" +
+                std::to_string(os[0]) + ", " + std::to_string(os[1]) + ")";
+      ad.inputs = {uniform(xs, -1, 1, dt)};
+      const std::array<int64_t, 2> o = os;
+      ad.fn = [o](const std::vector<Tensor>& in) { return adaptive_avg_pool2d(in[0], o); };
+      const int64_t bin = (xs[2] / o[0] + 2) * (xs[3] / o[1] + 2);
+      ad.out = reduction_tol(dt, bin, 2, "; the division may round once more");
+      ad.out.ulps = 2;
+      ad.grad = reduction_tol(dt, 4, 2, "; each input sums the shares of <= 4 bins");
+      ad.grad->ulps = 2;
+      ad.abs_scales = true;
+      check_op(ad);
+    }
+  }
+}
+
+// =============================================================================== batch norm / layer norm
+
+namespace {
+
+// Tolerances of normalisation over groups of M values (batch norm: M = N S per channel; layer norm:
+// M = the row length). Each device's mean differs from the exact one by <= ~2 sqrt(M) u_acc mean|x| and
+// its invstd by ~4 sqrt(M) u_acc relative (a sum of squares), so y = (x - mean) invstd w + b differs by
+// <= |w| invstd (2 sqrt(M) u mean|x| + 4 sqrt(M) u |xhat|): with the test data (x ~ N(0.5, 1), |w| <=
+// 1.5, |xhat| <= 5) that is <= 32 sqrt(M) u_acc; the element-wise pass adds a rounding or an FMA (2 ulps).
+Tol norm_out_tol(DType dt, int64_t M, double pivot = 1.0) {
+  Tol t;
+  t.ulps = 2;
+  t.atol = 32 * std::sqrt(static_cast<double>(M)) * acc_roundoff(dt) * pivot;
+  t.why = "normalisation statistics over M = " + std::to_string(M) + " values in another order: 32 sqrt(M) u_acc" +
+          (pivot > 1 ? " times (1 + |mean| / std)" : "");
+  return t;
+}
+
+// dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)): the two means (sums over M) and the statistics
+// differ: 4x the forward's bound (|dy| < 1).
+Tol norm_dx_tol(DType dt, int64_t M) {
+  Tol t;
+  t.ulps = 2;
+  t.atol = 128 * std::sqrt(static_cast<double>(M)) * acc_roundoff(dt);
+  t.why = "dx: two sums over M values and the statistics in another order: 128 sqrt(M) u_acc";
+  return t;
+}
+
+// dweight = sum(dy xhat), dbias = sum(dy) over R values each: the sums' order (2 sqrt(R) u_acc R) and the
+// statistics' differences shifting xhat (<= 32 sqrt(M) u_acc, times sum|dy| <= R): 40 R sqrt(max(R, M)) u.
+Tol norm_dw_tol(DType dt, int64_t R, int64_t M) {
+  Tol t;
+  t.ulps = 2;
+  t.atol = 40 * static_cast<double>(R) * std::sqrt(static_cast<double>(std::max(R, M))) * acc_roundoff(dt);
+  t.why = "dweight / dbias: sums over R = " + std::to_string(R) + " values, xhat shifted by the statistics";
+  return t;
+}
+
+}  // namespace
+
+TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    Shape x;
+    bool affine, running;
+  };
+  const std::vector<Case> cases = {
+      {"[8, 6] affine", {8, 6}, true, true},
+      {"[4, 5, 7, 7] affine", {4, 5, 7, 7}, true, true},
+      {"[3, 4, 9] affine, no running stats", {3, 4, 9}, true, false},
+      {"[4, 3, 5, 6] no affine", {4, 3, 5, 6}, false, true},
+      {"[16, 8, 32, 32] affine (long channels)", {16, 8, 32, 32}, true, true},
+  };
+  for (DType dt : kFloatTypes) {
+    const DType sdt = dt == DType::f64 ? DType::f64 : DType::f32;
+    // 16-bit data with f32 weight and bias: amp O2's keep_batchnorm_fp32.
+    std::vector<DType> wdts = {dt};
+    if (is_low_precision(dt)) wdts.push_back(DType::f32);
+    for (DType wdt : wdts) {
+      for (const Case& k : cases) {
+        for (bool training : {true, false}) {
+          if (!training && !k.running) continue;
+          const int64_t C = k.x[1], M = shape_numel(k.x) / C;
+          const std::string what = std::string("batch_norm ") + dtype_name(dt) + " (weights " + dtype_name(wdt) +
+                                   ") " + k.name + (training ? " train" : " eval");
+          guarded(what, [&] {
+            const Tensor x = normal(k.x, 0.5, 1.0, dt);
+            const Tensor w = k.affine ? uniform({C}, 0.5, 1.5, wdt) : Tensor();
+            const Tensor b = k.affine ? uniform({C}, -0.5, 0.5, wdt) : Tensor();
+            const Tensor rm = k.running ? uniform({C}, -0.3, 0.3, sdt) : Tensor();
+            const Tensor rv = k.running ? uniform({C}, 0.5, 2.0, sdt) : Tensor();
+            const Tensor cx = cpu_leaf(x, true), cw = cpu_leaf(w, true), cb = cpu_leaf(b, true);
+            const Tensor dx = on_dev(x, true), dw = on_dev(w, true), db = on_dev(b, true);
+            const Tensor crm = cpu_leaf(rm), crv = cpu_leaf(rv), drm = on_dev(rm), drv = on_dev(rv);
+            const Tensor want = batch_norm(cx, crm, crv, cw, cb, training, 0.1, 1e-5);
+            const Tensor got = batch_norm(dx, drm, drv, dw, db, training, 0.1, 1e-5);
+            EXPECT_TRUE(close(what + " y", got, want, training ? norm_out_tol(dt, M) : Tol{.ulps = 2, .atol = 32 * acc_roundoff(dt), .why = "eval: fixed statistics, one element-wise pass (rounding / FMA)"}));
+            if (training && k.running) {
+              // new = 0.9 old + 0.1 batch: the batch statistics' differences scaled by 0.1 (plus M / (M - 1)).
+              const Tol rt{.ulps = 2, .atol = 4 * std::sqrt(static_cast<double>(M)) * acc_roundoff(dt),
+                           .why = "running statistics: 0.1 x the batch statistics' differences"};
+              EXPECT_TRUE(close(what + " running_mean", drm, crm, rt));
+              EXPECT_TRUE(close(what + " running_var", drv, crv, rt));
+            }
+            const Tensor go = uniform(k.x, -1, 1, dt);
+            want.backward(go);
+            got.backward(on_dev(go));
+            EXPECT_TRUE(close(what + " dx", dx.grad(), cx.grad(), training ? norm_dx_tol(dt, M) : Tol{.ulps = 2, .atol = 8 * acc_roundoff(dt), .why = "eval: dx = w invstd dy"}));
+            if (k.affine) {
+              EXPECT_TRUE(close(what + " dweight", dw.grad(), cw.grad(), norm_dw_tol(wdt, M, M)));
+              EXPECT_TRUE(close(what + " dbias", db.grad(), cb.grad(), norm_dw_tol(wdt, M, M)));
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaNorm, BatchNormFarFromZeroMean) {
+  MP_SKIP_WITHOUT_GPU();
+  // Activations with |mean| = 100 std: a one-pass E[x^2] - E[x]^2 variance cancels catastrophically
+  // (relative error ~ u (mean / std)^2 sqrt(M)); shifted / Welford statistics (as the CPU's) keep the
+  // error at ~ u (mean / std) sqrt(M). The tolerance is the latter, scaled by 1 + |mean| / std.
+  for (DType dt : {DType::f32, DType::f16}) {
+    const std::string what = std::string("batch_norm far pivot ") + dtype_name(dt);
+    guarded(what, [&] {
+      const Shape s{8, 4, 12, 12};
+      const int64_t M = 8 * 144;
+      const Tensor x = normal(s, 100.0, 1.0, dt);
+      const Tensor w = uniform({4}, 0.5, 1.5), b = uniform({4}, -0.5, 0.5);
+      const Tensor want = batch_norm(x, Tensor(), Tensor(), w, b, true);
+      const Tensor got = batch_norm(on_dev(x), Tensor(), Tensor(), on_dev(w), on_dev(b), true);
+      EXPECT_TRUE(close(what, got, want, norm_out_tol(dt, M, 101.0)));
+    });
+  }
+}
+
+TEST(CudaNorm, LayerNorm) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    Shape x, normalized;
+    bool affine;
+  };
+  const std::vector<Case> cases = {
+      {"[16, 1000] over [1000]", {16, 1000}, {1000}, true},
+      {"[4, 3, 5000] over [5000] (row longer than a block)", {4, 3, 5000}, {5000}, true},
+      {"[6, 7, 8] over [7, 8]", {6, 7, 8}, {7, 8}, true},
+      {"[37, 33] over [33], no affine", {37, 33}, {33}, false},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& k : cases) {
+      const int64_t N = shape_numel(k.normalized), R = shape_numel(k.x) / N;
+      const std::string what = std::string("layer_norm ") + dtype_name(dt) + " " + k.name;
+      guarded(what, [&] {
+        const Tensor x = normal(k.x, 0.5, 1.0, dt);
+        const Tensor w = k.affine ? uniform(k.normalized, 0.5, 1.5, dt) : Tensor();
+        const Tensor b = k.affine ? uniform(k.normalized, -0.5, 0.5, dt) : Tensor();
+        const Tensor cx = cpu_leaf(x, true), cw = cpu_leaf(w, true), cb = cpu_leaf(b, true);
+        const Tensor dx = on_dev(x, true), dw = on_dev(w, true), db = on_dev(b, true);
+        const Tensor want = layer_norm(cx, k.normalized, cw, cb);
+        const Tensor got = layer_norm(dx, k.normalized, dw, db);
+        EXPECT_TRUE(close(what + " y", got, want, norm_out_tol(dt, N)));
+        const Tensor go = uniform(k.x, -1, 1, dt);
+        want.backward(go);
+        got.backward(on_dev(go));
+        EXPECT_TRUE(close(what + " dx", dx.grad(), cx.grad(), norm_dx_tol(dt, N)));
+        if (k.affine) {
+          EXPECT_TRUE(close(what + " dweight", dw.grad(), cw.grad(), norm_dw_tol(dt, R, N)));
+          EXPECT_TRUE(close(what + " dbias", db.grad(), cb.grad(), norm_dw_tol(dt, R, N)));
+        }
+      });
+    }
+  }
+}
+
+// =============================================================================== softmax
+
+namespace {
+
+// Relative difference bound of softmax outputs of rows of n: exp on each device (CUDA expf 2 ulp,
+// fast_exp 1.03 ulp), the row sums in another order (2 sqrt(n) u), the division (or reciprocal and
+// product), and the GPU's online softmax (Note [CUDA online softmax]), which rescales partial sums by
+// exp(m_old - m_new) each time a running max grows and at each of the ~log2(n) combining levels (an
+// expf and a product each, <= 3 u): (24 + 3 log2(n) + 2 sqrt(n)) u_acc; a 16-bit output adds one ulp.
+double softmax_rel(DType dt, int64_t n) {
+  const double nn = static_cast<double>(std::max<int64_t>(n, 2));
+  return (24 + 3 * std::log2(nn) + 2 * std::sqrt(nn)) * acc_roundoff(dt);
+}
+// Absolute difference bound of log_softmax outputs: (x - m) - log(sum): the sum's relative difference
+// (as softmax_rel) and log's ulps, times (1 + ln n) for the size of log(sum).
+double log_softmax_abs(DType dt, int64_t n) {
+  return softmax_rel(dt, n) * (1 + std::log(static_cast<double>(std::max<int64_t>(n, 2))));
+}
+
+}  // namespace
+
+TEST(CudaSoftmax, SoftmaxAndLogSoftmaxForwardBackward) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    Shape x;
+    int64_t dim;
+    double offset;  // added to every logit (shift invariance)
+    bool masked;    // some logits are -inf
+  };
+  const std::vector<Case> cases = {
+      {"[8, 10] dim 1", {8, 10}, 1, 0, false},
+      {"[4, 1000] dim -1", {4, 1000}, -1, 0, false},
+      {"[3, 5000] dim 1 (row longer than a block)", {3, 5000}, 1, 0, false},
+      {"[6, 33, 7] dim 1 (inner 7)", {6, 33, 7}, 1, 0, false},
+      {"[37, 5] dim 0 (columns)", {37, 5}, 0, 0, false},
+      {"[4, 100] + 1e4 (large logits)", {4, 100}, 1, 1e4, false},
+      {"[8, 10] with -inf entries", {8, 10}, 1, 0, true},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& k : cases) {
+      for (bool log : {false, true}) {
+        const int64_t n = k.x[static_cast<size_t>(k.dim < 0 ? k.dim + static_cast<int64_t>(k.x.size()) : k.dim)];
+        const std::string what = std::string(log ? "log_softmax " : "softmax ") + dtype_name(dt) + " " + k.name;
+        guarded(what, [&] {
+          Tensor x = add(uniform(k.x, -4, 4, DType::f64), k.offset).to(dt);
+          if (k.masked) {
+            x.select(1, 3).fill_(-kInf);
+            x.select(0, 2).narrow(0, 5, 4).fill_(-kInf);
+          }
+          const Tensor cx = cpu_leaf(x, true), dx = on_dev(x, true);
+          const Tensor want = log ? log_softmax(cx, k.dim) : softmax(cx, k.dim);
+          const Tensor got = log ? log_softmax(dx, k.dim) : softmax(dx, k.dim);
+          const double r = softmax_rel(dt, n), a = log_softmax_abs(dt, n);
+          const Tol fwd = log ? Tol{.ulps = 1, .rtol = 2 * acc_roundoff(dt), .atol = a,
+                                    .why = "log_softmax: log of the row sum (its order differs) and logf / fast_log"}
+                              : Tol{.ulps = 1, .rtol = r, .why = "softmax: expf vs fast_exp and the row sum's order"};
+          EXPECT_TRUE(close(what + " forward", got, want, fwd));
+          const Tensor go = uniform(k.x, -1, 1, dt);
+          want.backward(go);
+          got.backward(on_dev(go));
+          // Backward bounds (x2), as tensors from the CPU's values:
+          //   softmax: g_in = y (g - sum(g y)): |y| (3 r_y + 2 sqrt(n) u) with r_y the forward's relative bound
+          //     (16-bit: the saved y may differ by one 16-bit ulp, 2 u16 relative);
+          //   log_softmax: g_in = g - exp(y) sum(g): p (|sum g| (a_y + 5 u) + 2 sqrt(n) u sum|g|).
+          const double u = acc_roundoff(dt), sq = 2 * std::sqrt(static_cast<double>(n)) * u;
+          const Tensor y64 = want.detach().to(DType::f64), g64 = go.to(DType::f64);
+          Tensor bound;
+          if (!log) {
+            const double ry = r + (is_low_precision(dt) ? 2 * unit_roundoff(dt) : 0.0);
+            bound = mul(abs(y64), 3 * ry + sq);
+          } else {
+            const double ay = a + (is_low_precision(dt) ? ulp(dt, 16.0) : 0.0);
+            const Tensor p = exp(y64);
+            bound = mul(p, add(mul(abs(sum(g64, {k.dim}, true)), ay + 5 * u), mul(sum(abs(g64), {k.dim}, true), sq)));
+          }
+          EXPECT_TRUE(close(what + " backward", dx.grad(), cx.grad(),
+                            Tol{.ulps = 1, .scaled = 2, .why = "backward: the forward's differences propagated (bound x2)"},
+                            bound));
+        });
+      }
+    }
+  }
+  guarded("softmax of an empty batch", [] {
+    const Tensor x = zeros({0, 7});
+    EXPECT_TRUE(identical("softmax [0, 7]", softmax(on_dev(x), 1), softmax(x, 1)));
+  });
+}
+
+// =============================================================================== losses
+
+TEST(CudaLoss, CrossEntropyNllAndMse) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    Shape logits;  // [N, C] or [N, C, d]
+    CrossEntropyOptions opt;
+  };
+  const std::vector<Case> cases = {
+      {"[32, 10] mean", {32, 10}, {}},
+      {"[32, 10] sum, ignore_index 3", {32, 10}, {.ignore_index = 3, .reduction = Reduction::sum}},
+      {"[32, 10] none, label_smoothing 0.1", {32, 10}, {.label_smoothing = 0.1, .reduction = Reduction::none}},
+      {"[8, 1000] mean, label_smoothing 0.2", {8, 1000}, {.label_smoothing = 0.2}},
+      {"[4, 5, 6] (inner 6) mean, ignore_index 1", {4, 5, 6}, {.ignore_index = 1}},
+      {"[3, 5000] mean (row longer than a block)", {3, 5000}, {}},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& k : cases) {
+      Shape ts = k.logits;
+      ts.erase(ts.begin() + 1);
+      const int64_t C = k.logits[1], N = shape_numel(ts);
+      const double u = acc_roundoff(dt);
+      // Per row: lse - x_t (+ eps (lse - mean x)): the row's log-sum-exp differs like log_softmax's output,
+      // the smoothing's mean over C by 2 sqrt(C) u mean|x|; a mean / sum over N rows adds 2 sqrt(N) u
+      // relative. The loss is f32 (f64 for f64 logits) in every case.
+      const double row = log_softmax_abs(dt, C) + 2 * std::sqrt(static_cast<double>(C)) * u * 4;
+      const Tol lt{.ulps = 2, .rtol = 2 * std::sqrt(static_cast<double>(N)) * u, .atol = 2 * row,
+                   .why = "class loss: each row's log-sum-exp (order, expf vs fast_exp, logf vs fast_log)"};
+      const std::vector<bool> logp = {false, true};
+      for (bool nll : logp) {
+        OpCheck chk;
+        chk.name = std::string(nll ? "nll_loss " : "cross_entropy ") + dtype_name(dt) + " " + k.name;
+        const Tensor logits = uniform(k.logits, -4, 4, dt);
+        chk.inputs = {nll ? log_softmax(logits.to(DType::f64), 1).to(dt) : logits, integers(ts, 0, C)};
+        const CrossEntropyOptions opt = k.opt;
+        chk.fn = [opt, nll](const std::vector<Tensor>& in) {
+          return nll ? nll_loss(in[0], in[1], opt) : cross_entropy(in[0], in[1], opt);
+        };
+        chk.out = lt;
+        // grad = w (p_c - [c == t](1 - eps) - eps / C): p differs by its exponent's difference (row + 6 u)
+        // relative; nll has p = 0 (exact up to an FMA). Normwise: |w| p <= max |grad| + |w|.
+        chk.grad = Tol{.ulps = 2, .normwise = 2 * (row + 6 * u),
+                       .why = "class-loss gradient: the softmax probabilities' differences"};
+        chk.grad_inputs = {0};
+        check_op(chk);
+      }
+    }
+    OpCheck mse;
+    mse.name = std::string("mse_loss ") + dtype_name(dt) + " [37, 29] mean";
+    mse.inputs = {uniform({37, 29}, -2, 2, dt), uniform({37, 29}, -2, 2, dt)};
+    mse.fn = [](const std::vector<Tensor>& in) { return mse_loss(in[0], in[1]); };
+    mse.out = reduction_tol(dt == DType::f64 ? DType::f64 : DType::f32, 37 * 29);
+    mse.out_scale = [](const std::vector<Tensor>& in) {
+      return mean(square(in[0].detach().to(DType::f64) - in[1].detach().to(DType::f64)));
+    };
+    mse.grad = exact("2 (x - y) g / n through IEEE operations on identical values");
+    check_op(mse);
+    OpCheck msen = mse;
+    msen.name = std::string("mse_loss ") + dtype_name(dt) + " [1037] none";
+    msen.inputs = {uniform({1037}, -2, 2, dt), uniform({1037}, -2, 2, dt)};
+    msen.fn = [](const std::vector<Tensor>& in) { return mse_loss(in[0], in[1], Reduction::none); };
+    msen.out = exact("(x - y)^2 in f32: IEEE operations");
+    msen.out_scale = nullptr;
+    check_op(msen);
+  }
+}
+
+TEST(CudaLoss, BadTargetsThrowTheCpuMessage) {
+  MP_SKIP_WITHOUT_GPU();
+  // One out-of-range target at flat position 3 and another at 7: both devices name the first (3), C and
+  // ignore_index, in the same words. A target equal to ignore_index is not an error.
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    const Tensor logits = uniform({10, 5}, -1, 1, dt);
+    Tensor t = integers({10}, 0, 5);
+    t.narrow(0, 3, 1).fill_(7);
+    t.narrow(0, 7, 1).fill_(-2);
+    t.narrow(0, 5, 1).fill_(-100);
+    for (bool nll : {false, true}) {
+      const std::string what = std::string(nll ? "nll_loss" : "cross_entropy") + " " + dtype_name(dt);
+      auto run = [nll](const Tensor& x, const Tensor& y) {
+        return nll ? nll_loss(x, y) : cross_entropy(x, y);
+      };
+      const std::string cpu_msg = test::error_of([&] { (void)run(logits, t); });
+      const std::string dev_msg = test::error_of([&] { (void)run(on_dev(logits), on_dev(t)).item<double>(); });
+      EXPECT_NE(cpu_msg, "(no error)") << what;
+      EXPECT_EQ(dev_msg, cpu_msg) << what;
+      // The device is usable afterwards.
+      guarded(what + " after the error", [&] {
+        Tensor ok = t.clone();
+        ok.narrow(0, 3, 1).fill_(1);
+        ok.narrow(0, 7, 1).fill_(2);
+        EXPECT_TRUE(close(what + " after the error", run(on_dev(logits), on_dev(ok)), run(logits, ok),
+                          Tol{.ulps = 2, .rtol = 1e-6, .why = "a 10-row class loss"}));
+      });
+    }
+  }
+}

@@ -1,0 +1,296 @@
+// CUDA against the CPU, part 3: the fused optimizer steps (SGD with momentum / dampening / Nesterov /
+// weight decay, Adam, AdamW, AMSGrad; f32, f64, f16 and bf16 parameters with and without f32 masters,
+// 16-bit and f32 gradients), loss-scale unscaling (GradScaler: inf/NaN found in any tensor at any
+// position, the step skipped, unscaled gradients equal to the CPU's, the fused unscale-in-step path),
+// the f16 underflow statistics and clip_grad_norm_.
+//
+// Tests skip without a CUDA device; MP_CUDA_TESTS_ON_CPU=1 runs them with the CPU as the device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+
+using namespace mp;
+using namespace mp::cuda_test;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Shapes of the parameters of one optimizer: a scalar, a vector tail, a matrix and (for f32) a tensor
+// larger than one block of the multi-tensor kernels.
+std::vector<Shape> param_shapes(DType dt) {
+  std::vector<Shape> s = {{1}, {1037}, {33, 65}};
+  if (dt == DType::f32) s.push_back({(int64_t{1} << 18) + 3});
+  return s;
+}
+
+// The same parameters on the CPU and on the device (leaves requiring grad).
+struct Twins {
+  std::vector<Tensor> cpu, dev;
+};
+
+Twins make_params(DType dt) {
+  Twins t;
+  for (const Shape& s : param_shapes(dt)) {
+    const Tensor v = uniform(s, -1, 1, dt);
+    t.cpu.push_back(cpu_leaf(v, true));
+    t.dev.push_back(on_dev(v, true));
+  }
+  return t;
+}
+
+// Fresh gradients (the same values on both devices), in `gdt`.
+void set_grads(const Twins& t, DType gdt, double scale = 1.0) {
+  for (size_t i = 0; i < t.cpu.size(); ++i) {
+    const Tensor g = mul(uniform(t.cpu[i].sizes(), -1, 1, DType::f64), scale).to(gdt);
+    t.cpu[i].set_grad(cpu_leaf(g));
+    t.dev[i].set_grad(on_dev(g));
+  }
+}
+
+// Optimizer-step tolerances. Each step evaluates the same formula (optim_pointwise.hpp) on both devices;
+// nvcc contracts a * b + c into FMAs (so may GCC in the AVX-512 loop), so each multiply-add may differ by
+// one rounding of its product: a few ulps of the state per step, absolute at the scale of the terms
+// (|w| <= 2, lr |update| <= 1 in these tests), accumulated over the steps. 16-bit parameters are the
+// rounded masters (one 16-bit ulp) or, without masters, rounded after every step (one ulp per step).
+Tol state_tol(DType dt, int steps) {
+  const double u = acc_roundoff(dt);
+  return Tol{.ulps = 4.0 * steps, .atol = 8.0 * steps * u, .why = "f32 (f64) update formulas; FMA contraction"};
+}
+Tol param_tol(DType dt, bool master, int steps) {
+  if (!is_low_precision(dt)) return state_tol(dt, steps);
+  if (master) return Tol{.ulps = 1, .why = "16-bit parameter = the f32 master rounded once"};
+  return Tol{.ulps = 1.0 * steps, .why = "16-bit parameter rounded after every step: one ulp per step"};
+}
+
+// Compare parameters, every state buffer and the masters after a step.
+// `buffer_atol`: an extra absolute allowance of the state buffers (see the callers).
+void compare_state(const std::string& what, const optim::Optimizer& copt, const optim::Optimizer& dopt,
+                   const Twins& t, bool master, int steps, double buffer_atol = 0.0) {
+  for (size_t i = 0; i < t.cpu.size(); ++i) {
+    const std::string w = what + " param " + std::to_string(i) + " " + shape_str(t.cpu[i].sizes());
+    const DType dt = t.cpu[i].dtype();
+    EXPECT_TRUE(close(w + " value", t.dev[i], t.cpu[i], param_tol(dt, master, steps)));
+    const optim::ParamState* cs = copt.state(t.cpu[i]);
+    const optim::ParamState* ds = dopt.state(t.dev[i]);
+    ASSERT_TRUE(cs != nullptr && ds != nullptr) << w << ": no optimizer state";
+    EXPECT_EQ(ds->step, cs->step) << w;
+    EXPECT_EQ(ds->buffers.size(), cs->buffers.size()) << w;
+    for (const auto& [name, buf] : cs->buffers) {
+      auto it = ds->buffers.find(name);
+      if (it == ds->buffers.end()) {
+        ADD_FAILURE() << w << ": the device state lacks '" << name << "'";
+        continue;
+      }
+      EXPECT_EQ(it->second.device(), dev()) << w << " " << name << " must live on the device";
+      Tol bt = state_tol(buf.dtype(), steps);
+      bt.atol += buffer_atol;
+      EXPECT_TRUE(close(w + " " + name, it->second, buf, bt));
+    }
+  }
+}
+
+}  // namespace
+
+// =============================================================================== SGD / Adam
+
+TEST(CudaOptim, SgdStepsMatchTheCpu) {
+  MP_SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<const char*, optim::SGDOptions>> configs = {
+      {"plain", {.lr = 0.1}},
+      {"momentum 0.9 dampening 0.1 wd 0.01", {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01}},
+      {"nesterov 0.9", {.lr = 0.05, .momentum = 0.9, .nesterov = true}},
+  };
+  for (DType dt : kFloatTypes) {
+    for (bool master : {false, true}) {
+      if (master && !is_low_precision(dt)) continue;
+      std::vector<DType> gdts = {dt};
+      if (dt != DType::f32) gdts.push_back(DType::f32);  // f32 gradients of a 16-bit / f64 parameter
+      for (DType gdt : gdts) {
+        for (const auto& [name, o] : configs) {
+          const std::string what = std::string("SGD ") + name + ", " + dtype_name(dt) + " params, " +
+                                   dtype_name(gdt) + " grads" + (master ? ", f32 masters" : "");
+          guarded(what, [&, &o = o] {
+            const Twins t = make_params(dt);
+            optim::SGD copt(t.cpu, o), dopt(t.dev, o);
+            copt.set_master_weights(master);
+            dopt.set_master_weights(master);
+            for (int step = 1; step <= 3; ++step) {
+              set_grads(t, gdt);
+              copt.step();
+              dopt.step();
+              // A 16-bit parameter without master may be one ulp apart after a step; weight decay feeds it
+              // into the momentum buffer: wd ulp(dt, 2) per step (|w| < 2).
+              const double extra = is_low_precision(dt) && !master ? o.weight_decay * ulp(dt, 2.0) * step : 0.0;
+              compare_state(what + " step " + std::to_string(step), copt, dopt, t, master, step, extra);
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaOptim, AdamAndAdamWStepsMatchTheCpu) {
+  MP_SKIP_WITHOUT_GPU();
+  for (DType dt : kFloatTypes) {
+    for (bool master : {false, true}) {
+      if (master && !is_low_precision(dt)) continue;
+      for (bool amsgrad : {false, true}) {
+        for (bool decoupled : {false, true}) {
+          const std::string what = std::string(decoupled ? "AdamW" : "Adam") + (amsgrad ? " amsgrad" : "") + ", " +
+                                   dtype_name(dt) + " params" + (master ? ", f32 masters" : "");
+          guarded(what, [&] {
+            const Twins t = make_params(dt);
+            std::unique_ptr<optim::Optimizer> copt, dopt;
+            if (decoupled) {
+              const optim::AdamWOptions o{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = amsgrad};
+              copt = std::make_unique<optim::AdamW>(t.cpu, o);
+              dopt = std::make_unique<optim::AdamW>(t.dev, o);
+            } else {
+              const optim::AdamOptions o{.lr = 1e-2, .weight_decay = 0.01, .amsgrad = amsgrad};
+              copt = std::make_unique<optim::Adam>(t.cpu, o);
+              dopt = std::make_unique<optim::Adam>(t.dev, o);
+            }
+            copt->set_master_weights(master);
+            dopt->set_master_weights(master);
+            for (int step = 1; step <= 3; ++step) {
+              // Shrinking gradients make amsgrad's running maximum differ from the second moment.
+              set_grads(t, dt, 1.0 / step);
+              copt->step();
+              dopt->step();
+              // As for SGD: Adam's L2 weight decay (0.01) feeds a 16-bit parameter's one-ulp difference into
+              // the moments.
+              const double extra = is_low_precision(dt) && !master && !decoupled ? 0.01 * ulp(dt, 2.0) * step : 0.0;
+              compare_state(what + " step " + std::to_string(step), *copt, *dopt, t, master, step, extra);
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+// =============================================================================== loss scaling
+
+TEST(CudaAmp, UnscaleMatchesTheCpuAndFindsInfNaNAnywhere) {
+  MP_SKIP_WITHOUT_GPU();
+  // Gradients of several tensors of several dtypes, scaled by S = 1024 (a power of two: unscaling is
+  // exact, so the unscaled gradients must be identical).
+  struct Poison {
+    const char* name;
+    size_t tensor;
+    int64_t index;  // -1: last element
+    double value;
+  };
+  const std::vector<Poison> poisons = {
+      {"none", 0, 0, 0.0},
+      {"inf in the last element of a vector tail", 1, -1, kInf},
+      {"-inf first element of the large tensor", 3, 0, -kInf},
+      {"NaN in the middle of an f16 gradient", 2, 700, kNaN},
+      {"NaN in a one-element gradient", 0, 0, kNaN},
+      {"inf in a bf16 gradient", 4, 11, kInf},
+  };
+  const std::vector<std::pair<Shape, DType>> grads = {{{1}, DType::f32},
+                                                      {{1037}, DType::f32},
+                                                      {{33, 65}, DType::f16},
+                                                      {{(int64_t{1} << 20) + 3}, DType::f32},
+                                                      {{129}, DType::bf16}};
+  for (const Poison& p : poisons) {
+    for (bool explicit_unscale : {true, false}) {
+      const std::string what = std::string("GradScaler ") + p.name + (explicit_unscale ? ", unscale_ then step" : ", step only (fused)");
+      guarded(what, [&] {
+        Twins t;
+        for (const auto& [s, dt] : grads) {
+          const Tensor v = uniform(s, -1, 1, dt);
+          t.cpu.push_back(cpu_leaf(v, true));
+          t.dev.push_back(on_dev(v, true));
+        }
+        for (size_t i = 0; i < t.cpu.size(); ++i) {
+          Tensor g = mul(uniform(t.cpu[i].sizes(), -1, 1, DType::f64), 1024.0).to(t.cpu[i].dtype());
+          if (p.value != 0.0 && i == p.tensor) {
+            const int64_t k = p.index < 0 ? g.numel() - 1 : p.index;
+            g.view({-1}).narrow(0, k, 1).fill_(p.value);
+          }
+          t.cpu[i].set_grad(cpu_leaf(g));
+          t.dev[i].set_grad(on_dev(g));
+        }
+        optim::SGD copt(t.cpu, {.lr = 0.5}), dopt(t.dev, {.lr = 0.5});
+        amp::GradScaler cs({.init_scale = 1024.0}), ds({.init_scale = 1024.0});
+        if (explicit_unscale) {
+          cs.unscale_(copt);
+          ds.unscale_(dopt);
+          if (p.value == 0.0) {
+            for (size_t i = 0; i < t.cpu.size(); ++i)
+              EXPECT_TRUE(identical(what + " unscaled gradient " + std::to_string(i), t.dev[i].grad(), t.cpu[i].grad()));
+          }
+        }
+        const bool c_stepped = cs.step(copt), d_stepped = ds.step(dopt);
+        EXPECT_EQ(c_stepped, p.value == 0.0) << what << " (CPU)";
+        EXPECT_EQ(d_stepped, c_stepped) << what << ": the device " << (d_stepped ? "stepped" : "skipped");
+        cs.update();
+        ds.update();
+        EXPECT_EQ(ds.get_scale(), cs.get_scale()) << what;
+        for (size_t i = 0; i < t.cpu.size(); ++i)
+          EXPECT_TRUE(close(what + " parameter " + std::to_string(i), t.dev[i], t.cpu[i],
+                            Tol{.ulps = 1, .atol = 2 * acc_roundoff(t.cpu[i].dtype()),
+                                .why = "w - lr g / S (exact unscaling; FMA contraction may drop one rounding)"}));
+      });
+    }
+  }
+}
+
+TEST(CudaAmp, UnderflowStatisticsCountAlike) {
+  MP_SKIP_WITHOUT_GPU();
+  // Values 2^k (k in [-30, 2]) with random signs, zeros, inf and NaN: the classification of each value
+  // (nonzero, below f16's smallest subnormal, subnormal, non-finite) is exact, so the counts are equal.
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    guarded(std::string("underflow stats ") + dtype_name(dt), [&] {
+      const Tensor k = integers({4099}, -30, 3, DType::f64);
+      const Tensor sign = integers({4099}, 0, 2, DType::f64);
+      Tensor v = mul(pow(full({4099}, 2.0, {.dtype = DType::f64}), k), mul(sign, 2.0) - 1.0);
+      v.narrow(0, 5, 10).zero_();
+      v.narrow(0, 100, 1).fill_(kInf);
+      v.narrow(0, 200, 1).fill_(kNaN);
+      const Tensor g1 = v.to(dt), g2 = mul(v.narrow(0, 0, 1000), 0.75).to(dt);
+      for (double scale : {1.0, 1024.0, 65536.0}) {
+        const amp::UnderflowStats c = amp::underflow_stats({g1, g2}, scale);
+        const amp::UnderflowStats d = amp::underflow_stats({on_dev(g1), on_dev(g2)}, scale);
+        EXPECT_EQ(d.nonzero, c.nonzero) << scale;
+        EXPECT_EQ(d.nonfinite, c.nonfinite) << scale;
+        EXPECT_EQ(d.underflow_unscaled, c.underflow_unscaled) << scale;
+        EXPECT_EQ(d.subnormal_unscaled, c.subnormal_unscaled) << scale;
+        EXPECT_EQ(d.underflow_scaled, c.underflow_scaled) << scale;
+        EXPECT_EQ(d.subnormal_scaled, c.subnormal_scaled) << scale;
+      }
+    });
+  }
+}
+
+TEST(CudaAmp, ClipGradNormMatchesTheCpu) {
+  MP_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    guarded(std::string("clip_grad_norm_ ") + dtype_name(dt), [&] {
+      const Twins t = make_params(dt);
+      set_grads(t, dt, 3.0);
+      int64_t K = 0;
+      for (const Tensor& p : t.cpu) K += p.numel();
+      const double cn = optim::clip_grad_norm_(t.cpu, 1.0);
+      const double dn = optim::clip_grad_norm_(t.dev, 1.0);
+      // The norm: sums of squares in f32 (f64) in another order: relative 2 sqrt(K) u_acc (terms >= 0).
+      EXPECT_TRUE(near_rel("clip_grad_norm_ total norm", dn, cn, 2 * std::sqrt(static_cast<double>(K)) * acc_roundoff(dt) + 1e-15,
+                           "sum of squares over K elements in another order"));
+      for (size_t i = 0; i < t.cpu.size(); ++i)
+        EXPECT_TRUE(close(std::string("clipped gradient ") + std::to_string(i), t.dev[i].grad(), t.cpu[i].grad(),
+                          Tol{.ulps = 2, .rtol = 2 * std::sqrt(static_cast<double>(K)) * acc_roundoff(dt),
+                              .why = "g * max_norm / (norm + 1e-6): the norms differ by the reduction order"}));
+    });
+  }
+}
