@@ -19,6 +19,10 @@ Precisions on the CPU:
   "unsupported" set to the reason and null timings, and exits 0. Where a newer torch supports it, fp16 runs
   under autocast with torch.amp.GradScaler('cpu').
 
+On a GPU (--device cuda): autocast('cuda') in bf16 or fp16 (fp16 with torch.cuda.amp.GradScaler), TF32
+off for matmuls and cuDNN (mixprec's default is true f32 too), cudnn.benchmark on; each step ends with
+torch.cuda.synchronize, and peak_bytes is torch.cuda.max_memory_allocated over the timed steps.
+
 Memory: torch has no allocator statistics for the CPU, so "peak_bytes" (mixprec: peak bytes of live tensors
 during the timed steps) is null here; "max_rss_bytes" (the process's peak resident set, interpreter and
 libraries included) is reported by both sides as a rough comparison.
