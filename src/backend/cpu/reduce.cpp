@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "backend/cpu/loops.hpp"
+#include "backend/reduce_acc.hpp"
 #include "backend/reduce_kernels.hpp"
 
 namespace mp::backend::cpu {
@@ -48,34 +48,6 @@ int64_t offset_of(const Dims& d, int64_t i) {
   }
   return off;
 }
-
-// Accumulators: init, combine two partials, and map (applied once to each loaded element).
-template <class A>
-struct SumAcc {
-  static A init() { return A(0); }
-  static A combine(A a, A b) { return a + b; }
-  static A map(A v) { return v; }
-};
-// Sum of squares in one pass (the gradient norm of clip_grad_norm_: no squared temporary, and a
-// 16-bit input is squared after conversion to float).
-template <class A>
-struct SumSqAcc {
-  static A init() { return A(0); }
-  static A combine(A a, A b) { return a + b; }
-  static A map(A v) { return v * v; }
-};
-template <class A>
-struct MaxAcc {
-  static A init() { return std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity() : std::numeric_limits<A>::lowest(); }
-  static A combine(A a, A b) { return (a != a || a > b) ? a : b; }  // NaN propagates
-  static A map(A v) { return v; }
-};
-template <class A>
-struct MinAcc {
-  static A init() { return std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity() : std::numeric_limits<A>::max(); }
-  static A combine(A a, A b) { return (a != a || a < b) ? a : b; }
-  static A map(A v) { return v; }
-};
 
 template <class A, class Acc>
 void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {

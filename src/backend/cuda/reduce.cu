@@ -18,56 +18,28 @@
 //    points, the lanes' element assignment and every combining order depend only on the shapes and
 //    the device's multiprocessor count, never on timing; no atomics. The summation order differs
 //    from the CPU's, so float sums agree with it to rounding, not bit for bit.
-#include <math_constants.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/loops.cuh"
+#include "backend/reduce_acc.hpp"
 #include "backend/reduce_kernels.hpp"
 
 namespace mp::backend::cuda {
 namespace {
 
-// ---- accumulators (the CPU's SumAcc/SumSqAcc/MaxAcc/MinAcc): init, combine, map --------------
+// ---- accumulators: the CPU's (backend/reduce_acc.hpp) -------------------------------------------
 
 template <class A>
-struct SumOp {
-  __device__ static A init() { return A(0); }
-  __device__ static A combine(A a, A b) { return a + b; }
-  __device__ static A map(A v) { return v; }
-};
+using SumOp = SumAcc<A>;
 template <class A>
-struct SumSqOp {
-  __device__ static A init() { return A(0); }
-  __device__ static A combine(A a, A b) { return a + b; }
-  __device__ static A map(A v) { return v * v; }
-};
+using SumSqOp = SumSqAcc<A>;
 template <class A>
-__device__ A lowest_value() {
-  if constexpr (std::is_same_v<A, float>) return -CUDART_INF_F;
-  else if constexpr (std::is_same_v<A, double>) return -CUDART_INF;
-  else return INT64_MIN;
-}
+using MaxOp = MaxAcc<A>;
 template <class A>
-__device__ A highest_value() {
-  if constexpr (std::is_same_v<A, float>) return CUDART_INF_F;
-  else if constexpr (std::is_same_v<A, double>) return CUDART_INF;
-  else return INT64_MAX;
-}
-template <class A>
-struct MaxOp {
-  __device__ static A init() { return lowest_value<A>(); }
-  __device__ static A combine(A a, A b) { return (a != a || a > b) ? a : b; }  // NaN propagates
-  __device__ static A map(A v) { return v; }
-};
-template <class A>
-struct MinOp {
-  __device__ static A init() { return highest_value<A>(); }
-  __device__ static A combine(A a, A b) { return (a != a || a < b) ? a : b; }
-  __device__ static A map(A v) { return v; }
-};
+using MinOp = MinAcc<A>;
 
 // The accumulator that combines partials of Op (map already applied): sums of squares add up.
 template <class Op, class A>
