@@ -23,7 +23,7 @@ std::string fmt(double v, int prec) {
 TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const Progress& start, int64_t baseline,
                      std::ostream& out)
     : c_(c), sum_(sum), parts_(std::move(parts)), start_(start), baseline_(baseline), out_(out),
-      text_(is_text_task(c)), ckpt_(checkpoint_path(c)), meta_{{"config", config_to_json(c)}} {
+      text_(is_text_task(c)), dev_(run_device(c)), ckpt_(checkpoint_path(c)), meta_{{"config", config_to_json(c)}} {
   if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
   if (!c.log.empty()) log_.emplace(c.log, /*append=*/c.resume);
 }
@@ -71,7 +71,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     log_->write({{"type", std::string("step")}, {"epoch", epoch_ + 1}, {"step", global}, {"loss", l},
                  {"lr", parts_.optimizer.lr(0)}, {"scale", scaler.get_scale()}, {"skipped", !stepped},
                  {"throughput", units_ / std::max(elapsed, 1e-9)}, {"data_wait", data_wait},
-                 {"memory", memory::memory_stats(run_device(c_)).allocated - baseline_}});
+                 {"memory", memory::memory_stats(dev_).allocated - baseline_}});
   }
   if (!c_.quiet) {
     std::vector<std::pair<std::string, std::string>> fields{{"loss", fmt(ema_.value, text_ ? 3 : 4)}};
@@ -119,13 +119,13 @@ void TrainLoop::end_epoch(double val_loss, double val_metric, double eval_second
     log_->write({{"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
                  {"val_loss", val_loss}, {text_ ? "val_perplexity" : "val_accuracy", val_metric},
                  {"seconds", epoch_seconds_}, {"data_wait", data_wait_},
-                 {"peak_memory", memory::memory_stats(run_device(c_)).peak_allocated - baseline_},
+                 {"peak_memory", memory::memory_stats(dev_).peak_allocated - baseline_},
                  {"skipped_total", parts_.scaler.skipped_steps()}, {"scale", parts_.scaler.get_scale()}});
   if (!ckpt_.empty()) save({epoch_ + 1, 0, start_.global_step + sum_.steps}, {});
 }
 
 void TrainLoop::finish() {
-  sum_.peak_bytes = memory::memory_stats(run_device(c_)).peak_allocated - baseline_;
+  sum_.peak_bytes = memory::memory_stats(dev_).peak_allocated - baseline_;
   sum_.skipped_steps = parts_.scaler.skipped_steps();
   sum_.final_loss_scale = parts_.scaler.get_scale();
   sum_.throughput = sum_.train_seconds > 0 ? total_units_ / sum_.train_seconds : 0;

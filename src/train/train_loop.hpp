@@ -62,6 +62,7 @@ class TrainLoop {
   int64_t baseline_;
   std::ostream& out_;
   bool text_;
+  Device dev_;  ///< where the run's tensors live (memory statistics)
   std::string ckpt_;
   std::map<std::string, std::string> meta_;
   std::optional<RunLog> log_;
