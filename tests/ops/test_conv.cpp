@@ -68,6 +68,10 @@ std::vector<Geometry> geometries() {
       {"groups 2", {2, 4, 5, 5}, {6, 2, 3, 3}, true, {.padding = {1, 1}, .groups = 2}},
       {"depthwise", {2, 3, 5, 6}, {3, 1, 3, 3}, true, {.padding = {1, 1}, .groups = 3}},
       {"no bias, rectangular", {1, 2, 6, 5}, {3, 2, 2, 3}, false, {.stride = {1, 2}}},
+      // Stride 1: the data gradient runs as a forward convolution with flipped weights (Note [backward data
+      // as a forward convolution]); an even kernel side, and padding beyond the kernel (which may not).
+      {"rectangular stride 1 pad (1, 2)", {2, 3, 6, 5}, {4, 3, 2, 3}, true, {.padding = {1, 2}}},
+      {"3x3 pad 3 (wider than the kernel)", {1, 2, 4, 5}, {3, 2, 3, 3}, false, {.padding = {3, 3}}},
       {"1x1", {2, 5, 4, 3}, {4, 5, 1, 1}, true, {}},
   };
 }
@@ -272,9 +276,10 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
       {{"depthwise 3x3 pad 1", {2, 16, 9, 8}, {16, 1, 3, 3}, true, {.padding = {1, 1}, .groups = 16}},
        {2, 16, 9, 8},
        {9, 9, 144, 144}},
-      // Outputs of <= 16 pixels: bf16 weight gradients take the im2col + GEMM path (Note [bf16 weight
-      // gradient as one GEMM] in src/backend/cpu/conv.cpp). 4x4 output: dweight/dbias N*OH*OW = 2*16.
-      {{"3x3 pad 1 on 4x4 (GEMM weight gradient)", {2, 16, 4, 4}, {8, 16, 3, 3}, true, {.padding = {1, 1}}},
+      // Outputs of <= 16 pixels: bf16 forward, data gradient (stride 1) and weight gradient take the im2col +
+      // GEMM paths (Notes [bf16 weight gradient as one GEMM] and [small convolutions as one GEMM] in
+      // src/backend/cpu/conv.cpp). 4x4 output: dweight/dbias N*OH*OW = 2*16.
+      {{"3x3 pad 1 on 4x4 (GEMM forward, data and weight gradients)", {2, 16, 4, 4}, {8, 16, 3, 3}, true, {.padding = {1, 1}}},
        {2, 8, 4, 4},
        {144, 72, 32, 32}},
       // Rectangular kernel, stride 2, dilation (2, 1), uneven padding: 4x3 output, padding taps are zeros
@@ -283,6 +288,18 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
         {.stride = {2, 2}, .padding = {2, 1}, .dilation = {2, 1}}},
        {3, 4, 4, 3},
        {36, 24, 36, 36}},
+      // A 4x4 input, dilation (1, 2), pad (1, 2): y [2, 8, 4, 6] (24 pixels: oneDNN), dx 16 pixels (GEMM on the
+      // flipped weights). y 16*6 taps; dx at most 8 output channels * 6 taps; dweight and dbias N*OH*OW = 2*24.
+      {{"3x2 dilation (1,2) pad (1,2) on 4x4 (GEMM data gradient)", {2, 16, 4, 4}, {8, 16, 3, 2}, true,
+        {.padding = {1, 2}, .dilation = {1, 2}}},
+       {2, 8, 4, 6},
+       {96, 48, 48, 48}},
+      // Stride 1 with dilation (1, 2): dx is a forward convolution of dy with flipped weights. y [2, 8, 8, 7];
+      // y 16*6 taps; dx at most 8 output channels * 6 taps; dweight and dbias N*OH*OW = 2*56.
+      {{"3x2 stride 1 dilation (1,2) pad (2,2) (dx as a forward convolution)", {2, 16, 6, 5}, {8, 16, 3, 2}, true,
+        {.padding = {2, 2}, .dilation = {1, 2}}},
+       {2, 8, 8, 7},
+       {96, 48, 112, 112}},
   };
   manual_seed(21);
   for (const LowPrecisionGeometry& lg : geos) {
