@@ -288,6 +288,13 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
         {.stride = {2, 2}, .padding = {2, 1}, .dilation = {2, 1}}},
        {3, 4, 4, 3},
        {36, 24, 36, 36}},
+      // Stride 3 on 9x9: few outputs per input pixel, so the unfold marks padding taps instead of copying to a
+      // zero-bordered buffer. y [2, 8, 4, 4] (GEMM forward and weight gradient); y 16*4 taps; dx at most 8
+      // output channels * 4 taps; dweight and dbias N*OH*OW = 2*16.
+      {{"2x2 stride 3 pad 1 on 9x9 (GEMM forward and weight gradient, strided unfold)", {2, 16, 9, 9},
+        {8, 16, 2, 2}, true, {.stride = {3, 3}, .padding = {1, 1}}},
+       {2, 8, 4, 4},
+       {64, 32, 32, 32}},
       // A 4x4 input, dilation (1, 2), pad (1, 2): y [2, 8, 4, 6] (24 pixels: oneDNN), dx 16 pixels (GEMM on the
       // flipped weights). y 16*6 taps; dx at most 8 output channels * 6 taps; dweight and dbias N*OH*OW = 2*24.
       {{"3x2 dilation (1,2) pad (1,2) on 4x4 (GEMM data gradient)", {2, 16, 4, 4}, {8, 16, 3, 2}, true,

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/conv_kernels.hpp"
 #include "backend/cpu/loops.hpp"
@@ -282,19 +283,55 @@ bool use_gemm_weight_grad(const Conv2dArgs& a) {
 }
 
 // col [N oh ow, C kH kW] (bf16) from x [N, C, H, W] (bf16, contiguous).
+// A table maps each (output pixel, tap) to its offset in an input plane, so the inner loop is a plain
+// gather (no index arithmetic or bounds tests per element). When every plane is read several times over
+// (stride 1: each input pixel feeds up to kH kW outputs), the planes of one image are first copied into a
+// zero-bordered buffer and the table points into it, which removes the padding test too; otherwise
+// (strided, few outputs per input pixel) padding taps are marked -1. ResNet-18's 512x4x4 stage, batch 32,
+// 1 thread: 6.5 ms with per-element index arithmetic, 1.8 ms so.
 void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col) {
-  const int64_t oh = a.out_h(), ow = a.out_w(), K = a.c * a.kh * a.kw, rows = a.n * oh * ow;
-#pragma omp parallel for if (rows * K >= kParallelGrain && !omp_in_parallel()) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = r / (oh * ow), oy = (r / ow) % oh, ox = r % ow;
-    uint16_t* out = col + r * K;
-    for (int64_t c = 0; c < a.c; ++c) {
-      const uint16_t* xp = x + (n * a.c + c) * a.h * a.w;
-      for (int64_t ky = 0; ky < a.kh; ++ky) {
-        const int64_t iy = oy * a.stride_h - a.pad_h + ky * a.dil_h;
-        for (int64_t kx = 0; kx < a.kw; ++kx) {
-          const int64_t ix = ox * a.stride_w - a.pad_w + kx * a.dil_w;
-          *out++ = iy >= 0 && iy < a.h && ix >= 0 && ix < a.w ? xp[iy * a.w + ix] : uint16_t{0};
+  const int64_t oh = a.out_h(), ow = a.out_w(), P = oh * ow, taps = a.kh * a.kw, K = a.c * taps, HW = a.h * a.w;
+  const int64_t PH = a.h + 2 * a.pad_h, PW = a.w + 2 * a.pad_w;
+  const bool padded = P * taps >= 2 * HW;
+  std::vector<int32_t> table(static_cast<size_t>(P * taps));
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t oy = p / ow, ox = p % ow;
+    for (int64_t ky = 0; ky < a.kh; ++ky)
+      for (int64_t kx = 0; kx < a.kw; ++kx) {
+        const int64_t py = oy * a.stride_h + ky * a.dil_h, px = ox * a.stride_w + kx * a.dil_w;  // padded coords
+        const int64_t iy = py - a.pad_h, ix = px - a.pad_w;
+        int64_t off = -1;
+        if (padded) off = py * PW + px;
+        else if (iy >= 0 && iy < a.h && ix >= 0 && ix < a.w) off = iy * a.w + ix;
+        table[static_cast<size_t>(p * taps + ky * a.kw + kx)] = static_cast<int32_t>(off);
+      }
+  }
+  const int32_t* tab = table.data();
+#pragma omp parallel if (a.n * P * K >= kParallelGrain && !omp_in_parallel())
+  {
+    std::vector<uint16_t> pad(padded ? static_cast<size_t>(a.c * PH * PW) : 0, uint16_t{0});  // borders stay 0
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < a.n; ++n) {
+      const uint16_t* xn = x + n * a.c * HW;
+      const uint16_t* planes = xn;
+      int64_t plane_size = HW;
+      if (padded) {
+        for (int64_t c = 0; c < a.c; ++c)
+          for (int64_t y = 0; y < a.h; ++y)
+            std::memcpy(&pad[static_cast<size_t>((c * PH + y + a.pad_h) * PW + a.pad_w)], xn + c * HW + y * a.w,
+                        static_cast<size_t>(a.w) * sizeof(uint16_t));
+        planes = pad.data();
+        plane_size = PH * PW;
+      }
+      for (int64_t p = 0; p < P; ++p) {
+        uint16_t* out = col + (n * P + p) * K;
+        const int32_t* tp = tab + p * taps;
+        for (int64_t c = 0; c < a.c; ++c, out += taps) {
+          const uint16_t* plane = planes + c * plane_size;
+          if (padded)
+            for (int64_t t = 0; t < taps; ++t) out[t] = plane[tp[t]];
+          else
+            for (int64_t t = 0; t < taps; ++t) out[t] = tp[t] >= 0 ? plane[tp[t]] : uint16_t{0};
         }
       }
     }
