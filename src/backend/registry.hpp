@@ -40,6 +40,15 @@ struct ProfileRegion {
   int64_t start = profiler::detail::begin();
   ~ProfileRegion() { profiler::detail::end(label, start, bytes); }
 };
+
+// The same for a kernel queued on a device: timed by timestamps on its stream (Note [device time in the
+// profiler] in mp/core/profiler.hpp).
+struct DeviceProfileRegion {
+  const char* label;
+  double bytes;
+  uint64_t id;
+  ~DeviceProfileRegion() { profiler::detail::end_device(label, id, bytes); }
+};
 }  // namespace kernel_call_detail
 
 template <class Fn>
@@ -49,12 +58,17 @@ class KernelCall;
 template <class R, class... A>
 class KernelCall<R(A...)> {
  public:
-  constexpr KernelCall(R (*f)(A...), const char* op) : f_(f), op_(op) {}
+  constexpr KernelCall(R (*f)(A...), const char* op, Device device = Device()) : f_(f), op_(op), device_(device) {}
   /// Run the kernel.
   R operator()(A... args) const {
     if (!profiler::enabled()) return f_(std::forward<A>(args)...);
-    kernel_call_detail::ProfileRegion region{kernel_label(op_, args...),
-                                             (0.0 + ... + kernel_call_detail::operand_bytes(args))};
+    const char* label = kernel_label(op_, args...);
+    const double bytes = (0.0 + ... + kernel_call_detail::operand_bytes(args));
+    if (!device_.is_cpu() && profiler::detail::has_device_timer()) {
+      kernel_call_detail::DeviceProfileRegion region{label, bytes, profiler::detail::begin_device(device_.index)};
+      return f_(std::forward<A>(args)...);
+    }
+    kernel_call_detail::ProfileRegion region{label, bytes};
     return f_(std::forward<A>(args)...);
   }
   /// The raw function.
@@ -63,6 +77,7 @@ class KernelCall<R(A...)> {
  private:
   R (*f_)(A...);
   const char* op_;
+  Device device_;
 };
 
 /// One op family's kernels, one per device type. Constant-initialised (constexpr constructor, plain
@@ -84,7 +99,7 @@ class KernelSlot {
     MP_CHECK(f != nullptr, "no kernel for op '", op_, "' on device ", d.str(),
              d.is_cuda() ? ": mixprec was built without the CUDA backend (configure with -DMP_CUDA=ON)" : "");
 #endif
-    return KernelCall<Fn>(f, op_);
+    return KernelCall<Fn>(f, op_, d);
   }
   /// Op family name.
   const char* op() const { return op_; }

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <vector>
 
+#include "backend/registry.hpp"
 #include "mp/core/profiler.hpp"
 #include "mp/mp.hpp"
 
@@ -70,4 +72,79 @@ TEST(Profiler, OffRecordsNothingAndSessionRestores) {
   EXPECT_EQ(profiler::snapshot()[0].name, "mul");
   profiler::reset();
   EXPECT_TRUE(profiler::snapshot().empty());
+}
+
+// Note [device time in the profiler]: a kernel called for a CUDA device is charged the time between two
+// timestamps queued on the device, exclusive of nested device regions, and read when the table is read.
+// A fake timer whose timestamps the test sets stands in for CUDA events, so this runs without a GPU
+// (with a CUDA build and no GPU too: the real timer is swapped out for the test and back).
+namespace {
+
+struct FakeClock {
+  static inline double now = 0;           // the timestamp the next record() takes, in seconds
+  static inline int records = 0, released = 0, elapsed_calls = 0;
+  static inline std::vector<int> devices;  // the device of every record
+};
+
+void* fake_record(int device) {
+  ++FakeClock::records;
+  FakeClock::devices.push_back(device);
+  return new double(FakeClock::now);
+}
+double fake_elapsed(void* a, void* b) {
+  ++FakeClock::elapsed_calls;
+  return *static_cast<double*>(b) - *static_cast<double*>(a);
+}
+void fake_release(void* h) {
+  ++FakeClock::released;
+  delete static_cast<double*>(h);
+}
+constexpr profiler::DeviceTimer kFakeTimer{&fake_record, &fake_elapsed, &fake_release};
+
+// Kernels "queued on a device": each advances the fake device clock, the outer one also calls the inner
+// one through its slot (as a CUDA kernel entry calling another family's kernel would).
+using FakeKernel = void(double);
+inline constinit backend::KernelSlot<FakeKernel> fake_inner_slot{"fake_inner"};
+inline constinit backend::KernelSlot<FakeKernel> fake_outer_slot{"fake_outer"};
+void fake_inner(double seconds) { FakeClock::now += seconds; }
+void fake_outer(double seconds) {
+  FakeClock::now += seconds;
+  fake_inner_slot.get(Device(DeviceType::cuda, 1))(0.25);
+  FakeClock::now += seconds;
+}
+
+}  // namespace
+
+TEST(Profiler, DeviceKernelsAreTimedByDeviceTimestampsExclusively) {
+  fake_inner_slot.set(DeviceType::cuda, &fake_inner);
+  fake_outer_slot.set(DeviceType::cuda, &fake_outer);
+  fake_inner_slot.set(DeviceType::cpu, &fake_inner);
+  const profiler::DeviceTimer* prev = profiler::set_device_timer(&kFakeTimer);
+  FakeClock::now = 0;
+  FakeClock::records = FakeClock::released = FakeClock::elapsed_calls = 0;
+  FakeClock::devices.clear();
+  std::vector<profiler::OpStats> s;
+  {
+    profiler::Session session;
+    fake_outer_slot.get(Device(DeviceType::cuda, 1))(1.0);  // 1 + 0.25 (inner) + 1
+    fake_inner_slot.get(Device(DeviceType::cuda, 1))(0.5);
+    EXPECT_EQ(FakeClock::elapsed_calls, 0);  // nothing waits for the device while recording
+    fake_inner_slot.get(kCPU)(100.0);        // a CPU kernel: host time, no timestamps
+    s = profiler::snapshot();
+  }
+  profiler::set_device_timer(prev);
+  EXPECT_EQ(FakeClock::records, 6);  // two timestamps per device kernel call
+  EXPECT_EQ(FakeClock::released, 6);
+  for (int d : FakeClock::devices) EXPECT_EQ(d, 1);
+  const auto* outer = find(s, "fake_outer");
+  const auto* inner = find(s, "fake_inner");
+  ASSERT_NE(outer, nullptr);
+  ASSERT_NE(inner, nullptr);
+  EXPECT_EQ(outer->calls, 1);
+  EXPECT_DOUBLE_EQ(outer->seconds, 2.0);  // 2.25 between its timestamps, less the nested 0.25
+  EXPECT_EQ(inner->calls, 3);             // two on the device, one on the CPU
+  // Device 0.25 + 0.5; the CPU call's host time is tiny (it only adds to a double), never 100 s.
+  EXPECT_GE(inner->seconds, 0.75);
+  EXPECT_LT(inner->seconds, 0.75 + 0.5);
+  profiler::reset();
 }

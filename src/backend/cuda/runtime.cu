@@ -1,5 +1,6 @@
 // The CUDA runtime layer (see runtime.hpp): device discovery with a cached reason when there is
-// none, properties, the per-device stream, and the error messages of failed CUDA calls.
+// none, properties, the per-device stream, the error messages of failed CUDA calls, and the
+// profiler's CUDA-event timestamps.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 
 #include "backend/cuda/runtime.hpp"
 #include "mp/core/error.hpp"
+#include "mp/core/profiler.hpp"
 
 namespace mp::backend::cuda {
 namespace {
@@ -180,4 +182,73 @@ cudaStream_t current_stream(int device) {
   return s.stream;
 }
 
+}  // namespace mp::backend::cuda
+
+// ------------------------------------------------------------------ profiler timestamps
+// Note [device time in the profiler] (mp/core/profiler.hpp): CUDA events recorded on the device's stream.
+// Events are pooled (creating one per kernel call would cost more than many kernels) and, like the rest of
+// the runtime state, never destroyed (Note [leaked runtime state]).
+namespace mp::backend::cuda {
+namespace {
+
+struct TimedEvent {
+  cudaEvent_t event = nullptr;
+  int device = 0;
+};
+
+struct EventPool {
+  std::mutex mu;
+  std::vector<TimedEvent*> free;
+};
+
+EventPool& event_pool() {
+  static EventPool* p = new EventPool;
+  return *p;
+}
+
+void* record_event(int device) {
+  TimedEvent* e = nullptr;
+  {
+    EventPool& p = event_pool();
+    std::lock_guard lock(p.mu);
+    for (size_t i = p.free.size(); i-- > 0;)
+      if (p.free[i]->device == device) {
+        e = p.free[i];
+        p.free.erase(p.free.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+  }
+  DeviceGuard g(Device(DeviceType::cuda, device), "profiler");
+  if (e == nullptr) {
+    e = new TimedEvent;
+    e->device = device;
+    MP_CUDA_CHECK(cudaEventCreate(&e->event));  // default flags: with timing
+  }
+  MP_CUDA_CHECK(cudaEventRecord(e->event, current_stream(device)));
+  return e;
+}
+
+double event_elapsed_seconds(void* start, void* end) {
+  auto* a = static_cast<TimedEvent*>(start);
+  auto* b = static_cast<TimedEvent*>(end);
+  DeviceGuard g(Device(DeviceType::cuda, b->device), "profiler");
+  MP_CUDA_CHECK(cudaEventSynchronize(b->event));
+  float ms = 0;
+  MP_CUDA_CHECK(cudaEventElapsedTime(&ms, a->event, b->event));
+  return static_cast<double>(ms) * 1e-3;
+}
+
+void release_event(void* handle) {
+  EventPool& p = event_pool();
+  std::lock_guard lock(p.mu);
+  p.free.push_back(static_cast<TimedEvent*>(handle));
+}
+
+constexpr profiler::DeviceTimer kEventTimer{&record_event, &event_elapsed_seconds, &release_event};
+
+// Installed when the library loads, whether or not a GPU is present: the timer is only used for kernels
+// called for a CUDA device, which exist only when one is.
+const bool g_event_timer_installed = (profiler::set_device_timer(&kEventTimer), true);
+
+}  // namespace
 }  // namespace mp::backend::cuda
