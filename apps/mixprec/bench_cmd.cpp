@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <numeric>
@@ -36,6 +37,14 @@ namespace {
 
 using namespace mp;
 using Clock = std::chrono::steady_clock;
+
+// CPU time (user + system, all threads) consumed by this process so far, in milliseconds.
+double process_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
 using Json = nlohmann::ordered_json;
 
 bool is_lm(const std::string& model) { return model == "lstm" || model == "gru" || model == "rnn"; }
@@ -67,8 +76,8 @@ BenchStepOptions resolved(BenchStepOptions o) {
     positive("num_classes", o.num_classes);
   }
   MP_CHECK(o.warmup >= 0, "bench step: --warmup must be >= 0, got ", o.warmup);
-  MP_CHECK(o.lstm_impl == "fused" || o.lstm_impl == "basic", "bench step: unknown --lstm_impl '", o.lstm_impl,
-           "'; expected fused or basic");
+  MP_CHECK(o.lstm_impl == "fused" || o.lstm_impl == "basic" || o.lstm_impl == "onednn" || o.lstm_impl == "cudnn",
+           "bench step: unknown --lstm_impl '", o.lstm_impl, "'; expected basic, fused, onednn (cpu) or cudnn (cuda)");
   MP_CHECK(o.precision == "fp32" || o.precision == "fp16" || o.precision == "bf16",
            "bench step: unknown --precision '", o.precision, "'; expected fp32, fp16 or bf16");
   if (o.opt_level.empty()) o.opt_level = o.precision == "fp32" ? "O0" : "O2";
@@ -81,7 +90,12 @@ BenchStepOptions resolved(BenchStepOptions o) {
            "'; expected sgd or adamw");
   MP_CHECK(o.lr >= 0, "bench step: --lr must be >= 0 (0 = the optimizer's default), got ", o.lr);
   if (o.lr == 0) o.lr = o.optimizer == "sgd" ? 0.01 : 1e-3;
-  (void)bench_device(o);
+  const Device dev = bench_device(o);
+  // The library LSTM is named after the library that runs it: oneDNN on the CPU, cuDNN on CUDA.
+  MP_CHECK(o.lstm_impl != "onednn" || dev.is_cpu(), "bench step: --lstm_impl onednn is oneDNN's LSTM, which runs on ",
+           "the CPU, but --device is ", dev.str(), "; use --lstm_impl cudnn for the library LSTM on CUDA");
+  MP_CHECK(o.lstm_impl != "cudnn" || dev.is_cuda(), "bench step: --lstm_impl cudnn is cuDNN's LSTM, which runs on ",
+           "CUDA, but --device is ", dev.str(), "; use --lstm_impl onednn for the library LSTM on the CPU");
   (void)float32_matmul_precision_from_string(o.matmul_precision);
   return o;
 }
@@ -143,10 +157,17 @@ Workload image_workload(const BenchStepOptions& o) {
   return w;
 }
 
+// --lstm_impl as nn::LstmImpl (onednn and cudnn are the library LSTM; resolved() matched them to the device).
+nn::LstmImpl lstm_impl_of(const BenchStepOptions& o) {
+  if (o.lstm_impl == "basic") return nn::LstmImpl::basic;
+  if (o.lstm_impl == "fused") return nn::LstmImpl::fused;
+  return nn::LstmImpl::library;
+}
+
 Workload lm_workload(const BenchStepOptions& o) {
   auto model = std::make_shared<models::WordLM>(models::WordLMOptions{
       .vocab_size = o.vocab_size, .embed_size = o.embed_size, .hidden_size = o.hidden_size,
-      .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout, .fused_lstm = o.lstm_impl == "fused"});
+      .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout, .lstm_impl = lstm_impl_of(o)});
   const Device dev = bench_device(o);
   model->to(dev);
   model->train();
@@ -216,11 +237,19 @@ Json run_bench_step(const BenchStepOptions& raw) {
   Tensor loss;
   std::optional<profiler::Session> prof;
   if (o.profile) prof.emplace();
+  // CPU time of the whole process per step beside wall time: on a shared machine another process's
+  // load stretches wall time but not (much) the CPU time of a 1-thread run (OMP_NUM_THREADS=1), so
+  // cpu_median_ms gives steadier A/B comparisons there. With several threads it includes OpenMP's
+  // spin-waiting, and on a GPU it is the host's time only.
+  std::vector<double> cpu_ms;
+  cpu_ms.reserve(static_cast<size_t>(o.steps));
   for (int64_t i = 0; i < o.steps; ++i) {
     const auto t0 = Clock::now();
+    const double c0 = process_cpu_ms();
     loss = w.step();
     synchronize(dev);  // GPU kernels run asynchronously: a step ends when its work has
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    cpu_ms.push_back(process_cpu_ms() - c0);
   }
   prof.reset();
   const int64_t peak = memory::memory_stats(dev).peak_allocated;
@@ -243,6 +272,7 @@ Json run_bench_step(const BenchStepOptions& raw) {
   j["min_ms"] = *std::min_element(ms.begin(), ms.end());
   j["max_ms"] = *std::max_element(ms.begin(), ms.end());
   j["step_ms"] = ms;
+  j["cpu_median_ms"] = median(cpu_ms);
   j["throughput"] = w.units_per_step / (med / 1000.0);
   j["unit"] = w.unit;
   j["peak_bytes"] = peak;

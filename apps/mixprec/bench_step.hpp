@@ -26,7 +26,7 @@ struct BenchStepOptions {
   int64_t steps = 10;              ///< timed steps
   uint64_t seed = 0;               ///< seeds the initialisation, the batch and dropout
   std::string json;                ///< also append the JSON object as one line to this file
-  std::string lstm_impl = "fused";  ///< word LM (lstm): "fused" (one node per layer) or "basic" (per-step graph)
+  std::string lstm_impl = "fused";  ///< word LM (lstm): basic, fused, onednn (cpu) or cudnn (cuda); see the flag
   bool profile = false;            ///< also time every kernel over the timed steps (JSON "ops")
   std::string device = "cpu";      ///< cpu, cuda or cuda:N
   std::string matmul_precision = "highest";  ///< f32 matmuls/convs on CUDA: highest (f32) or high (TF32)
@@ -54,7 +54,9 @@ void visit_fields(BenchStepOptions& o, F&& f) {
   f("steps", o.steps, "timed steps");
   f("seed", o.seed, "random seed (initialisation, synthetic batch, dropout)");
   f("json", o.json, "also append the JSON object as one line to this file");
-  f("lstm_impl", o.lstm_impl, "word LM (lstm): fused (one sequence-level node per layer) or basic (per-step graph)");
+  f("lstm_impl", o.lstm_impl,
+    "word LM (lstm): basic (per-step graph), fused (our sequence-level node per layer), onednn (oneDNN's LSTM, "
+    "cpu) or cudnn (cuDNN's LSTM, cuda)");
   f("profile", o.profile, "also time every kernel over the timed steps (adds \"ops\" to the JSON)");
   f("device", o.device, "cpu, cuda or cuda:N (model, batch and optimizer state live there)");
   f("matmul_precision", o.matmul_precision, "f32 matmuls and convolutions on CUDA: highest (true f32) or high (TF32)");

@@ -1,7 +1,8 @@
 // `mixprec bench SUITE`: the reference articles' experiments (issue 6), each writing SUITE.json,
 // SUITE.md and PNG charts into a report folder:
 //   op-breakdown  each kernel's share of a training step, fp32 -> bf16 speed-up, achieved bandwidth
-//   lstm-impl     basic (per-step graph) vs fused (one sequence-level node per layer) LSTM
+//   lstm-impl     basic (per-step graph) vs fused (one sequence-level node per layer) vs library LSTM
+//                 (oneDNN's on the CPU, cuDNN's on CUDA)
 //   lstm-sweep    word LM over layers x batch x cells: TFLOP/s end to end and in matmuls alone
 //   resnets       ResNet-18..152, fp32 vs mixed: step time, time scaled to fp32, largest batch in a budget
 //   opt-levels    a Wide-ResNet trained at O0..O3 in bf16 and fp16: time, memory, accuracy
@@ -275,11 +276,15 @@ void lstm_impl(const SuiteArgs& a, std::ostream& out) {
   };
   const std::vector<Size> sizes = a.quick ? std::vector<Size>{{256, 20}, {650, 20}}
                                           : std::vector<Size>{{256, 20}, {650, 20}, {650, 64}, {1500, 20}, {1500, 64}};
+  // The library LSTM of the device: oneDNN's on the CPU, cuDNN's on CUDA.
+  const bool cuda = a.device.rfind("cuda", 0) == 0;
+  const std::string lib = cuda ? "cudnn" : "onednn";
+  const std::vector<std::string> impls = {"basic", "fused", lib};
   tr::Table t;
-  t.header = {"hidden", "batch", "precision", "basic ms/step", "fused ms/step", "fused speed-up", "basic tok/s",
-              "fused tok/s"};
+  t.header = {"hidden", "batch", "precision", "basic ms/step", "fused ms/step", "fused speed-up", lib + " ms/step",
+              lib + " speed-up", "basic tok/s", "fused tok/s", lib + " tok/s"};
   std::vector<std::string> labels;
-  std::vector<double> speedups;
+  std::vector<double> speedups_fused, speedups_lib;
   Json runs = Json::array();
   Json first;
   for (const Size& s : sizes)
@@ -289,9 +294,9 @@ void lstm_impl(const SuiteArgs& a, std::ostream& out) {
       o.hidden_size = o.embed_size = s.hidden;
       o.batch_size = s.batch;
       o.precision = prec;
-      Json r[2];
-      for (int impl = 0; impl < 2; ++impl) {
-        o.lstm_impl = impl == 0 ? "basic" : "fused";
+      Json r[3];
+      for (size_t impl = 0; impl < impls.size(); ++impl) {
+        o.lstm_impl = impls[impl];
         progress("lstm-impl: H " + std::to_string(s.hidden) + " B " + std::to_string(s.batch) + " " + prec + " " +
                  o.lstm_impl);
         r[impl] = try_step(o);
@@ -299,24 +304,29 @@ void lstm_impl(const SuiteArgs& a, std::ostream& out) {
         runs.push_back(r[impl]);
         if (first.is_null() && ok(r[impl])) first = r[impl];
       }
-      const double b = num(r[0], "median_ms"), f = num(r[1], "median_ms");
-      t.rows.push_back({std::to_string(s.hidden), std::to_string(s.batch), prec,
-                        ok(r[0]) ? fmt("%.1f", b) : err_cell(r[0]), ok(r[1]) ? fmt("%.1f", f) : err_cell(r[1]),
-                        fmt("%.2fx", b / f), fmt("%.0f", num(r[0], "throughput")), fmt("%.0f", num(r[1], "throughput"))});
-      if (std::isfinite(b / f)) {
-        labels.push_back("H" + std::to_string(s.hidden) + " B" + std::to_string(s.batch) + " " + prec);
-        speedups.push_back(b / f);
-      }
+      const double b = num(r[0], "median_ms"), f = num(r[1], "median_ms"), l = num(r[2], "median_ms");
+      auto ms = [](const Json& j, double v) { return ok(j) ? fmt("%.1f", v) : err_cell(j); };
+      t.rows.push_back({std::to_string(s.hidden), std::to_string(s.batch), prec, ms(r[0], b), ms(r[1], f),
+                        fmt("%.2fx", b / f), ms(r[2], l), fmt("%.2fx", b / l), fmt("%.0f", num(r[0], "throughput")),
+                        fmt("%.0f", num(r[1], "throughput")), fmt("%.0f", num(r[2], "throughput"))});
+      labels.push_back("H" + std::to_string(s.hidden) + " B" + std::to_string(s.batch) + " " + prec);
+      speedups_fused.push_back(std::isfinite(b / f) ? b / f : 0.0);
+      speedups_lib.push_back(std::isfinite(b / l) ? b / l : 0.0);
     }
-  rep.md("## LSTM implementations: basic per-step graph vs fused sequence-level layer\n\n" +
+  rep.md("## LSTM implementations: basic per-step graph vs fused sequence-level layer vs the library's LSTM\n\n" +
          (first.is_null() ? std::string() : header_line(first)) +
          "Word LM (2 layers, vocabulary 10k, sequence 35, dropout 0.5, SGD momentum, clip 0.25); median ms per "
-         "training step. basic = linear + add + fused gate kernel per time step (PyTorch's non-cuDNN path); fused = "
-         "mp::lstm_layer: one autograd node per layer, the recurrent weight gradient as one GEMM over all steps "
-         "(the CPU counterpart of cuDNN's LSTM).\n\n");
+         "training step, speed-ups over basic. basic = linear + add + fused gate kernel per time step (PyTorch's "
+         "non-cuDNN path); fused = mp::lstm_layer: one autograd node per layer, the recurrent weight gradient as one "
+         "GEMM over all steps; " + lib + " = mp::lstm_layer_library: the whole layer (input projection, recurrence, "
+         "backward) in " + (cuda ? "cuDNN's RNN (what PyTorch runs on GPUs; the articles measured it up to 1.9x "
+                                   "faster than a basic LSTM)"
+                                 : "oneDNN's LSTM primitive (f32 and bf16 on the CPU)") +
+         ". A failed configuration shows as 'failed' (the error is in the JSON) and a speed-up of 0 in the chart.\n\n");
   rep.table(t);
   rep.json()["runs"] = runs;
-  rep.bars("speedup.png", "fused LSTM speed-up over basic", "speed-up (x)", labels, speedups);
+  rep.bars("speedup.png", "fused LSTM speed-up over basic", "speed-up (x)", labels, speedups_fused);
+  rep.bars("speedup_" + lib + ".png", lib + " LSTM speed-up over basic", "speed-up (x)", labels, speedups_lib);
   rep.write(out);
 }
 
@@ -606,7 +616,8 @@ void add_bench_suites(CLI::App* bench) {
     cmd->callback([a, ob] { op_breakdown(*a, *ob, std::cout); });
   }
   {
-    auto* cmd = bench->add_subcommand("lstm-impl", "Basic (per-step graph) vs fused (sequence-level) LSTM");
+    auto* cmd = bench->add_subcommand("lstm-impl",
+                                      "Basic (per-step graph) vs fused (sequence-level) vs library (oneDNN/cuDNN) LSTM");
     auto a = std::make_shared<SuiteArgs>();
     common(cmd, *a);
     cmd->callback([a] { lstm_impl(*a, std::cout); });

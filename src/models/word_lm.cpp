@@ -41,7 +41,7 @@ WordLM::WordLM(const WordLMOptions& options) : nn::Module("WordLM"), options_(ch
                           .hidden_size = o.hidden_size,
                           .num_layers = o.num_layers,
                           .dropout = o.num_layers > 1 ? o.dropout : 0.0,
-                          .fused = o.fused_lstm};
+                          .impl = o.lstm_impl};
   if (o.cell == "lstm")
     rnn_ = std::make_shared<nn::LSTM>(ro);
   else if (o.cell == "gru")

@@ -10,9 +10,19 @@
 #include "mp/ops/linalg.hpp"
 #include "mp/ops/pointwise.hpp"
 #include "mp/ops/rnn.hpp"
+#include "mp/ops/rnn_library.hpp"
 #include "mp/ops/shape.hpp"
 
 namespace mp::nn {
+
+const char* lstm_impl_name(LstmImpl impl) {
+  switch (impl) {
+    case LstmImpl::basic: return "basic";
+    case LstmImpl::fused: return "fused";
+    case LstmImpl::library: return "library";
+  }
+  return "?";
+}
 
 RNNBase::RNNBase(std::string type_name, const RNNOptions& o, int64_t gates)
     : Module(std::move(type_name)), options_(o), gates_(gates) {
@@ -44,6 +54,7 @@ std::string RNNBase::extra_repr() const {
   if (!options_.bias) os << ", bias=false";
   if (options_.batch_first) os << ", batch_first=true";
   if (options_.dropout != 0.0) os << ", dropout=" << options_.dropout;
+  if (gates_ == 4 && options_.impl != LstmImpl::fused) os << ", impl=" << lstm_impl_name(options_.impl);
   return os.str();
 }
 
@@ -87,9 +98,17 @@ std::pair<Tensor, LSTMState> LSTM::forward(const Tensor& input, const LSTMState&
   const int64_t T = x.size(0);
   std::vector<Tensor> h_n, c_n;
   for (int64_t l = 0; l < options_.num_layers; ++l) {
+    if (options_.impl == LstmImpl::library) {
+      auto [y, hT, cT] =
+          lstm_layer_library(x, h0.select(0, l), c0.select(0, l), *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
+      h_n.push_back(hT);
+      c_n.push_back(cT);
+      x = between_layers(y, l);
+      continue;
+    }
     // The input projection of every time step at once: [T, B, 4H].
     const Tensor gx = linear(x, *w_ih_[l], *b_ih_[l]);
-    if (options_.fused) {
+    if (options_.impl == LstmImpl::fused) {
       auto [y, hT, cT] = lstm_layer(gx, h0.select(0, l), c0.select(0, l), *w_hh_[l], *b_hh_[l]);
       h_n.push_back(hT);
       c_n.push_back(cT);

@@ -80,12 +80,12 @@ TEST(NnRnn, LstmMatchesCellLoop) {
 }
 
 TEST(NnRnn, FusedLayerMatchesBasicPerStepGraph) {
-  // options.fused (default) runs each layer as one lstm_layer node; fused = false builds the basic
+  // LstmImpl::fused (default) runs each layer as one lstm_layer node; LstmImpl::basic builds the basic
   // per-step graph. Outputs, states and every gradient agree (the weight gradient is summed in a
   // different order: one GEMM over T*B rows against T per-step GEMMs).
   manual_seed(11);
   LSTM fused(LSTMOptions{.input_size = 5, .hidden_size = 7, .num_layers = 2});
-  LSTM basic(LSTMOptions{.input_size = 5, .hidden_size = 7, .num_layers = 2, .fused = false});
+  LSTM basic(LSTMOptions{.input_size = 5, .hidden_size = 7, .num_layers = 2, .impl = LstmImpl::basic});
   basic.load_state_dict(fused.state_dict());
   const int64_t T = 6, B = 3;
   Tensor x = randn({T, B, 5}).requires_grad_();

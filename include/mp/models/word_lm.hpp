@@ -20,7 +20,7 @@ struct WordLMOptions {
   std::string cell = "lstm";  ///< "lstm", "gru" or "rnn" (tanh)
   double dropout = 0.5;       ///< on the embeddings, between RNN layers and on the RNN output
   bool tie_weights = false;   ///< decoder.weight IS encoder.weight (needs hidden_size == embed_size)
-  bool fused_lstm = true;     ///< lstm: one sequence-level node per layer (nn::RNNOptions::fused)
+  nn::LstmImpl lstm_impl = nn::LstmImpl::fused;  ///< lstm: how each layer runs (nn::RNNOptions::impl)
 };
 
 /// Word-level language model, PyTorch's examples/word_language_model RNNModel: drop(encoder(tokens))

@@ -6,6 +6,16 @@
 
 namespace mp::nn {
 
+/// How nn::LSTM runs each layer (the three implementations `mixprec bench lstm-impl` compares).
+enum class LstmImpl {
+  basic,    ///< a per-step graph: linear + add + the fused gate kernel per time step (PyTorch's non-cuDNN path)
+  fused,    ///< mp::lstm_layer: our sequence-level node (Note [lstm_layer]); the weight gradient as one GEMM
+  library,  ///< mp::lstm_layer_library: the vendor library's LSTM (oneDNN on the CPU, cuDNN on CUDA)
+};
+
+/// "basic", "fused" or "library".
+const char* lstm_impl_name(LstmImpl impl);
+
 /// Options of LSTM, GRU and RNN (PyTorch's arguments; unidirectional).
 struct RNNOptions {
   int64_t input_size = 0;    ///< I, features per time step
@@ -14,10 +24,10 @@ struct RNNOptions {
   bool bias = true;          ///< learn bias_ih_l* and bias_hh_l*
   bool batch_first = false;  ///< input/output [B, T, *] instead of [T, B, *]
   double dropout = 0.0;      ///< dropout on the outputs of every layer but the last, when training
-  /// LSTM only: run each layer as one sequence-level op (mp::lstm_layer, Note [lstm_layer]) instead of
-  /// a per-step composite of linear/add/lstm_gates nodes. Same values; the fused backward computes the
-  /// recurrent weight gradient as one GEMM. false keeps the basic per-step graph (for comparison).
-  bool fused = true;
+  /// LSTM only: how each layer runs (LstmImpl). All three compute the same function (to rounding);
+  /// fused (one mp::lstm_layer node per layer) is the default, basic the per-step graph, library the
+  /// vendor's whole-layer LSTM (f32/bf16 on the CPU; f32/f16/bf16 on CUDA).
+  LstmImpl impl = LstmImpl::fused;
 };
 /// Options of LSTM.
 using LSTMOptions = RNNOptions;
@@ -73,8 +83,9 @@ class RNNBase : public Module {
   std::vector<Tensor*> w_ih_, w_hh_, b_ih_, b_hh_;
 };
 
-/// Multi-layer LSTM (PyTorch's nn.LSTM, gate order i, f, g, o). Per layer, the input projection of
-/// all time steps is one matmul; each step adds h W_hh^T + b_hh and runs the fused gate kernel.
+/// Multi-layer LSTM (PyTorch's nn.LSTM, gate order i, f, g, o). Per layer (basic and fused), the input
+/// projection of all time steps is one matmul; each step adds h W_hh^T + b_hh and runs the fused gate
+/// kernel. With LstmImpl::library each layer is one mp::lstm_layer_library call (projection included).
 class LSTM : public RNNBase {
  public:
   /// A layer stack with freshly initialised parameters.

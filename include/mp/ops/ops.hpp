@@ -8,5 +8,6 @@
 #include "mp/ops/pointwise.hpp"
 #include "mp/ops/reduce.hpp"
 #include "mp/ops/rnn.hpp"
+#include "mp/ops/rnn_library.hpp"
 #include "mp/ops/shape.hpp"
 #include "mp/ops/softmax.hpp"
