@@ -45,4 +45,11 @@ using Conv2dBackwardWeightsKernel = void(const Tensor& dweight, const Tensor& db
                                          const Conv2dGeometry& g);
 inline constinit KernelSlot<Conv2dBackwardWeightsKernel> conv2d_backward_weights_kernel{"conv2d_backward_weights"};
 
+/// Both gradients in one call (what the autograd node calls): dx as conv2d_backward_data, dweight/dbias as
+/// conv2d_backward_weights; dx or dweight undefined = not needed (x or weight may then be undefined too).
+/// Lets a backend share work between the two (the CPU reorders dy into oneDNN's layout once).
+using Conv2dBackwardKernel = void(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& x,
+                                  const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g);
+inline constinit KernelSlot<Conv2dBackwardKernel> conv2d_backward_kernel{"conv2d_backward"};
+
 }  // namespace mp::backend

@@ -79,19 +79,15 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
     autograd::record("Conv2dBackward", inputs, {out}, [=](const std::vector<Tensor>& g) {
       const Tensor gy = g[0].to(dt);
       Tensor gx, gw, gb;
-      if (need_x) {
-        gx = empty(xs, {.dtype = dt, .device = dev});
-        backend::conv2d_backward_data_kernel.get(dev)(gx, gy, wd, geo);
-      }
+      if (need_x) gx = empty(xs, {.dtype = dt, .device = dev});
       // dweight (and dbias with it) come out in f32 (f64 for f64); the engine casts them to the parameters' dtypes.
       const DType acc = dt == DType::f64 ? DType::f64 : DType::f32;
       if (need_w) {
         gw = empty(ws, {.dtype = acc, .device = dev});
         if (need_b) gb = empty({O}, {.dtype = acc, .device = dev});
-        backend::conv2d_backward_weights_kernel.get(dev)(gw, gb, xd, gy, geo);
-      } else if (need_b) {
-        gb = sum(gy.to(acc), {0, 2, 3});
       }
+      if (need_x || need_w) backend::conv2d_backward_kernel.get(dev)(gx, gw, gb, xd, gy, wd, geo);
+      if (!need_w && need_b) gb = sum(gy.to(acc), {0, 2, 3});
       return std::vector<Tensor>{gx, gw, gb};
     });
   }

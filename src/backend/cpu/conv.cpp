@@ -373,8 +373,42 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
                           dbias.defined() ? dbias.raw_data() : nullptr);
 }
 
+// Both gradients: when both run on oneDNN's convolution primitives (f32, bf16 or f16-through-f32, no GEMM
+// path), one call, which reorders dy into oneDNN's layout once for the two; otherwise the two kernels.
+void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& x,
+                         const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
+  if (!dx.defined() || !dweight.defined() || dx.dtype() == DType::f64) {
+    if (dx.defined()) conv2d_backward_data_cpu(dx, dy, weight, g);
+    if (dweight.defined()) conv2d_backward_weights_cpu(dweight, dbias, x, dy, g);
+    return;
+  }
+  check_out(dx, "dx");
+  check_out(dweight, "dweight");
+  if (dbias.defined()) check_out(dbias, "dbias");
+  MP_ASSERT(x.dtype() == dy.dtype() && weight.dtype() == dy.dtype() && dx.dtype() == dy.dtype(),
+            "conv2d backward kernel: dtypes differ");
+  MP_ASSERT(dweight.dtype() == DType::f32 && (!dbias.defined() || dbias.dtype() == DType::f32),
+            "conv2d backward kernel: dweight/dbias must be f32 for ", dtype_name(x.dtype()), " inputs");
+  const Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
+                                 weight.size(3), g, compute_dtype(x.dtype()));
+  MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
+            " does not match the geometry");
+  if (a.n == 0 || use_gemm_backward_data(a) || use_gemm_weight_grad(a)) {
+    conv2d_backward_data_cpu(dx, dy, weight, g);
+    conv2d_backward_weights_cpu(dweight, dbias, x, dy, g);
+    return;
+  }
+  const DType ct = a.src_dtype;
+  const Tensor xc = x.to(ct).contiguous(), dyc = dy.to(ct).contiguous(), wc = weight.to(ct).contiguous();
+  const Tensor dxs = dx.dtype() == ct ? dx : empty(dx.sizes(), {.dtype = ct, .device = dx.device()});
+  conv2d_backward(a, xc.raw_data(), dyc.raw_data(), wc.raw_data(), dxs.raw_data(), dweight.raw_data(),
+                  dbias.defined() ? dbias.raw_data() : nullptr);
+  if (dxs.raw_data() != dx.raw_data()) Tensor(dx).copy_(dxs);
+}
+
 }  // namespace
 
+MP_REGISTER_KERNEL(conv2d_backward_kernel, DeviceType::cpu, &conv2d_backward_cpu);
 MP_REGISTER_KERNEL(conv2d_forward_kernel, DeviceType::cpu, &conv2d_forward_cpu);
 MP_REGISTER_KERNEL(conv2d_backward_data_kernel, DeviceType::cpu, &conv2d_backward_data_cpu);
 MP_REGISTER_KERNEL(conv2d_backward_weights_kernel, DeviceType::cpu, &conv2d_backward_weights_cpu);

@@ -50,7 +50,7 @@ void record_onednn_impl(const std::string& op, const std::string& impl);
 std::string onednn_last_impl(const char* op);
 
 /// Per-thread scratch buffer slots; a call uses each slot at most once at a time.
-enum class ScratchSlot : int { scratchpad, input0, input1, output, staging, count };
+enum class ScratchSlot : int { scratchpad, input0, input1, output, staging, shared_input, count };
 
 /// A 64-byte aligned per-thread buffer of at least `bytes` for `slot`: grow-only, reused across calls,
 /// freed at thread exit. The pointer is valid until the next call for the same slot on this thread.

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -275,8 +276,9 @@ std::shared_ptr<const ConvPlan> get_plan(const Conv2dArgs& a, ConvPass pass, boo
 
 // Runs a plan: inputs are reordered into per-thread buffers where the primitive wants another layout or
 // dtype, the output is written to a per-thread buffer and reordered into the caller's when needed.
+// `prepared[i]`, when given, is input i already in the primitive's layout (no reorder).
 void run_plan(const ConvPlan& plan, const Conv2dArgs& a, ConvPass pass, const void* in0, const void* in1, void* out,
-              void* bias) {
+              void* bias, const std::array<const void*, 2>& prepared = {nullptr, nullptr}) {
   onednn_check(
       "dnnl::convolution::execute", [&] { return describe(a, pass); },
       [&] {
@@ -301,6 +303,10 @@ void run_plan(const ConvPlan& plan, const Conv2dArgs& a, ConvPass pass, const vo
         const ScratchSlot slots[2] = {ScratchSlot::input0, ScratchSlot::input1};
         for (int i = 0; i < 2; ++i) {
           const PlanArg& p = plan.in[i];
+          if (prepared[static_cast<size_t>(i)] != nullptr) {
+            args.emplace(p.arg, wrap_memory(p.prim_md, prepared[static_cast<size_t>(i)]));
+            continue;
+          }
           if (!p.needs_reorder) {
             args.emplace(p.arg, wrap_memory(p.user_md, inputs[i]));
             continue;
@@ -364,6 +370,43 @@ void conv2d_backward_weights(const Conv2dArgs& args, const void* src, const void
   MP_CHECK(src != nullptr && diff_dst != nullptr, "conv2d_backward_weights: null src or diff_dst");
   const auto plan = get_plan(args, ConvPass::backward_weights, diff_bias != nullptr);
   run_plan(*plan, args, ConvPass::backward_weights, src, diff_dst, diff_weight, diff_bias);
+}
+
+void conv2d_backward(const Conv2dArgs& args, const void* src, const void* diff_dst, const void* weight,
+                     void* diff_src, void* diff_weight, void* diff_bias) {
+  if (diff_src == nullptr || diff_weight == nullptr || args.n == 0) {
+    if (diff_src != nullptr) conv2d_backward_data(args, diff_dst, weight, diff_src);
+    if (diff_weight != nullptr) conv2d_backward_weights(args, src, diff_dst, diff_weight, diff_bias);
+    return;
+  }
+  validate(args, ConvPass::backward_data);
+  MP_CHECK(src != nullptr && diff_dst != nullptr && weight != nullptr,
+           "conv2d_backward: null src, diff_dst or weight");
+  const auto pd = get_plan(args, ConvPass::backward_data, false);
+  const auto pw = get_plan(args, ConvPass::backward_weights, diff_bias != nullptr);
+  const PlanArg& dd = pd->in[0];  // diff_dst of the data gradient (the src of its forward form)
+  const PlanArg& dw = pw->in[1];  // diff_dst of the weight gradient
+  if (!(dd.needs_reorder && dw.needs_reorder && dd.user_md == dw.user_md && dd.prim_md == dw.prim_md)) {
+    run_plan(*pd, args, ConvPass::backward_data, diff_dst, weight, diff_src, nullptr);
+    run_plan(*pw, args, ConvPass::backward_weights, src, diff_dst, diff_weight, diff_bias);
+    return;
+  }
+  void* shared = thread_scratch(ScratchSlot::shared_input, md_bytes(dd.prim_md));
+  onednn_check(
+      "dnnl::reorder (convolution diff_dst)", [&] { return describe(args, ConvPass::backward_weights); },
+      [&] {
+        dnnl::stream& s = onednn_stream();
+        std::unordered_map<int, memory> m{{DNNL_ARG_FROM, wrap_memory(dd.user_md, diff_dst)},
+                                          {DNNL_ARG_TO, wrap_memory(dd.prim_md, shared)}};
+        if (md_bytes(dd.reorder_scratch_md) > 0)
+          m.emplace(DNNL_ARG_SCRATCHPAD, wrap_memory(dd.reorder_scratch_md,
+                                                      thread_scratch(ScratchSlot::scratchpad,
+                                                                     md_bytes(dd.reorder_scratch_md))));
+        dd.reorder.execute(s, m);
+        s.wait();
+      });
+  run_plan(*pd, args, ConvPass::backward_data, diff_dst, weight, diff_src, nullptr, {shared, nullptr});
+  run_plan(*pw, args, ConvPass::backward_weights, src, diff_dst, diff_weight, diff_bias, {nullptr, shared});
 }
 
 std::string conv2d_impl_info(const Conv2dArgs& args, ConvPass pass, bool with_bias) {

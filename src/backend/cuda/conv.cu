@@ -584,7 +584,15 @@ void conv2d_backward_weights_cuda(const Tensor& dweight, const Tensor& dbias, co
 
 }  // namespace
 
+// Both gradients: cuDNN's two backward calls share nothing, so this is the two kernels in turn.
+void conv2d_backward_cuda(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& x,
+                          const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
+  if (dx.defined()) conv2d_backward_data_cuda(dx, dy, weight, g);
+  if (dweight.defined()) conv2d_backward_weights_cuda(dweight, dbias, x, dy, g);
+}
+
 MP_REGISTER_KERNEL(conv2d_forward_kernel, DeviceType::cuda, &conv2d_forward_cuda);
+MP_REGISTER_KERNEL(conv2d_backward_kernel, DeviceType::cuda, &conv2d_backward_cuda);
 MP_REGISTER_KERNEL(conv2d_backward_data_kernel, DeviceType::cuda, &conv2d_backward_data_cuda);
 MP_REGISTER_KERNEL(conv2d_backward_weights_kernel, DeviceType::cuda, &conv2d_backward_weights_cuda);
 
