@@ -76,8 +76,6 @@ BenchStepOptions resolved(BenchStepOptions o) {
     positive("num_classes", o.num_classes);
   }
   MP_CHECK(o.warmup >= 0, "bench step: --warmup must be >= 0, got ", o.warmup);
-  MP_CHECK(o.lstm_impl == "fused" || o.lstm_impl == "basic" || o.lstm_impl == "onednn" || o.lstm_impl == "cudnn",
-           "bench step: unknown --lstm_impl '", o.lstm_impl, "'; expected basic, fused, onednn (cpu) or cudnn (cuda)");
   MP_CHECK(o.precision == "fp32" || o.precision == "fp16" || o.precision == "bf16",
            "bench step: unknown --precision '", o.precision, "'; expected fp32, fp16 or bf16");
   if (o.opt_level.empty()) o.opt_level = o.precision == "fp32" ? "O0" : "O2";
@@ -90,12 +88,7 @@ BenchStepOptions resolved(BenchStepOptions o) {
            "'; expected sgd or adamw");
   MP_CHECK(o.lr >= 0, "bench step: --lr must be >= 0 (0 = the optimizer's default), got ", o.lr);
   if (o.lr == 0) o.lr = o.optimizer == "sgd" ? 0.01 : 1e-3;
-  const Device dev = bench_device(o);
-  // The library LSTM is named after the library that runs it: oneDNN on the CPU, cuDNN on CUDA.
-  MP_CHECK(o.lstm_impl != "onednn" || dev.is_cpu(), "bench step: --lstm_impl onednn is oneDNN's LSTM, which runs on ",
-           "the CPU, but --device is ", dev.str(), "; use --lstm_impl cudnn for the library LSTM on CUDA");
-  MP_CHECK(o.lstm_impl != "cudnn" || dev.is_cuda(), "bench step: --lstm_impl cudnn is cuDNN's LSTM, which runs on ",
-           "CUDA, but --device is ", dev.str(), "; use --lstm_impl onednn for the library LSTM on the CPU");
+  (void)nn::lstm_impl_from_flag(o.lstm_impl, bench_device(o));
   (void)float32_matmul_precision_from_string(o.matmul_precision);
   return o;
 }
@@ -157,17 +150,10 @@ Workload image_workload(const BenchStepOptions& o) {
   return w;
 }
 
-// --lstm_impl as nn::LstmImpl (onednn and cudnn are the library LSTM; resolved() matched them to the device).
-nn::LstmImpl lstm_impl_of(const BenchStepOptions& o) {
-  if (o.lstm_impl == "basic") return nn::LstmImpl::basic;
-  if (o.lstm_impl == "fused") return nn::LstmImpl::fused;
-  return nn::LstmImpl::library;
-}
-
 Workload lm_workload(const BenchStepOptions& o) {
   auto model = std::make_shared<models::WordLM>(models::WordLMOptions{
       .vocab_size = o.vocab_size, .embed_size = o.embed_size, .hidden_size = o.hidden_size,
-      .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout, .lstm_impl = lstm_impl_of(o)});
+      .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout, .lstm_impl = nn::lstm_impl_from_flag(o.lstm_impl, bench_device(o))});
   const Device dev = bench_device(o);
   model->to(dev);
   model->train();

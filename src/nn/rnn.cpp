@@ -24,6 +24,18 @@ const char* lstm_impl_name(LstmImpl impl) {
   return "?";
 }
 
+LstmImpl lstm_impl_from_flag(const std::string& name, Device device, const char* flag) {
+  if (name == "basic") return LstmImpl::basic;
+  if (name == "fused") return LstmImpl::fused;
+  MP_CHECK(name == "onednn" || name == "cudnn", "unknown ", flag, " '", name,
+           "'; expected basic, fused, onednn (the library LSTM on the CPU) or cudnn (on CUDA)");
+  MP_CHECK(name != "onednn" || device.is_cpu(), flag, " onednn is oneDNN's LSTM, which runs on the CPU, but the ",
+           "device is ", device.str(), "; use ", flag, " cudnn for the library LSTM on CUDA");
+  MP_CHECK(name != "cudnn" || device.is_cuda(), flag, " cudnn is cuDNN's LSTM, which runs on CUDA, but the ",
+           "device is ", device.str(), "; use ", flag, " onednn for the library LSTM on the CPU");
+  return LstmImpl::library;
+}
+
 RNNBase::RNNBase(std::string type_name, const RNNOptions& o, int64_t gates)
     : Module(std::move(type_name)), options_(o), gates_(gates) {
   MP_CHECK(o.input_size > 0 && o.hidden_size > 0 && o.num_layers > 0, this->type_name(),

@@ -7,6 +7,7 @@
 #include "mp/core/error.hpp"
 #include "mp/core/math_mode.hpp"
 #include "mp/models/registry.hpp"
+#include "mp/nn/rnn.hpp"
 #include "mp/system.hpp"
 #include "mp/train/trainer.hpp"
 
@@ -76,6 +77,9 @@ void validate(const TrainConfig& c) {
     check_positive("hidden_size", c.hidden_size);
     check_positive("num_layers", c.num_layers);
     check_non_negative("max_vocab", c.max_vocab);
+    if (c.model == "lstm") (void)nn::lstm_impl_from_flag(c.lstm_impl, device_from_flag(c.device, "--device"));
+    MP_CHECK(c.model == "lstm" || c.lstm_impl == "fused", "--lstm_impl ", c.lstm_impl, " applies to --model lstm only, ",
+             "got --model ", c.model, "; drop the flag");
     MP_CHECK(!c.tie_weights || c.embed_size == c.hidden_size, "--tie_weights needs --embed_size == --hidden_size, got ",
              c.embed_size, " and ", c.hidden_size);
   } else {

@@ -12,6 +12,7 @@
 #include "mp/models/word_lm.hpp"
 #include "mp/ops/ops.hpp"
 #include "mp/optim/optim.hpp"
+#include "mp/system.hpp"
 #include "mp/train/progress.hpp"
 #include "train/setup.hpp"
 #include "train/train_loop.hpp"
@@ -31,7 +32,9 @@ std::shared_ptr<models::WordLM> make_lm(const TrainConfig& c, int64_t vocab) {
   return std::make_shared<models::WordLM>(models::WordLMOptions{.vocab_size = vocab, .embed_size = c.embed_size,
                                                                 .hidden_size = c.hidden_size, .num_layers = c.num_layers,
                                                                 .cell = c.model, .dropout = c.dropout,
-                                                                .tie_weights = c.tie_weights});
+                                                                .tie_weights = c.tie_weights,
+                                                                .lstm_impl = nn::lstm_impl_from_flag(
+                                                                    c.lstm_impl, device_from_flag(c.device, "--device"))});
 }
 
 struct TextEval {

@@ -126,6 +126,9 @@ TEST(Cli, BenchStepPrintsJsonAndRefusesBadFlags) {
   expect_failure("bench step --precision fp8", "fp8");
   expect_failure("bench step --model resnet19", "resnet18");
   expect_failure("bench step --steps 0", "steps");
+  EXPECT_CONTAINS(r.output, "\"cpu_median_ms\"");  // process CPU time per step beside wall time
+  expect_failure("bench step --model lstm --lstm_impl cudnn", "use --lstm_impl onednn");
+  expect_failure("train --dataset kjv --model lstm --lstm_impl fast", "expected basic, fused, onednn");
 }
 
 TEST(Cli, BenchSuitesWriteReports) {

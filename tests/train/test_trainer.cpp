@@ -176,6 +176,12 @@ TEST(Trainer, ExactResumeWordLmWithDropoutMidEpoch) {
   expect_exact_resume(text_config("bf16"), 9, "lm_bf16");
 }
 
+TEST(Trainer, ExactResumeWordLmOnTheLibraryLstm) {
+  TrainConfig c = text_config("bf16");
+  c.lstm_impl = "onednn";  // oneDNN's LSTM primitive (mp::lstm_layer_library), also through a checkpoint
+  expect_exact_resume(c, 9, "lm_onednn");
+}
+
 TEST(Trainer, WordLmLearnsAndEvaluatesCheckpoint) {
   TrainConfig c = text_config("bf16");
   c.epochs = 3;
@@ -248,6 +254,14 @@ TEST(Trainer, ValidationNamesTheProblem) {
   c.dataset = "cifar10";
   c.data_dir.clear();
   EXPECT_NE(message(c).find("--data_dir"), std::string::npos);
+  c = text_config("fp32");
+  c.lstm_impl = "cudnn";  // the library LSTM of the other device
+  EXPECT_NE(message(c).find("use --lstm_impl onednn"), std::string::npos) << message(c);
+  c.lstm_impl = "persistent";
+  EXPECT_NE(message(c).find("expected basic, fused, onednn"), std::string::npos) << message(c);
+  c.lstm_impl = "basic";
+  c.model = "gru";
+  EXPECT_NE(message(c).find("applies to --model lstm"), std::string::npos) << message(c);
 }
 
 TEST(Trainer, DamagedCheckpointIsRefusedOnResume) {

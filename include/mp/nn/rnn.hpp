@@ -16,6 +16,11 @@ enum class LstmImpl {
 /// "basic", "fused" or "library".
 const char* lstm_impl_name(LstmImpl impl);
 
+/// The LstmImpl of a command-line name for a model on `device`: basic, fused, or the library LSTM named after
+/// the library that runs it (onednn on the CPU, cudnn on CUDA). An unknown name, or a library of the other
+/// device, is refused naming what works (`flag` names the option in the message, e.g. "--lstm_impl").
+LstmImpl lstm_impl_from_flag(const std::string& name, Device device, const char* flag = "--lstm_impl");
+
 /// Options of LSTM, GRU and RNN (PyTorch's arguments; unidirectional).
 struct RNNOptions {
   int64_t input_size = 0;    ///< I, features per time step
