@@ -8,6 +8,7 @@
 #include "mp/ops/linalg.hpp"
 #include "mp/ops/pointwise.hpp"
 #include "mp/ops/reduce.hpp"
+#include "ops/rnn_checks.hpp"
 
 #include <optional>
 
@@ -30,16 +31,8 @@ namespace mp {
 
 namespace {
 
-void check_floating(const Tensor& t, const char* op, const char* what) {
-  MP_CHECK(t.defined(), op, ": got an undefined ", what);
-  MP_CHECK(is_floating(t.dtype()), op, ": expected a floating ", what, " (f32, f64, f16, bf16), got ", t.describe(),
-           "; convert with .to(mp::DType::f32)");
-}
-
-void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* what) {
-  MP_CHECK(a.device() == b.device(), op, ": ", what, " is on ", b.device().str(), " but the input is on ",
-           a.device().str(), "; move it with .to(device)");
-}
+using rnn_checks::check_floating;
+using rnn_checks::check_same_device;
 
 // Shape checks shared by the cells: x [B, I] or [I], h [B, H] or [H], w_ih [G*H, I], w_hh [G*H, H],
 // biases [G*H] or undefined, where G is the number of gates (4 LSTM, 3 GRU, 1 Elman).

@@ -7,6 +7,7 @@
 #include "backend/rnn_library_kernels.hpp"
 #include "mp/amp/autocast.hpp"
 #include "mp/autograd/node.hpp"
+#include "ops/rnn_checks.hpp"
 
 namespace mp {
 
@@ -34,16 +35,8 @@ namespace mp {
 
 namespace {
 
-void check_floating(const Tensor& t, const char* op, const char* what) {
-  MP_CHECK(t.defined(), op, ": got an undefined ", what);
-  MP_CHECK(is_floating(t.dtype()), op, ": expected a floating ", what, " (f32, f64, f16, bf16), got ", t.describe(),
-           "; convert with .to(mp::DType::f32)");
-}
-
-void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* what) {
-  MP_CHECK(a.device() == b.device(), op, ": ", what, " is on ", b.device().str(), " but the input x is on ",
-           a.device().str(), "; move it with .to(device)");
-}
+using rnn_checks::check_floating;
+using rnn_checks::check_same_device;
 
 // A contiguous tensor sharing nothing with autograd (the kernels' operands).
 Tensor operand(const Tensor& t) { return t.defined() ? t.detach().contiguous() : Tensor(); }
