@@ -62,6 +62,17 @@ inline std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+/// Expect f() to throw (an mp::Error or any std::exception) with a message containing every one of `parts`.
+inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
 /// EXPECT_CONTAINS's predicate: success when `haystack` holds `needle`, else both texts in the failure.
 inline ::testing::AssertionResult contains_format(const char* haystack_expr, const char* needle_expr,
                                                   const std::string& haystack, const std::string& needle) {

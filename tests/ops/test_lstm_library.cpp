@@ -31,21 +31,13 @@
 
 #include "mp/mp.hpp"
 #include "mp/ops/rnn_library.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 
 namespace {
 
-template <class F>
-void expect_error(F&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected mp::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
+using mp::test::expect_error;
 
 double max_abs(const Tensor& t) {
   double m = 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using autograd::gradcheck;
@@ -18,17 +19,7 @@ Tensor leaf(const Shape& s, double lo = -1.0, double hi = 1.0) {
 }
 void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
 
-// Expect fn to throw mp::Error whose message contains every one of `parts`.
-template <class F>
-void expect_error(F&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected mp::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
+using mp::test::expect_error;
 
 // max over i of |a_i - b_i| - (atol + rtol |b_i|); <= 0 means every element is within tolerance.
 double excess(const Tensor& a, const Tensor& b, double atol, double rtol) {
