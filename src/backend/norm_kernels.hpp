@@ -27,8 +27,11 @@ template <class T> struct NormBackwardFn {
   MP_HD T operator()(T dy, T x) const { return a * dy + b * (x - mean) + c; }
 };
 
-/// Batch norm forward over x [N, C, S] (contiguous; S = product of the spatial dims, 1 for [N, C]).
-/// y: [N, C, S] in x's dtype. mean, var, invstd: contiguous [C] in the statistics dtype.
+/// Batch norm forward over x [N, C, S] (S = product of the spatial dims, 1 for [N, C]), contiguous or
+/// channels-last: strides {S C, 1, C} (element (n, c, s) at n S C + s C + c, memory a row-major [N S, C] matrix,
+/// as torch.channels_last); detected from x (x.stride(1) == 1 with S > 1 and C > 1), and y must share x's
+/// layout (asserted). y: [N, C, S] in x's dtype. mean, var, invstd: contiguous [C] in the statistics dtype.
+/// The CPU kernels' results do not depend on the thread count.
 /// training: writes the batch mean and biased variance into mean/var and invstd = 1/sqrt(var + eps);
 /// else reads mean/var (the running statistics) and writes invstd. weight/bias: [C] or undefined.
 using BatchNormForwardKernel = void(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd,
@@ -36,8 +39,9 @@ using BatchNormForwardKernel = void(const Tensor& y, const Tensor& mean, const T
                                     double eps);
 inline constinit KernelSlot<BatchNormForwardKernel> batch_norm_forward_kernel{"batch_norm_forward"};
 
-/// Batch norm backward. dy, x: [N, C, S] contiguous; mean, invstd: [C] statistics dtype (the saved
-/// batch statistics in training, the running ones in eval); weight [C] or undefined (= 1).
+/// Batch norm backward. dy, x, dx: [N, C, S], all contiguous or all channels-last (detected from x as in the
+/// forward; asserted; their dtypes may differ); mean, invstd: [C] statistics dtype (the saved batch
+/// statistics in training, the running ones in eval); weight [C] or undefined (= 1).
 /// Writes dx ([N, C, S], its own dtype), dweight and dbias ([C], statistics dtype); each may be
 /// undefined when not needed. training selects the full formula, else statistics are constants.
 using BatchNormBackwardKernel = void(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,

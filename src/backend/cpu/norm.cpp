@@ -6,26 +6,32 @@
 // n = 512 (a row of a layer norm) -- measured. Two ways around it are used here:
 // - Layer norm: two-pass statistics (mean, then the mean of squared deviations) with double sums, even
 //   for f32 data; double sums leave only the final rounding of the mean to f32.
-// - Batch norm over [N, C, S] with S > 1 (the CNN case, where these loops dominate): one pass of shifted
-//   sums s1 = sum(x - k), s2 = sum((x - k)^2) about a pivot k near the mean (the mean of the channel's first
-//   kBlock values), mean = k + s1 / M, var = s2 / M - (s1 / M)^2. The sums accumulate in the statistics type
-//   (f32 for f32/f16/bf16 data) in kLanes partial sums per channel that are added into double every >= kBlock
-//   values (LaneSums). With d = mean - k, the f32 partial sums err by ~sqrt(kBlock / kLanes) 2^-24 (var + d^2),
-//   so the variance keeps ~1e-5 relative accuracy while d^2 <= 16 var; a worse pivot (data whose first values
-//   sit far out in the tails) is detected and that channel's pass is redone once about its mean. x - k is
-//   exact in f32 for x within a factor 2 of k (Sterbenz), so a large common offset costs nothing: with mean
-//   1e4 and std 1 what remains is the rounding of the mean to f32, as with double sums.
+// - Batch norm (the CNN case, where these loops dominate): one pass of shifted sums s1 = sum(x - k),
+//   s2 = sum((x - k)^2) about a pivot k near the mean, mean = k + s1 / M, var = s2 / M - (s1 / M)^2. The sums
+//   accumulate in the statistics type (f32 for f32/f16/bf16 data) in partial sums of ~32 values each that are
+//   added into double. With d = mean - k, the f32 partial sums err by ~sqrt(32) 2^-24 (var + d^2), so the
+//   variance keeps ~1e-5 relative accuracy while d^2 <= 16 var; a worse pivot (data whose first values sit far
+//   out in the tails) is detected and that channel's pass is redone once about its mean. x - k is exact in f32
+//   for x within a factor 2 of k (Sterbenz), so a large common offset costs nothing: with mean 1e4 and std 1
+//   what remains is the rounding of the mean to f32, as with double sums. (Farther from k, x - k rounds; for
+//   16-bit x it rounds the same way across a binade, so those errors need not average out: ~2^-24 |x - k| on
+//   the mean, i.e. a few 2^-24 std while d^2 <= 16 var.)
+//   NCHW [N, C, S > 1] (here): the pivot is the mean of the channel's first kBlock values; each channel has
+//   kLanes partial sums, added into double every >= kBlock values (LaneSums).
+//   Rows of contiguous channels, [N, C] and channels-last [N, C, S] (norm_rows.cpp, Note [batch norm over
+//   rows of channels]): the pivot is the mean of rows spread over the batch; each channel has one partial sum
+//   per run of 32 rows, added into per-chunk double sums.
 //   The backward sums sum(dy) and sum(dy (x - mean)) accumulate the same way: dy (x - mean) has no offset
 //   to cancel.
 // bf16 operands of one dtype are converted inside the loops (a shift in, round to nearest even out); other
 // 16-bit or mixed-dtype operands go through blocks converted with the bulk converters. Outputs are rounded
 // once when stored.
 //
-// Batch norm on x [N, C, S]: with S > 1 (NCHW) groups of channels are processed in parallel, streaming each
+// Batch norm on x [N, C, S]: with S > 1 in NCHW, groups of channels are processed in parallel, streaming each
 // group's contiguous run x[n, c0:c0+G, :] n by n (see channel_group); a group is read twice per kernel (the
-// statistics or gradient sums, then the element-wise pass), the second time from cache. The hot loops are
-// compiled per ISA (Note [ISA variants of the batch-norm loops]). With S == 1 ([N, C], channels are the
-// contiguous dim) blocks of channels are processed in parallel and rows are streamed.
+// statistics or gradient sums, then the element-wise pass), the second time from cache. With S == 1 ([N, C])
+// or channels-last x, chunks of rows are processed in parallel, vectorised across channels (norm_rows.cpp).
+// The hot loops of both are compiled per ISA (Note [ISA variants of the batch-norm loops], norm_common.hpp).
 // Layer norm on x [M, N]: rows in parallel; the weight/bias gradients (column sums over all rows)
 // go into per-thread double partials combined in thread order (deterministic for a thread count).
 #include <omp.h>
@@ -33,74 +39,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
+#include <initializer_list>
 #include <vector>
 
 #include "backend/cpu/loops.hpp"
+#include "backend/cpu/norm_common.hpp"
 #include "backend/norm_kernels.hpp"
-#include "mp/core/cpu_features.hpp"
-
-// Note [ISA variants of the batch-norm loops]
-// The library is built for the baseline ISA (x86-64: SSE2). The per-group bodies of the [N, C, S > 1]
-// batch-norm kernels are always-inline templates instantiated in three functions: baseline, AVX2 and AVX-512
-// (function target attributes), and the widest one this CPU runs is picked once (cpu_features()). Results are
-// bit-identical across the variants: the variants compile with fp-contract=off (no FMA contraction; the
-// baseline has no FMA), and every reduction adds into kLanes partial sums chosen by the source, not by the
-// vector width. Other compilers and CPUs get the baseline function only.
-#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
-#define MP_NORM_ISA_VARIANTS 1
-#define MP_LOOP_INLINE [[gnu::always_inline]] inline
-#define MP_LAMBDA_INLINE __attribute__((always_inline))
-#define MP_TARGET_AVX2 [[gnu::target("avx2"), gnu::optimize("fp-contract=off")]]
-#define MP_TARGET_AVX512 \
-  [[gnu::target("avx512f,avx512bw,avx512vl,prefer-vector-width=512"), gnu::optimize("fp-contract=off")]]
-#else
-#define MP_NORM_ISA_VARIANTS 0
-#define MP_LOOP_INLINE inline
-#define MP_LAMBDA_INLINE
-#endif
 
 namespace mp::backend::cpu {
 namespace {
 
-// Typed access to one contiguous operand.
-struct Operand {
-  char* base = nullptr;
-  DType dtype = DType::f32;
-  int64_t esize = 0;
-  Operand() = default;
-  explicit Operand(const Tensor& t) {
-    if (!t.defined()) return;
-    base = static_cast<char*>(t.raw_data());
-    dtype = t.dtype();
-    esize = static_cast<int64_t>(t.element_size());
-  }
-  bool defined() const { return base != nullptr; }
-  MP_LOOP_INLINE char* at(int64_t i) const { return base + i * esize; }
-  // n values from element i as S (a pointer into the tensor when it already is S, else into buf).
-  template <class S> MP_LOOP_INLINE const S* load(int64_t i, int64_t n, S* buf) const {
-    return load_block<S>(at(i), 1, dtype, n, buf);
-  }
-  // Destination for n results of type S at element i: the tensor itself when it has type S, else buf.
-  template <class S> MP_LOOP_INLINE S* dest(int64_t i, S* buf) const {
-    return dtype == dtype_of<S>() ? reinterpret_cast<S*>(at(i)) : buf;
-  }
-  // Store what dest() handed out (a no-op when it wrote in place).
-  template <class S> MP_LOOP_INLINE void commit(int64_t i, int64_t n, const S* vals) const {
-    if (dtype != dtype_of<S>()) store_block<S>(at(i), 1, dtype, n, vals);
-  }
-};
-
-// A contiguous 1-D tensor of n values converted to S; `fill` everywhere when undefined.
-template <class S>
-std::vector<S> load_vector(const Tensor& t, int64_t n, S fill) {
-  std::vector<S> v(static_cast<size_t>(n), fill);
-  if (t.defined() && n > 0) {
-    const S* p = load_block<S>(static_cast<const char*>(t.raw_data()), 1, t.dtype(), n, v.data());
-    if (p != v.data()) std::copy(p, p + n, v.data());
-  }
-  return v;
-}
+using namespace norm_detail;
 
 // sum(v) in double (Note [normalisation statistics on the CPU]).
 template <class S>
@@ -124,40 +73,7 @@ double block_sq_dev(const S* v, int64_t n, S mean) {
   return s;
 }
 
-bool go_parallel(int64_t work) { return work >= kParallelGrain && !omp_in_parallel(); }
-
-// Channel-block width of the [N, C] batch-norm path.
-constexpr int64_t kChannelBlock = 64;
-
 // ------------------------------------------------------------------------------ batch norm, [N, C, S > 1]
-
-// Element access of the [N, C, S > 1] batch-norm loops with statistics type S, for operands stored as T:
-// T = S (read and written in place), T = uint16_t (bf16 bits, converted inside the loops: a shift in, round to
-// nearest even out, as BFloat16(float)), or T = void (any other dtype, or operands of different dtypes: pieces
-// go through S buffers with the bulk converters). E is what the loops read and write.
-template <class S, class T>
-struct Access {
-  using E = std::conditional_t<std::is_void_v<T>, S, T>;
-  MP_LOOP_INLINE static S in(E v) {
-    if constexpr (std::is_same_v<E, uint16_t>) return detail::bf16_bits_to_float(v);
-    else return v;
-  }
-  MP_LOOP_INLINE static E out(S v) {
-    if constexpr (std::is_same_v<E, uint16_t>) return detail::float_to_bf16_bits(v);
-    else return v;
-  }
-  MP_LOOP_INLINE static const E* src(const Operand& o, int64_t i, int64_t n, S* buf) {
-    if constexpr (std::is_void_v<T>) return o.load<S>(i, n, buf);
-    else return reinterpret_cast<const E*>(o.at(i));
-  }
-  MP_LOOP_INLINE static E* dst(const Operand& o, int64_t i, S* buf) {
-    if constexpr (std::is_void_v<T>) return o.dest<S>(i, buf);
-    else return reinterpret_cast<E*>(o.at(i));
-  }
-  MP_LOOP_INLINE static void commit(const Operand& o, int64_t i, int64_t n, const E* v) {
-    if constexpr (std::is_void_v<T>) o.commit<S>(i, n, v);
-  }
-};
 
 // Independent partial sums per reduction in the block sums: 64 bytes of S (4 SSE / 2 AVX / 1 AVX-512 register),
 // so consecutive adds do not wait on each other. Which value goes to which partial sum is fixed by the source,
@@ -314,46 +230,6 @@ MP_LOOP_INLINE void group_stats(const Operand& xo, int64_t N, int64_t C, int64_t
   }
 }
 
-#if MP_NORM_ISA_VARIANTS
-// The widest ISA variant this CPU runs (Note [ISA variants of the batch-norm loops]).
-enum class LoopIsa { base, avx2, avx512 };
-LoopIsa loop_isa() {
-  static const LoopIsa isa = [] {
-    const CpuFeatures& f = cpu_features();
-    if (f.avx512f && f.avx512bw && f.avx512vl) return LoopIsa::avx512;
-    return f.avx2 ? LoopIsa::avx2 : LoopIsa::base;
-  }();
-  return isa;
-}
-#endif
-
-// Defines name_base, name_avx2, name_avx512 (the always-inline template `name` compiled for each ISA, for
-// statistics type S and storage T) and name_fn<S, T>() returning the one for this CPU (f64 statistics always
-// take the baseline: f64 batch norm is for gradient checks, not speed).
-#if MP_NORM_ISA_VARIANTS
-#define MP_NORM_VARIANTS(name, Args, ...)                                                                      \
-  template <class S, class T> void name##_base(const Args<S>& a, __VA_ARGS__) { name<S, T>(a, MP_BUF_ARGS); } \
-  template <class S, class T> MP_TARGET_AVX2 void name##_avx2(const Args<S>& a, __VA_ARGS__) {                 \
-    name<S, T>(a, MP_BUF_ARGS);                                                                               \
-  }                                                                                                           \
-  template <class S, class T> MP_TARGET_AVX512 void name##_avx512(const Args<S>& a, __VA_ARGS__) {             \
-    name<S, T>(a, MP_BUF_ARGS);                                                                               \
-  }                                                                                                           \
-  template <class S, class T> auto name##_fn() {                                                              \
-    if constexpr (std::is_same_v<S, double>) {                                                                \
-      return &name##_base<S, T>;                                                                              \
-    } else {                                                                                                  \
-      if (loop_isa() == LoopIsa::base) return &name##_base<S, T>;                                             \
-      return loop_isa() == LoopIsa::avx512 ? &name##_avx512<S, T> : &name##_avx2<S, T>;                       \
-    }                                                                                                         \
-  }
-#else
-#define MP_NORM_VARIANTS(name, Args, ...)                                                                      \
-  template <class S, class T> void name##_base(const Args<S>& a, __VA_ARGS__) { name<S, T>(a, MP_BUF_ARGS); } \
-  template <class S, class T> auto name##_fn() { return &name##_base<S, T>; }
-#endif
-#define MP_BUF_ARGS grp, b0, b1, b2
-
 // Operands of the batch-norm forward.
 template <class S>
 struct BnForward {
@@ -399,7 +275,7 @@ MP_LOOP_INLINE void bn_forward_group(const BnForward<S>& a, int64_t grp, S* b0, 
     A::commit(a.yo, pc.i, pc.nch * pc.len, o);
   });
 }
-MP_NORM_VARIANTS(bn_forward_group, BnForward, int64_t grp, S* b0, S* b1, S* b2)
+MP_NORM_VARIANTS(bn_forward_group, BnForward)
 
 // Operands of the batch-norm backward; dw, db may be null.
 template <class S>
@@ -456,7 +332,7 @@ MP_LOOP_INLINE void bn_backward_group(const BnBackward<S>& a, int64_t grp, S* b0
     A::commit(a.dxo, pc.i, pc.nch * pc.len, o);
   });
 }
-MP_NORM_VARIANTS(bn_backward_group, BnBackward, int64_t grp, S* b0, S* b1, S* b2)
+MP_NORM_VARIANTS(bn_backward_group, BnBackward)
 
 // Runs the group function `run` (from bn_forward_group_fn etc.) over the channel groups in parallel, with
 // per-thread scratch.
@@ -471,16 +347,6 @@ void run_groups(const Args& args, int64_t numel, Fn run) {
   }
 }
 
-// Calls f.template operator()<T>() with T the storage type of the fused loops for operands of dtype dt
-// (all of them; `same` is false when their dtypes differ): S, bf16 bits (S = f32), or void.
-template <class S, class F>
-void visit_storage(DType dt, bool same, F&& f) {
-  if (same && dt == dtype_of<S>()) return f.template operator()<S>();
-  if constexpr (std::is_same_v<S, float>)
-    if (same && dt == DType::bf16) return f.template operator()<uint16_t>();
-  f.template operator()<void>();
-}
-
 template <class S>
 void bn_forward_spatial(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
                         const std::vector<S>& w, const std::vector<S>& b, bool training, double eps) {
@@ -489,54 +355,6 @@ void bn_forward_spatial(const Tensor& y, const Tensor& mean, const Tensor& var, 
                           var.data_ptr<S>(), invstd.data_ptr<S>(), w.data(), b.data(), training, eps};
   visit_storage<S>(x.dtype(), y.dtype() == x.dtype(),
                    [&]<class T>() { run_groups<S>(args, x.numel(), bn_forward_group_fn<S, T>()); });
-}
-
-template <class S>
-void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
-                     const std::vector<S>& w, const std::vector<S>& b, bool training, double eps) {
-  const int64_t N = x.size(0), C = x.size(1);
-  const Operand xo(x), yo(y);
-  S* mp = mean.data_ptr<S>();
-  S* vp = var.data_ptr<S>();
-  S* ip = invstd.data_ptr<S>();
-  const int64_t nblk = (C + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for if (go_parallel(x.numel())) schedule(static)
-  for (int64_t blk = 0; blk < nblk; ++blk) {
-    const int64_t c0 = blk * kChannelBlock, nc = std::min(kChannelBlock, C - c0);
-    alignas(64) S buf[kChannelBlock], obuf[kChannelBlock];
-    if (training) {
-      double acc[kChannelBlock] = {};
-      for (int64_t n = 0; n < N; ++n) {
-        const S* v = xo.load<S>(n * C + c0, nc, buf);
-        for (int64_t j = 0; j < nc; ++j) acc[j] += v[j];
-      }
-      for (int64_t j = 0; j < nc; ++j) mp[c0 + j] = static_cast<S>(acc[j] / static_cast<double>(N));
-      double q[kChannelBlock] = {};
-      for (int64_t n = 0; n < N; ++n) {
-        const S* v = xo.load<S>(n * C + c0, nc, buf);
-        for (int64_t j = 0; j < nc; ++j) {
-          const double d = static_cast<double>(v[j]) - static_cast<double>(mp[c0 + j]);
-          q[j] += d * d;
-        }
-      }
-      for (int64_t j = 0; j < nc; ++j) vp[c0 + j] = static_cast<S>(q[j] / static_cast<double>(N));
-    }
-    S mu[kChannelBlock], scale[kChannelBlock], shift[kChannelBlock];
-    for (int64_t j = 0; j < nc; ++j) {
-      const S r = static_cast<S>(1.0 / std::sqrt(static_cast<double>(vp[c0 + j]) + eps));
-      ip[c0 + j] = r;
-      mu[j] = mp[c0 + j];
-      scale[j] = r * w[c0 + j];
-      shift[j] = b[c0 + j];
-    }
-    for (int64_t n = 0; n < N; ++n) {
-      const S* v = xo.load<S>(n * C + c0, nc, buf);
-      S* o = yo.dest<S>(n * C + c0, obuf);
-#pragma omp simd
-      for (int64_t j = 0; j < nc; ++j) o[j] = NormAffineFn<S>{mu[j], scale[j], shift[j]}(v[j]);
-      yo.commit<S>(n * C + c0, nc, o);
-    }
-  }
 }
 
 template <class S>
@@ -554,53 +372,20 @@ void bn_backward_spatial(const Tensor& dx, const Tensor& dweight, const Tensor& 
                    [&]<class T>() { run_groups<S>(args, x.numel(), bn_backward_group_fn<S, T>()); });
 }
 
-template <class S>
-void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
-                      const std::vector<S>& mean, const std::vector<S>& invstd, const std::vector<S>& w,
-                      bool training) {
-  const int64_t N = x.size(0), C = x.size(1);
-  const double M = static_cast<double>(N);
-  const Operand xo(x), dyo(dy), dxo(dx);
-  S* dwp = dweight.defined() ? dweight.data_ptr<S>() : nullptr;
-  S* dbp = dbias.defined() ? dbias.data_ptr<S>() : nullptr;
-  const bool need_sums = dwp != nullptr || dbp != nullptr || (training && dxo.defined());
-  const int64_t nblk = (C + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for if (go_parallel(x.numel())) schedule(static)
-  for (int64_t blk = 0; blk < nblk; ++blk) {
-    const int64_t c0 = blk * kChannelBlock, nc = std::min(kChannelBlock, C - c0);
-    alignas(64) S xbuf[kChannelBlock], dybuf[kChannelBlock], obuf[kChannelBlock];
-    double sdy[kChannelBlock] = {}, sdyx[kChannelBlock] = {};
-    if (need_sums)
-      for (int64_t n = 0; n < N; ++n) {
-        const S* g = dyo.load<S>(n * C + c0, nc, dybuf);
-        const S* v = xo.load<S>(n * C + c0, nc, xbuf);
-        for (int64_t j = 0; j < nc; ++j) {
-          sdy[j] += g[j];
-          sdyx[j] += static_cast<double>(g[j]) * (static_cast<double>(v[j]) - static_cast<double>(mean[c0 + j]));
-        }
-      }
-    for (int64_t j = 0; j < nc; ++j) {
-      if (dbp) dbp[c0 + j] = static_cast<S>(sdy[j]);
-      if (dwp) dwp[c0 + j] = static_cast<S>(sdyx[j] * invstd[c0 + j]);
-    }
-    if (!dxo.defined()) continue;
-    S ca[kChannelBlock], cb[kChannelBlock], cc[kChannelBlock], mu[kChannelBlock];
-    for (int64_t j = 0; j < nc; ++j) {
-      const double r = invstd[c0 + j], wr = static_cast<double>(w[c0 + j]) * r;
-      ca[j] = static_cast<S>(wr);
-      cb[j] = training ? static_cast<S>(-wr * r * r * sdyx[j] / M) : S(0);
-      cc[j] = training ? static_cast<S>(-wr * sdy[j] / M) : S(0);
-      mu[j] = mean[c0 + j];
-    }
-    for (int64_t n = 0; n < N; ++n) {
-      const S* g = dyo.load<S>(n * C + c0, nc, dybuf);
-      const S* v = xo.load<S>(n * C + c0, nc, xbuf);
-      S* o = dxo.dest<S>(n * C + c0, obuf);
-#pragma omp simd
-      for (int64_t j = 0; j < nc; ++j) o[j] = NormBackwardFn<S>{ca[j], cb[j], cc[j], mu[j]}(g[j], v[j]);
-      dxo.commit<S>(n * C + c0, nc, o);
-    }
-  }
+// Whether batch norm on x [N, C, S] takes the rows path (norm_rows.cpp): S == 1, or x channels-last (detected
+// as x.stride(1) == 1 with S > 1 and C > 1; then x must be dense channels-last). Asserts that the `others`
+// (y; dy and dx; each may be undefined) have x's shape and layout, as the kernel contract says.
+bool bn_rows_layout(const Tensor& x, std::initializer_list<const Tensor*> others) {
+  const int64_t C = x.size(1), S = x.size(2);
+  const bool cl = x.stride(1) == 1 && S > 1 && C > 1;
+  auto fits = [cl](const Tensor& t) { return cl ? bn_channels_last(t) : t.is_contiguous(); };
+  MP_ASSERT(x.dim() == 3 && fits(x), "batch norm kernel: x ", x.describe(), " with strides ", shape_str(x.strides()),
+            " is neither contiguous nor channels-last [N, C, S]");
+  for (const Tensor* t : others)
+    MP_ASSERT(!t->defined() || (t->sizes() == x.sizes() && fits(*t)), "batch norm kernel: ", t->describe(),
+              " with strides ", shape_str(t->strides()), " does not have the layout of x ", x.describe(),
+              " with strides ", shape_str(x.strides()));
+  return cl || S == 1;
 }
 
 template <class S>
@@ -608,7 +393,7 @@ void bn_forward_typed(const Tensor& y, const Tensor& mean, const Tensor& var, co
                       const Tensor& weight, const Tensor& bias, bool training, double eps) {
   const int64_t C = x.size(1);
   const std::vector<S> w = load_vector<S>(weight, C, S(1)), b = load_vector<S>(bias, C, S(0));
-  if (x.size(2) == 1) return bn_forward_rows<S>(y, mean, var, invstd, x, w, b, training, eps);
+  if (bn_rows_layout(x, {&y})) return bn_forward_rows<S>(y, mean, var, invstd, x, w, b, training, eps);
   bn_forward_spatial<S>(y, mean, var, invstd, x, w, b, training, eps);
 }
 
@@ -618,7 +403,7 @@ void bn_backward_typed(const Tensor& dx, const Tensor& dweight, const Tensor& db
   const int64_t C = x.size(1);
   const std::vector<S> w = load_vector<S>(weight, C, S(1));
   const std::vector<S> m = load_vector<S>(mean, C, S(0)), r = load_vector<S>(invstd, C, S(1));
-  if (x.size(2) == 1) return bn_backward_rows<S>(dx, dweight, dbias, dy, x, m, r, w, training);
+  if (bn_rows_layout(x, {&dy, &dx})) return bn_backward_rows<S>(dx, dweight, dbias, dy, x, m, r, w, training);
   bn_backward_spatial<S>(dx, dweight, dbias, dy, x, m, r, w, training);
 }
 
