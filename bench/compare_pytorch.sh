@@ -13,7 +13,8 @@
 # bench/pytorch/bench_step.py (Debian's torch 1.13 by default) in fp32 and bf16 autocast, with the
 # same thread count, alternating the two frameworks (mixprec fp32, PyTorch fp32, mixprec bf16 O2,
 # PyTorch bf16, mixprec bf16 O1; the order reversed on every other round) so that drift of the shared
-# machine hits both. Every run is its own process: warm-up steps, then timed steps, median per run;
+# machine hits both. mixprec runs its conv nets channels-last (NHWC, its CPU default), so ResNet-18 also
+# runs PyTorch bf16 with model and input in torch.channels_last, PyTorch's own NHWC path. Every run is its own process: warm-up steps, then timed steps, median per run;
 # with several rounds a cell is the median over rounds of the per-run medians (range in brackets).
 #
 # Prints a markdown table (ms per step, PyTorch/mixprec time ratios for fp32 and bf16 with the issue's
@@ -29,7 +30,7 @@
 # gives numbers that stay stable under such load.
 set -euo pipefail
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 [[ $# -ge 1 ]] || usage 2
 [[ "$1" == "-h" || "$1" == "--help" ]] && usage 0
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -76,15 +77,21 @@ for i, path in enumerate(paths):  # several files pool their rounds
         if l.strip():
             r = json.loads(l)
             r["round"] = (i, r.get("round", 0))
+            # PyTorch's channels-last runs are their own variant; every other run has layout "".
+            cl = r.get("memory_format", (r.get("config") or {}).get("memory_format")) == "channels_last"
+            r["layout"] = "channels_last" if r.get("framework") == "pytorch" and cl else ""
             runs.append(r)
 TITLE = {"mlp": "MLP 784-2048-2048-10, batch 512", "resnet18": "ResNet-18 32x32x3, batch 32",
          "lstm": "LSTM LM 2x650, V 10k, seq 35, batch 20"}
-KEYS = [("mixprec", "fp32", "O0"), ("pytorch", "fp32", "O0"), ("mixprec", "bf16", "O2"), ("mixprec", "bf16", "O1"),
-        ("pytorch", "bf16", "O1")]
+KEYS = [("mixprec", "fp32", "O0", ""), ("pytorch", "fp32", "O0", ""), ("mixprec", "bf16", "O2", ""),
+        ("mixprec", "bf16", "O1", ""), ("pytorch", "bf16", "O1", "")]
+PT_CL = ("pytorch", "bf16", "O1", "channels_last")  # resnet18 only: PyTorch's NHWC path
+
+def key_of(r):
+    return (r.get("framework"), r.get("precision"), r.get("opt_level"), r["layout"])
 
 def cell(name, key):
-    ms = [r["median_ms"] for r in runs if r["bench"] == name and (r.get("framework"), r.get("precision"),
-          r.get("opt_level")) == key and r.get("median_ms") is not None]
+    ms = [r["median_ms"] for r in runs if r["bench"] == name and key_of(r) == key and r.get("median_ms") is not None]
     return statistics.median(ms) if ms else None, ms
 
 def fmt_ms(v, all_ms):
@@ -96,8 +103,8 @@ def fmt_ms(v, all_ms):
     return s
 
 def per_round(name, key):
-    return {r["round"]: r["median_ms"] for r in runs if r["bench"] == name and (r.get("framework"), r.get("precision"),
-            r.get("opt_level")) == key and r.get("median_ms") is not None}
+    return {r["round"]: r["median_ms"] for r in runs if r["bench"] == name and key_of(r) == key
+            and r.get("median_ms") is not None}
 
 def ratio(name, ka, kb, target=None):
     """Median over rounds of time(ka) / time(kb), each round's pair measured minutes apart (the interleaving)."""
@@ -109,13 +116,12 @@ def ratio(name, ka, kb, target=None):
     return "%.2fx%s" % (r, "" if target is None else (" ok" if r >= target else " **below %.1fx**" % target))
 
 def peak(name, key):
-    v = [r["peak_bytes"] for r in runs if r["bench"] == name and (r.get("framework"), r.get("precision"),
-         r.get("opt_level")) == key and r.get("peak_bytes") is not None]
+    v = [r["peak_bytes"] for r in runs if r["bench"] == name and key_of(r) == key and r.get("peak_bytes") is not None]
     return "%.0f" % (max(v) / 2**20) if v else "n/a"
 
 def rss(name, key):
-    v = [r["max_rss_bytes"] for r in runs if r["bench"] == name and (r.get("framework"), r.get("precision"),
-         r.get("opt_level")) == key and r.get("max_rss_bytes") is not None]
+    v = [r["max_rss_bytes"] for r in runs if r["bench"] == name and key_of(r) == key
+         and r.get("max_rss_bytes") is not None]
     return "%.0f" % (max(v) / 2**20) if v else "n/a"
 
 names = [n for n in ("mlp", "resnet18", "lstm") if any(r["bench"] == n for r in runs)]
@@ -138,16 +144,21 @@ if any("/blas/libblas" in b for b in blas):
           "its fp32 numbers are not a fair baseline (see --torch-blas).\n")
 print("| configuration | mixprec fp32 | PyTorch fp32 | mixprec bf16 O2 | mixprec bf16 O1 | PyTorch bf16 autocast "
       "| fp32: PyTorch / mixprec (target >= 1) | bf16: PyTorch autocast / mixprec O2 (target >= 1.5) "
-      "| PyTorch autocast / mixprec O1 | mixprec fp32 / bf16 O2 | PyTorch fp32 / bf16 |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+      "| PyTorch autocast / mixprec O1 | mixprec fp32 / bf16 O2 | PyTorch fp32 / bf16 "
+      "| PyTorch bf16 autocast, channels_last | PyTorch autocast channels_last / mixprec O2 |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for n in names:
     c = {k: cell(n, k) for k in KEYS}
     mf, pf, m2, m1, pb = KEYS
-    print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+    has_cl = any(r["bench"] == n and key_of(r) == PT_CL for r in runs)
+    print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         TITLE[n], *(fmt_ms(*c[k]) for k in KEYS), ratio(n, pf, mf, 1.0), ratio(n, pb, m2, 1.5),
-        ratio(n, pb, m1), ratio(n, mf, m2), ratio(n, pf, pb)))
+        ratio(n, pb, m1), ratio(n, mf, m2), ratio(n, pf, pb), fmt_ms(*cell(n, PT_CL)) if has_cl else "-",
+        ratio(n, PT_CL, m2) if has_cl else "-"))
 print("\nms per step: median over rounds of each run's median (range over rounds in brackets). Ratios: median over "
-      "rounds of the ratio of the two runs' times in that round; above 1 means the denominator is faster.\n")
+      "rounds of the ratio of the two runs' times in that round; above 1 means the denominator is faster. mixprec "
+      "runs its conv nets channels-last on the CPU (--memory_format auto); PyTorch's default is NCHW, and its "
+      "channels-last run (model and input .to(memory_format=torch.channels_last)) is shown beside it.\n")
 print("| configuration | mixprec peak tensor MiB fp32 / bf16 O2 / bf16 O1 | max RSS MiB mixprec fp32 / bf16 O2 / bf16 O1 "
       "| max RSS MiB PyTorch fp32 / bf16 | parameters mixprec / PyTorch |")
 print("|---|---|---|---|---|")
@@ -163,7 +174,8 @@ if bad:
     print("\n**warning**: parameter counts differ between the frameworks for: " + ", ".join(bad))
 errors = [r for r in runs if "error" in r]
 for r in errors:
-    print("\n**failed**: %s %s %s %s: %s" % (r["bench"], r["framework"], r["precision"], r["opt_level"], r["error"]))
+    print("\n**failed**: %s %s %s %s %s: %s" % (r["bench"], r["framework"], r["precision"], r["opt_level"], r["layout"],
+                                                r["error"]))
 sys.exit(1 if errors else 0)
 EOF
 }
@@ -195,8 +207,10 @@ if [[ -n "$ONLY" ]]; then
   [[ -n "${CONFIG[$ONLY]+x}" ]] || { echo "compare_pytorch.sh: --only takes mlp, resnet18 or lstm, got '$ONLY'" >&2; exit 2; }
   NAMES=("$ONLY")
 fi
-# Variant = framework:precision:opt_level, in the alternating order.
+# Variant = framework:precision:opt_level[:memory_format], in the alternating order. ResNet-18 also runs
+# PyTorch bf16 in channels-last (mixprec's conv nets are channels-last on the CPU by default).
 VARIANTS=(mixprec:fp32:O0 pytorch:fp32:O0 mixprec:bf16:O2 pytorch:bf16:O1 mixprec:bf16:O1)
+VARIANTS_RESNET=(mixprec:fp32:O0 pytorch:fp32:O0 mixprec:bf16:O2 pytorch:bf16:O1 mixprec:bf16:O1 pytorch:bf16:O1:channels_last)
 
 : > "$OUT"
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -204,9 +218,10 @@ T0=$(date +%s)
 echo "compare_pytorch: $(date -u +%Y-%m-%dT%H:%MZ), $THREADS threads, warm-up $WARMUP + $STEPS timed steps, $ROUNDS round(s); load average $LOAD_BEFORE" >&2
 
 run_one() {  # name round variant
-  local name=$1 round=$2 variant=$3 fw prec lvl line rc=0 tmp
-  IFS=: read -r fw prec lvl <<<"$variant"
+  local name=$1 round=$2 variant=$3 fw prec lvl mf line rc=0 tmp
+  IFS=: read -r fw prec lvl mf <<<"$variant"
   local common="${CONFIG[$name]} --precision $prec --opt_level $lvl --warmup $WARMUP --steps $STEPS"
+  [[ -n "$mf" ]] && common+=" --memory_format $mf"
   tmp=$(mktemp)
   if [[ $fw == mixprec ]]; then
     # shellcheck disable=SC2086
@@ -219,13 +234,15 @@ run_one() {  # name round variant
   line=$(grep '^{' "$tmp" | tail -n 1 || true)
   # One JSON line per run into $OUT (a failed run becomes {"error": ...}); a progress line on stderr.
   "$PY" - "$name" "$round" "$(cut -d' ' -f1 /proc/loadavg)" "$line" "$fw" "$prec" "$lvl" "$rc" "$tmp.err" "$variant" \
-    >>"$OUT" <<'EOF'
+    "${mf:-}" >>"$OUT" <<'EOF'
 import json, sys
-name, rnd, load, line, fw, prec, lvl, rc, errfile, variant = sys.argv[1:]
+name, rnd, load, line, fw, prec, lvl, rc, errfile, variant, mf = sys.argv[1:]
 j = json.loads(line) if line and rc == "0" else None
 if j is None:
     err = open(errfile, errors="replace").read().strip()[-400:]
     j = {"framework": fw, "precision": prec, "opt_level": lvl, "error": "exit %s: %s" % (rc, err)}
+    if mf:
+        j["memory_format"] = mf
     msg = "FAILED (exit %s): %s" % (rc, err)
 elif j.get("median_ms") is None:
     msg = "unsupported: %s" % j.get("unsupported")
@@ -239,8 +256,9 @@ EOF
 
 for name in "${NAMES[@]}"; do
   for ((r = 1; r <= ROUNDS; r++)); do
-    order=("${VARIANTS[@]}")
-    if ((r % 2 == 0)); then order=(); for ((i = ${#VARIANTS[@]} - 1; i >= 0; i--)); do order+=("${VARIANTS[$i]}"); done; fi
+    if [[ $name == resnet18 ]]; then variants=("${VARIANTS_RESNET[@]}"); else variants=("${VARIANTS[@]}"); fi
+    order=("${variants[@]}")
+    if ((r % 2 == 0)); then order=(); for ((i = ${#variants[@]} - 1; i >= 0; i--)); do order+=("${variants[$i]}"); done; fi
     for v in "${order[@]}"; do run_one "$name" "$r" "$v"; done
   done
 done

@@ -27,6 +27,7 @@ struct BenchStepOptions {
   uint64_t seed = 0;               ///< seeds the initialisation, the batch and dropout
   std::string json;                ///< also append the JSON object as one line to this file
   std::string lstm_impl = "fused";  ///< word LM (lstm): basic, fused, onednn (cpu) or cudnn (cuda); see the flag
+  std::string memory_format = "auto";  ///< conv nets: auto, channels_last or contiguous; see the flag
   bool profile = false;            ///< also time every kernel over the timed steps (JSON "ops")
   std::string device = "cpu";      ///< cpu, cuda or cuda:N
   std::string matmul_precision = "highest";  ///< f32 matmuls/convs on CUDA: highest (f32) or high (TF32)
@@ -54,6 +55,9 @@ void visit_fields(BenchStepOptions& o, F&& f) {
   f("steps", o.steps, "timed steps");
   f("seed", o.seed, "random seed (initialisation, synthetic batch, dropout)");
   f("json", o.json, "also append the JSON object as one line to this file");
+  f("memory_format", o.memory_format,
+    "conv nets: activation layout, channels_last (NHWC), contiguous (NCHW) or auto (channels_last on the CPU, "
+    "contiguous on CUDA)");
   f("lstm_impl", o.lstm_impl,
     "word LM (lstm): basic (per-step graph), fused (our sequence-level node per layer), onednn (oneDNN's LSTM, "
     "cpu) or cudnn (cuDNN's LSTM, cuda)");

@@ -75,6 +75,9 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--memory_format", default="contiguous",
+                   help="images: contiguous (PyTorch's default) or channels_last (model and input converted with "
+                        ".to(memory_format=torch.channels_last), PyTorch's NHWC path)")
     p.add_argument("--json", default="", help="also append the JSON object as one line to this file")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (GPU: autocast('cuda'), GradScaler for fp16, "
                    "no TF32, cudnn.benchmark on)")
@@ -94,6 +97,8 @@ def parse_args(argv):
             p.error("--%s must be positive, got %d" % (name, getattr(a, name)))
     if a.warmup < 0:
         p.error("--warmup must be >= 0, got %d" % a.warmup)
+    if a.memory_format not in ("contiguous", "channels_last"):
+        p.error("--memory_format must be contiguous or channels_last, got %r" % a.memory_format)
     if not 0 <= a.dropout < 1:
         p.error("--dropout must be in [0, 1), got %g" % a.dropout)
     if a.precision not in ("fp32", "fp16", "bf16"):
@@ -213,8 +218,12 @@ def main(argv):
     else:
         model = create_image_model(a)
         config = {"batch_size": a.batch_size, "in_channels": a.in_channels, "image_size": a.image_size,
-                  "num_classes": a.num_classes, "optimizer": a.optimizer, "lr": a.lr}
+                  "num_classes": a.num_classes, "optimizer": a.optimizer, "lr": a.lr,
+                  "memory_format": a.memory_format}
         x = torch.randn(a.batch_size, a.in_channels, a.image_size, a.image_size)
+        if a.memory_format == "channels_last":
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, a.num_classes, (a.batch_size,))
         units, unit = a.batch_size, "img/s"
     config["parameters"] = sum(p.numel() for p in model.parameters())

@@ -53,10 +53,18 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     if (r.defined()) g = r;
   }
   if (!m.grad.defined()) {
-    // Own the gradient: a fresh contiguous buffer nobody else writes to.
-    // Steal the buffer only when nothing else can see it (no other handle, no view of its storage).
-    const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
-    m.grad = exclusive ? g.detach() : g.detach().clone();
+    // Own the gradient: a fresh dense buffer in the leaf's memory format (a channels-last leaf gets a
+    // channels-last gradient, as in PyTorch) that nobody else writes to. Steal the buffer only when nothing
+    // else can see it (no other handle, no view of its storage).
+    const MemoryFormat f = leaf_.suggest_memory_format();
+    const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous(f) &&
+                           g.suggest_memory_format() == f;
+    if (exclusive) {
+      m.grad = g.detach();
+    } else {
+      m.grad = empty(g.sizes(), {.dtype = g.dtype(), .device = g.device(), .memory_format = f});
+      m.grad.copy_(g.detach());
+    }
   } else {
     add_(m.grad, g);
   }

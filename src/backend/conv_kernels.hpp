@@ -1,5 +1,6 @@
 #pragma once
-// 2-D convolution kernels (forward, backward data, backward weights). Activations are NCHW, weights OIHW
+// 2-D convolution kernels (forward, backward data, backward weights). Activations are NCHW (or, on the CPU,
+// channels-last: MemoryFormat::channels_last, NHWC in memory with the same logical dims), weights OIHW
 // ([O, C/groups, kH, kW]), PyTorch semantics (symmetric zero padding, dilation 1 = dense kernel).
 // x and weight share one dtype: f32, f64, bf16 or f16. f32 and bf16 run on oneDNN with f32 accumulation;
 // f64 runs plain loops (gradient checks); f16 is storage-only on the CPU (oneDNN 2.6 has no f16
@@ -27,14 +28,15 @@ inline int64_t conv_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad,
   return span < 0 ? 0 : span / stride + 1;
 }
 
-/// out [N, O, oh, ow] (contiguous, x's dtype) = conv(x, weight) + bias. x [N, C, H, W] and weight
-/// [O, C/groups, kH, kW] share a dtype and may be strided; bias [O] of any floating dtype or undefined.
+/// out [N, O, oh, ow] (contiguous, or channels-last on the CPU; x's dtype) = conv(x, weight) + bias.
+/// x [N, C, H, W] and weight [O, C/groups, kH, kW] share a dtype and may be strided; bias [O] of any
+/// floating dtype or undefined.
 using Conv2dForwardKernel = void(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  const Conv2dGeometry& g);
 inline constinit KernelSlot<Conv2dForwardKernel> conv2d_forward_kernel{"conv2d_forward"};
 
-/// dx [N, C, H, W] (contiguous, weight's dtype; overwritten) = gradient of the convolution with respect to its
-/// input, from dy [N, O, oh, ow] and weight (same dtype, may be strided).
+/// dx [N, C, H, W] (contiguous, or channels-last on the CPU; weight's dtype; overwritten) = gradient of the
+/// convolution with respect to its input, from dy [N, O, oh, ow] and weight (same dtype, may be strided).
 using Conv2dBackwardDataKernel = void(const Tensor& dx, const Tensor& dy, const Tensor& weight,
                                       const Conv2dGeometry& g);
 inline constinit KernelSlot<Conv2dBackwardDataKernel> conv2d_backward_data_kernel{"conv2d_backward_data"};

@@ -75,6 +75,14 @@ bool is_image_model(const std::string& name) {
          wrn_config(name).has_value();
 }
 
+MemoryFormat memory_format_from_flag(const std::string& name, Device device, const char* flag) {
+  if (name == "channels_last" || name == "nhwc") return MemoryFormat::channels_last;
+  if (name == "contiguous" || name == "nchw") return MemoryFormat::contiguous;
+  MP_CHECK(name == "auto", "unknown ", flag, " '", name,
+           "'; expected auto, channels_last (nhwc) or contiguous (nchw)");
+  return device.is_cpu() ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+}
+
 std::shared_ptr<nn::UnaryModule> create_image_model(const std::string& name, const ImageModelSpec& spec) {
   MP_CHECK(spec.in_channels > 0 && spec.image_size > 0 && spec.num_classes > 0, "create_image_model('", name,
            "'): expected positive in_channels, image_size and num_classes, got ", spec.in_channels, ", ",
@@ -89,10 +97,17 @@ std::shared_ptr<nn::UnaryModule> create_image_model(const std::string& name, con
                                             .num_classes = spec.num_classes});
   if (auto d = resnet_depth(name))
     return std::make_shared<ResNet>(
-        ResNetOptions{.depth = *d, .in_channels = spec.in_channels, .num_classes = spec.num_classes});
+        ResNetOptions{.depth = *d,
+                      .in_channels = spec.in_channels,
+                      .num_classes = spec.num_classes,
+                      .memory_format = spec.memory_format});
   if (auto wk = wrn_config(name))
     return std::make_shared<WideResNet>(WideResNetOptions{
-        .depth = wk->first, .widen = wk->second, .in_channels = spec.in_channels, .num_classes = spec.num_classes});
+        .depth = wk->first,
+        .widen = wk->second,
+        .in_channels = spec.in_channels,
+        .num_classes = spec.num_classes,
+        .memory_format = spec.memory_format});
   MP_FAIL("create_image_model: unknown model '", name, "'; known: ", known_list(),
           " (any wrn-D-K with D = 6n+4 >= 10 and K >= 1, and any mlp-WxL with W, L >= 1, works too)");
 }

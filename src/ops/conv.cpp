@@ -63,7 +63,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   // Input and weight compute in one dtype (the wider); bias keeps its dtype (oneDNN reads it as f32).
   const DType dt = promote_types(x.dtype(), weight.dtype());
   const Tensor xc = x.to(dt), wc = weight.to(dt);
-  Tensor out = empty({N, O, oh, ow}, {.dtype = dt, .device = x.device()});
+  // A channels-last input gives a channels-last output (and gradient) on the CPU, whose oneDNN kernels work
+  // in NHWC (Note [channels-last convolutions] in backend/cpu/conv.cpp); the CUDA kernels take NCHW.
+  const MemoryFormat fmt = x.device().is_cpu() ? x.suggest_memory_format() : MemoryFormat::contiguous;
+  Tensor out = empty({N, O, oh, ow}, {.dtype = dt, .device = x.device(), .memory_format = fmt});
   {
     autograd::NoGradGuard ng;
     backend::conv2d_forward_kernel.get(x.device())(out, xc.detach(), wc.detach(),
@@ -79,7 +82,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
     autograd::record("Conv2dBackward", inputs, {out}, [=](const std::vector<Tensor>& g) {
       const Tensor gy = g[0].to(dt);
       Tensor gx, gw, gb;
-      if (need_x) gx = empty(xs, {.dtype = dt, .device = dev});
+      if (need_x) gx = empty(xs, {.dtype = dt, .device = dev, .memory_format = fmt});
       // dweight (and dbias with it) come out in f32 (f64 for f64); the engine casts them to the parameters' dtypes.
       const DType acc = dt == DType::f64 ? DType::f64 : DType::f32;
       if (need_w) {

@@ -63,8 +63,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 
   const DType sdt = stats_dtype(x.dtype());
   const Device dev = x.device();
-  Tensor xc = x.detach().contiguous().reshape({N, C, S});
-  Tensor y = empty({N, C, S}, {.dtype = x.dtype(), .device = dev});
+  // A channels-last input (on the CPU) is normalised in place of its layout: the kernels take [N, C, S] with
+  // strides {S C, 1, C} too, and y, dy and dx share x's layout (no NHWC <-> NCHW copies around batch norm).
+  const bool cl = dev.is_cpu() && x.suggest_memory_format() == MemoryFormat::channels_last;
+  Tensor xc = cl ? x.detach().view({N, C, S}) : x.detach().contiguous().reshape({N, C, S});
+  auto like_x = [cl, N, C, S](DType dt, Device d) {
+    return cl ? empty({N, S, C}, {.dtype = dt, .device = d}).permute({0, 2, 1})
+              : empty({N, C, S}, {.dtype = dt, .device = d});
+  };
+  Tensor y = like_x(x.dtype(), dev);
   Tensor mean, var;
   if (use_batch_stats) {
     mean = empty({C}, {.dtype = sdt, .device = dev});
@@ -93,11 +100,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     const bool need_b = bias.defined() && bias.requires_grad();
     const Shape xs = x.sizes();
     autograd::record("BatchNormBackward", {x, weight, bias}, {out},
-                     [xc, wd, mean, invstd, use_batch_stats, need_x, need_w, need_b, xs, sdt](
+                     [xc, wd, mean, invstd, use_batch_stats, need_x, need_w, need_b, xs, sdt, cl, like_x](
                          const std::vector<Tensor>& g) {
-                       const Tensor dy = g[0].contiguous().reshape(xc.sizes());
+                       const Tensor dy = cl ? g[0].contiguous(MemoryFormat::channels_last).view(xc.sizes())
+                                            : g[0].contiguous().reshape(xc.sizes());
                        const Device d = xc.device();
-                       Tensor dx = need_x ? empty(xc.sizes(), {.dtype = xc.dtype(), .device = d}) : Tensor();
+                       Tensor dx = need_x ? like_x(xc.dtype(), d) : Tensor();
                        Tensor dw = need_w ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
                        Tensor db = need_b ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
                        backend::batch_norm_backward_kernel.get(d)(dx, dw, db, dy, xc, mean, invstd, wd,

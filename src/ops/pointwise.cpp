@@ -20,11 +20,20 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
            b.device().str(), "; move one with .to(device)");
 }
 
-// Run the kernel into a fresh contiguous output of `shape` and dtype `out_dt`.
+// The memory format of an element-wise result: that of the first operand with the full shape (not
+// broadcast), so a channels-last activation stays channels-last through ReLU, residual adds and their
+// gradients (as PyTorch's TensorIterator); contiguous otherwise.
+MemoryFormat result_format(const Shape& shape, std::initializer_list<Tensor> ins) {
+  for (const Tensor& t : ins)
+    if (t.sizes() == shape) return t.suggest_memory_format();
+  return MemoryFormat::contiguous;
+}
+
+// Run the kernel into a fresh output of `shape` and dtype `out_dt` (memory format: result_format).
 Tensor launch(PointwiseOp op, const Shape& shape, DType out_dt, DType compute, std::initializer_list<Tensor> ins,
               PointwiseParams p = {}) {
   Device dev = ins.begin()->device();
-  Tensor out = empty(shape, {.dtype = out_dt, .device = dev});
+  Tensor out = empty(shape, {.dtype = out_dt, .device = dev, .memory_format = result_format(shape, ins)});
   std::vector<Tensor> ex;
   ex.reserve(ins.size());
   for (const Tensor& t : ins) ex.push_back(t.sizes() == shape ? t.detach() : t.detach().expand(shape));

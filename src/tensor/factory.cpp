@@ -15,7 +15,7 @@ Tensor empty(const Shape& shape, TensorOptions opt) {
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(opt.dtype);
   auto st = std::make_shared<Storage>();
   st->data = memory::DataPtr(opt.device, bytes);
-  Tensor t(std::make_shared<TensorImpl>(std::move(st), 0, shape, contiguous_strides(shape), opt.dtype));
+  Tensor t(std::make_shared<TensorImpl>(std::move(st), 0, shape, format_strides(shape, opt.memory_format), opt.dtype));
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
 }

@@ -35,6 +35,18 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
+const char* memory_format_name(MemoryFormat f) {
+  return f == MemoryFormat::channels_last ? "channels_last" : "contiguous";
+}
+
+Shape format_strides(const Shape& s, MemoryFormat f) {
+  if (f == MemoryFormat::contiguous) return contiguous_strides(s);
+  MP_CHECK(s.size() == 4, "channels_last memory format: expected a 4-D shape [N, C, H, W], got ", shape_str(s),
+           "; use MemoryFormat::contiguous for other ranks");
+  const int64_t C = std::max<int64_t>(s[1], 1), H = std::max<int64_t>(s[2], 1), W = std::max<int64_t>(s[3], 1);
+  return {H * W * C, 1, W * C, C};
+}
+
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t n = std::max<int64_t>(ndim, 1);
   MP_CHECK(dim >= -n && dim < n, op, ": dim ", dim, " is out of range for a tensor with ", ndim,
@@ -78,6 +90,29 @@ bool Tensor::is_contiguous() const {
     expected *= sizes()[i];
   }
   return true;
+}
+
+bool Tensor::is_contiguous(MemoryFormat f) const {
+  if (f == MemoryFormat::contiguous) return is_contiguous();
+  if (dim() != 4) return false;
+  if (numel() == 0) return true;
+  int64_t expected = 1;
+  for (int64_t d : {1, 3, 2, 0}) {  // innermost first: C, W, H, N
+    if (sizes()[d] == 1) continue;
+    if (strides()[d] != expected) return false;
+    expected *= sizes()[d];
+  }
+  return true;
+}
+
+MemoryFormat Tensor::suggest_memory_format() const {
+  if (dim() != 4 || !is_contiguous(MemoryFormat::channels_last)) return MemoryFormat::contiguous;
+  if (!is_contiguous()) return MemoryFormat::channels_last;
+  // Dense in both layouts (C == 1, or H == W == 1: the same bytes either way): the strides of the size-1 dims
+  // tell which one was asked for (contiguous(channels_last) and empty(..., channels_last) set them exactly).
+  const Shape cl = format_strides(sizes(), MemoryFormat::channels_last);
+  return strides() == cl && cl != contiguous_strides(sizes()) ? MemoryFormat::channels_last
+                                                              : MemoryFormat::contiguous;
 }
 
 void* Tensor::raw_data() const {
@@ -354,6 +389,25 @@ Tensor Tensor::contiguous() const {
   return clone();
 }
 
+Tensor Tensor::contiguous(MemoryFormat f) const {
+  if (f == MemoryFormat::contiguous) return contiguous();
+  const Shape target = format_strides(sizes(), f);
+  if (strides() == target) return *this;
+  if (is_contiguous(f)) {  // dense already (only size-1 dims differ in stride): the same bytes, restrided
+    Tensor out = make_view(*this, sizes(), target, storage_offset());
+    autograd::record("AsStridedBackward", {*this}, {out},
+                     [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+    return out;
+  }
+  Tensor out = empty(sizes(), {.dtype = dtype(), .device = device(), .memory_format = f});
+  {
+    autograd::NoGradGuard ng;
+    copy_into(out, detach());
+  }
+  autograd::record("CloneBackward", {*this}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+
 Tensor Tensor::clone() const {
   Tensor out = empty(sizes(), {.dtype = dtype(), .device = device()});
   {
@@ -366,7 +420,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType dt) const {
   if (dt == dtype()) return *this;
-  Tensor out = empty(sizes(), {.dtype = dt, .device = device()});
+  Tensor out = empty(sizes(), {.dtype = dt, .device = device(), .memory_format = suggest_memory_format()});
   {
     autograd::NoGradGuard ng;
     copy_into(out, detach());

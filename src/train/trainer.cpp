@@ -182,7 +182,10 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
 
   manual_seed(c.seed);
   std::shared_ptr<nn::UnaryModule> model = models::create_image_model(
-      c.model, {.in_channels = sets.channels, .image_size = sets.size, .num_classes = sets.classes});
+      c.model, {.in_channels = sets.channels,
+                .image_size = sets.size,
+                .num_classes = sets.classes,
+                .memory_format = models::memory_format_from_flag(c.memory_format, dev)});
   model->to(dev);  // initialised on the host (the same weights on every device), then moved
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
@@ -238,7 +241,10 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
   const auto t0 = Clock::now();
   ImageSets sets = load_images(c, /*need_train=*/false);
   std::shared_ptr<nn::UnaryModule> model = models::create_image_model(
-      c.model, {.in_channels = sets.channels, .image_size = sets.size, .num_classes = sets.classes});
+      c.model, {.in_channels = sets.channels,
+                .image_size = sets.size,
+                .num_classes = sets.classes,
+                .memory_format = models::memory_format_from_flag(c.memory_format, run_device(c))});
   const amp::AmpOptions o = convert_for_eval(c, *model);
   model->to(run_device(c));
   model->load_state_dict(weights, /*strict=*/true);

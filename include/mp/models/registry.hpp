@@ -12,6 +12,8 @@ struct ImageModelSpec {
   int64_t in_channels = 3;   ///< channels of the input images
   int64_t image_size = 32;   ///< height = width (the MLP's input size; the conv nets take any size)
   int64_t num_classes = 10;  ///< outputs
+  /// Activation layout of the convolutional nets on the CPU (ResNetOptions::memory_format); the MLP ignores it.
+  MemoryFormat memory_format = MemoryFormat::contiguous;
 };
 
 /// Build an image classifier by name: "mlp" (hidden 512, 512 on the flattened image), "mlp-WxL"
@@ -27,5 +29,10 @@ std::vector<std::string> image_model_names();
 
 /// Whether create_image_model accepts `name`.
 bool is_image_model(const std::string& name);
+
+/// The activation layout a `--memory_format` flag selects for the conv nets on `device`: "channels_last"
+/// (or "nhwc"), "contiguous" (or "nchw"), or "auto" = channels_last on the CPU (oneDNN's bf16 kernels work in
+/// NHWC: no reorders around each convolution) and contiguous on CUDA. Anything else throws naming `flag`.
+MemoryFormat memory_format_from_flag(const std::string& name, Device device, const char* flag = "--memory_format");
 
 }  // namespace mp::models

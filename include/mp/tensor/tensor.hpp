@@ -21,6 +21,17 @@ std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
 /// Row-major contiguous strides of a shape.
 Shape contiguous_strides(const Shape& s);
+
+/// Memory layout of a dense tensor, as PyTorch's torch.memory_format. Logical dims never change: a
+/// channels-last activation is still indexed [N, C, H, W]; only the strides say where elements live.
+enum class MemoryFormat : uint8_t {
+  contiguous,     ///< row-major over the logical dims (NCHW for 4-D activations)
+  channels_last,  ///< 4-D only: NHWC in memory, strides {H*W*C, 1, W*C, C} (what oneDNN's AMX convolutions read)
+};
+/// "contiguous" / "channels_last".
+const char* memory_format_name(MemoryFormat f);
+/// Dense strides of a shape in a memory format; channels_last needs 4 dims (throws naming the shape otherwise).
+Shape format_strides(const Shape& s, MemoryFormat f);
 /// Wrap a possibly negative dim into [0, ndim); throws naming `op` when out of range.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 /// The broadcast of two shapes (NumPy rules); throws naming `op` when incompatible.
@@ -84,6 +95,13 @@ class Tensor {
   size_t element_size() const { return dtype_size(dtype()); }
   /// Whether the elements are laid out row-major without gaps.
   bool is_contiguous() const;
+  /// Whether the elements are dense in memory format f (size-1 dims may have any stride, as in PyTorch).
+  bool is_contiguous(MemoryFormat f) const;
+  /// channels_last when the tensor is 4-D and dense channels-last but not plain contiguous; where the two
+  /// layouts coincide (C == 1, or H == W == 1) channels_last only when the strides are exactly
+  /// format_strides(sizes(), channels_last); contiguous otherwise. Ops give their outputs (and gradients)
+  /// this format, so a channels-last activation stays channels-last.
+  MemoryFormat suggest_memory_format() const;
   /// Pointer to element 0 (bytes).
   void* raw_data() const;
   /// Typed pointer to element 0; throws when T is not the tensor's dtype.
@@ -133,9 +151,13 @@ class Tensor {
   Tensor flatten(int64_t start = 0, int64_t end = -1) const;
   /// This tensor if contiguous, else a contiguous copy.
   Tensor contiguous() const;
+  /// This tensor if its strides are f's (format_strides), a restrided view when it is dense in f already
+  /// (only size-1 dims differ), else a copy in that format; differentiable.
+  Tensor contiguous(MemoryFormat f) const;
   /// A contiguous copy with its own storage.
   Tensor clone() const;
-  /// Convert element type (a no-op returning *this when equal); differentiable.
+  /// Convert element type (a no-op returning *this when equal); differentiable. The result keeps the
+  /// memory format (suggest_memory_format()).
   Tensor to(DType dtype) const;
   /// Copy to a device (cpu, or cuda with the CUDA backend and a GPU; a clear error otherwise).
   Tensor to(Device device) const;
@@ -191,6 +213,7 @@ struct TensorOptions {
   DType dtype = DType::f32;
   Device device = kCPU;
   bool requires_grad = false;
+  MemoryFormat memory_format = MemoryFormat::contiguous;  ///< strides of new tensors (channels_last: 4-D only)
 };
 
 /// Uninitialised tensor.

@@ -44,6 +44,7 @@ struct TrainConfig {
   double dropout = 0.2;                    ///< dropout on embeddings, between layers and on the output
   bool tie_weights = false;                ///< decoder shares the embedding matrix
   std::string lstm_impl = "fused";         ///< lstm: basic, fused, onednn (CPU) or cudnn (CUDA) (nn::LstmImpl)
+  std::string memory_format = "auto";      ///< conv nets: auto, channels_last or contiguous (activation layout)
   int64_t max_vocab = 10000;               ///< vocabulary cap (others become <unk>)
   // ---- run ----
   uint64_t seed = 0;                       ///< seeds initialisation, dropout, data order and augmentation
@@ -90,6 +91,7 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("dropout", c.dropout, "word LM: dropout probability");
   f("tie_weights", c.tie_weights, "word LM: decoder shares the embedding matrix (needs embed_size == hidden_size)");
   f("lstm_impl", c.lstm_impl, "word LM (lstm): basic (per-step graph), fused (our sequence-level layer), onednn or cudnn (the library's LSTM on the CPU / CUDA)");
+  f("memory_format", c.memory_format, "conv nets: activation layout, channels_last (NHWC), contiguous (NCHW) or auto (channels_last on the CPU, contiguous on CUDA)");
   f("max_vocab", c.max_vocab, "word LM: vocabulary cap, other words become <unk> (0 = all)");
   f("seed", c.seed, "random seed (initialisation, dropout, data order, augmentation)");
   f("num_workers", c.num_workers, "data loader threads (0 = load on the training thread)");

@@ -143,8 +143,22 @@ void backward_weights_f64(const Conv2dArgs& a, const double* x, const double* dy
 
 // ----------------------------------------------------------------------------------------- kernels
 
-void check_out(const Tensor& t, const char* what) {
-  MP_ASSERT(t.is_contiguous(), "conv2d kernel: ", what, " must be contiguous, got ", t.describe());
+void check_out(const Tensor& t, const char* what, MemoryFormat f = MemoryFormat::contiguous) {
+  MP_ASSERT(t.is_contiguous(f), "conv2d kernel: ", what, " must be ", memory_format_name(f), ", got ", t.describe());
+}
+
+// Note [channels-last convolutions]
+// Activations may be NCHW or NHWC (MemoryFormat::channels_last): oneDNN's AMX kernels work on NHWC, so a
+// network that keeps its activations channels-last skips the two reorders around every convolution. A call
+// runs in the layout of the activation it writes (out, dx), or for the weight gradient in the layout of x
+// (or dy); the other activation operand is brought into that layout when it is not already. A tensor that
+// is dense in both layouts (C == 1, or 1x1 spatial) follows the operand it is paired with.
+MemoryFormat call_format(const Tensor& written, const Tensor& read) {
+  if (written.defined()) {
+    if (!written.is_contiguous(MemoryFormat::channels_last)) return MemoryFormat::contiguous;
+    if (!written.is_contiguous()) return MemoryFormat::channels_last;
+  }
+  return read.suggest_memory_format();
 }
 
 // Compute dtype of the oneDNN path: f16 runs through f32 (storage-only f16).
@@ -188,8 +202,13 @@ void forward_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& w2, const
   const int64_t P = a.out_h() * a.out_w(), K = a.c * a.kh * a.kw, R = a.n * P;
   Tensor col = empty({1, R, K}, {.dtype = DType::bf16});
   im2col_bf16(a, static_cast<const uint16_t*>(xc.raw_data()), static_cast<uint16_t*>(col.raw_data()));
+  const Tensor wt = w2.view({1, a.oc, K}).transpose(1, 2);
+  if (a.channels_last) {  // y^T [N oh ow, O] is the NHWC output itself
+    matmul_kernel.get(kCPU)(out.permute({0, 2, 3, 1}).view({1, R, a.oc}), col, wt, bias, false);
+    return;
+  }
   const Tensor yt = empty({1, R, a.oc}, {.dtype = out.dtype()});
-  matmul_kernel.get(kCPU)(yt, col, w2.view({1, a.oc, K}).transpose(1, 2), bias, false);
+  matmul_kernel.get(kCPU)(yt, col, wt, bias, false);
   Tensor(out).view({a.n, a.oc, P}).copy_(yt.view({a.n, P, a.oc}).permute({0, 2, 1}));
 }
 
@@ -218,46 +237,56 @@ void backward_data_gemm(const Conv2dArgs& a, const Tensor& dyc, const Tensor& wc
 
 void conv2d_forward_cpu(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const Conv2dGeometry& g) {
-  check_out(out, "output");
+  const MemoryFormat fmt = call_format(out, x);  // Note [channels-last convolutions]
+  check_out(out, "output", fmt);
   MP_ASSERT(x.dtype() == weight.dtype() && out.dtype() == x.dtype(), "conv2d kernel: dtypes differ");
-  const Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
-                                 weight.size(3), g, compute_dtype(x.dtype()));
+  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
+                           weight.size(3), g, compute_dtype(x.dtype()));
+  a.channels_last = fmt == MemoryFormat::channels_last;
   MP_ASSERT(out.size(2) == a.out_h() && out.size(3) == a.out_w(), "conv2d kernel: output ", out.describe(),
             " does not match the geometry");
   if (x.dtype() == DType::f64) {
     const Tensor xc = x.contiguous(), wc = weight.contiguous();
     const Tensor bc = bias.defined() ? bias.to(DType::f64).contiguous() : Tensor();
+    const Tensor dst = out.is_contiguous() ? out : empty(out.sizes(), {.dtype = DType::f64});  // loops write NCHW
     forward_f64(a, xc.data_ptr<double>(), wc.data_ptr<double>(), bc.defined() ? bc.data_ptr<double>() : nullptr,
-                out.data_ptr<double>());
+                dst.data_ptr<double>());
+    if (dst.raw_data() != out.raw_data()) Tensor(out).copy_(dst);
     return;
   }
   const DType ct = a.src_dtype;
-  const Tensor xc = x.to(ct).contiguous(), wc = weight.to(ct).contiguous();
+  const Tensor xc = x.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous();
   const Tensor bc = bias.defined() ? bias.to(DType::f32).contiguous() : Tensor();
   // f16: the f32 result goes to a scratch tensor and is rounded into `out` once.
   if (a.n > 0 && use_gemm_forward(a))  // Note [small convolutions as one GEMM]
     return forward_gemm(a, xc, wc.view({a.oc, a.c * a.kh * a.kw}), bc, out);
-  const Tensor dst = out.dtype() == ct ? out : empty(out.sizes(), {.dtype = ct, .device = out.device()});
+  const Tensor dst =
+      out.dtype() == ct ? out : empty(out.sizes(), {.dtype = ct, .device = out.device(), .memory_format = fmt});
   conv2d_forward(a, xc.raw_data(), wc.raw_data(), bc.defined() ? bc.raw_data() : nullptr, dst.raw_data());
   if (dst.raw_data() != out.raw_data()) Tensor(out).copy_(dst);
 }
 
 void conv2d_backward_data_cpu(const Tensor& dx, const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
-  check_out(dx, "dx");
+  const MemoryFormat fmt = call_format(dx, dy);  // Note [channels-last convolutions]
+  check_out(dx, "dx", fmt);
   MP_ASSERT(dy.dtype() == weight.dtype() && dx.dtype() == weight.dtype(), "conv2d backward kernel: dtypes differ");
-  const Conv2dArgs a = make_args(dx.size(0), dx.size(1), dx.size(2), dx.size(3), weight.size(0), weight.size(2),
-                                 weight.size(3), g, compute_dtype(dx.dtype()));
+  Conv2dArgs a = make_args(dx.size(0), dx.size(1), dx.size(2), dx.size(3), weight.size(0), weight.size(2),
+                           weight.size(3), g, compute_dtype(dx.dtype()));
+  a.channels_last = fmt == MemoryFormat::channels_last;
   MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
             " does not match the geometry");
   if (dx.dtype() == DType::f64) {
     const Tensor dyc = dy.contiguous(), wc = weight.contiguous();
-    backward_data_f64(a, dyc.data_ptr<double>(), wc.data_ptr<double>(), dx.data_ptr<double>());
+    const Tensor dst = dx.is_contiguous() ? dx : empty(dx.sizes(), {.dtype = DType::f64});  // loops write NCHW
+    backward_data_f64(a, dyc.data_ptr<double>(), wc.data_ptr<double>(), dst.data_ptr<double>());
+    if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
     return;
   }
   const DType ct = a.src_dtype;
-  const Tensor dyc = dy.to(ct).contiguous(), wc = weight.to(ct).contiguous();
+  const Tensor dyc = dy.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous();
   if (a.n > 0 && use_gemm_backward_data(a)) return backward_data_gemm(a, dyc, wc, dx);
-  const Tensor dst = dx.dtype() == ct ? dx : empty(dx.sizes(), {.dtype = ct, .device = dx.device()});
+  const Tensor dst =
+      dx.dtype() == ct ? dx : empty(dx.sizes(), {.dtype = ct, .device = dx.device(), .memory_format = fmt});
   conv2d_backward_data(a, dyc.raw_data(), wc.raw_data(), dst.raw_data());
   if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
 }
@@ -282,7 +311,7 @@ bool use_gemm_weight_grad(const Conv2dArgs& a) {
   return a.src_dtype == DType::bf16 && a.groups == 1 && a.out_h() * a.out_w() <= max_pixels;
 }
 
-// col [N oh ow, C kH kW] (bf16) from x [N, C, H, W] (bf16, contiguous).
+// col [N oh ow, C kH kW] (bf16) from x [N, C, H, W] (bf16, contiguous NCHW, or NHWC when a.channels_last).
 // A table maps each (output pixel, tap) to its offset in an input plane, so the inner loop is a plain
 // gather (no index arithmetic or bounds tests per element). When every plane is read several times over
 // (stride 1: each input pixel feeds up to kH kW outputs), the planes of one image are first copied into a
@@ -315,11 +344,20 @@ void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col) {
       const uint16_t* xn = x + n * a.c * HW;
       const uint16_t* planes = xn;
       int64_t plane_size = HW;
-      if (padded) {
+      if (padded && a.channels_last) {  // NHWC image -> zero-bordered CHW planes (a transposing copy)
+        for (int64_t y = 0; y < a.h; ++y)
+          for (int64_t xx = 0; xx < a.w; ++xx) {
+            const uint16_t* src = xn + (y * a.w + xx) * a.c;
+            uint16_t* dst = &pad[static_cast<size_t>((y + a.pad_h) * PW + xx + a.pad_w)];
+            for (int64_t c = 0; c < a.c; ++c) dst[c * PH * PW] = src[c];
+          }
+      } else if (padded) {
         for (int64_t c = 0; c < a.c; ++c)
           for (int64_t y = 0; y < a.h; ++y)
             std::memcpy(&pad[static_cast<size_t>((c * PH + y + a.pad_h) * PW + a.pad_w)], xn + c * HW + y * a.w,
                         static_cast<size_t>(a.w) * sizeof(uint16_t));
+      }
+      if (padded) {
         planes = pad.data();
         plane_size = PH * PW;
       }
@@ -327,11 +365,15 @@ void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col) {
         uint16_t* out = col + (n * P + p) * K;
         const int32_t* tp = tab + p * taps;
         for (int64_t c = 0; c < a.c; ++c, out += taps) {
-          const uint16_t* plane = planes + c * plane_size;
-          if (padded)
+          if (padded) {
+            const uint16_t* plane = planes + c * plane_size;
             for (int64_t t = 0; t < taps; ++t) out[t] = plane[tp[t]];
-          else
+          } else if (a.channels_last) {  // pixel q of channel c at xn[q C + c]
+            for (int64_t t = 0; t < taps; ++t) out[t] = tp[t] >= 0 ? xn[tp[t] * a.c + c] : uint16_t{0};
+          } else {
+            const uint16_t* plane = planes + c * plane_size;
             for (int64_t t = 0; t < taps; ++t) out[t] = tp[t] >= 0 ? plane[tp[t]] : uint16_t{0};
+          }
         }
       }
     }
@@ -343,10 +385,11 @@ void backward_weights_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& 
   const int64_t P = a.out_h() * a.out_w(), K = a.c * a.kh * a.kw, R = a.n * P;
   Tensor col = empty({1, R, K}, {.dtype = DType::bf16});
   im2col_bf16(a, static_cast<const uint16_t*>(xc.raw_data()), static_cast<uint16_t*>(col.raw_data()));
-  // dY^T [O, N P]: a copy of the permuted view (small: O x N P).
-  const Tensor dyt = dyc.view({a.n, a.oc, P}).permute({1, 0, 2}).contiguous().view({1, a.oc, R});
+  // dY^T [O, N P]: NCHW dy is copied so (small: O x N P); NHWC dy is [N P, O] already, read transposed.
+  const Tensor dyt = a.channels_last ? dyc.permute({0, 2, 3, 1}).reshape({1, R, a.oc}).transpose(1, 2)
+                                     : dyc.view({a.n, a.oc, P}).permute({1, 0, 2}).contiguous().view({1, a.oc, R});
   matmul_kernel.get(kCPU)(dweight.view({1, a.oc, K}), dyt, col, Tensor(), false);
-  if (dbias.defined()) reduce_kernel.get(kCPU)(ReduceOp::sum, dbias, dyt.view({a.oc, R}), 1);
+  if (dbias.defined()) reduce_kernel.get(kCPU)(ReduceOp::sum, dbias, dyt.select(0, 0), 1);
 }
 
 void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, const Tensor& x, const Tensor& dy,
@@ -354,8 +397,10 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
   check_out(dweight, "dweight");
   if (dbias.defined()) check_out(dbias, "dbias");
   MP_ASSERT(x.dtype() == dy.dtype(), "conv2d backward kernel: x and dy dtypes differ");
-  const Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), dweight.size(0), dweight.size(2),
-                                 dweight.size(3), g, compute_dtype(x.dtype()));
+  const MemoryFormat fmt = call_format(Tensor(), x.suggest_memory_format() == MemoryFormat::channels_last ? x : dy);
+  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), dweight.size(0), dweight.size(2),
+                           dweight.size(3), g, compute_dtype(x.dtype()));
+  a.channels_last = fmt == MemoryFormat::channels_last;
   MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
             " does not match the geometry");
   if (x.dtype() == DType::f64) {
@@ -367,7 +412,7 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
   MP_ASSERT(dweight.dtype() == DType::f32 && (!dbias.defined() || dbias.dtype() == DType::f32),
             "conv2d backward kernel: dweight/dbias must be f32 for ", dtype_name(x.dtype()), " inputs");
   const DType ct = a.src_dtype;
-  const Tensor xc = x.to(ct).contiguous(), dyc = dy.to(ct).contiguous();
+  const Tensor xc = x.to(ct).contiguous(fmt), dyc = dy.to(ct).contiguous(fmt);
   if (a.n > 0 && use_gemm_weight_grad(a)) return backward_weights_gemm(a, xc, dyc, dweight, dbias);
   conv2d_backward_weights(a, xc.raw_data(), dyc.raw_data(), dweight.raw_data(),
                           dbias.defined() ? dbias.raw_data() : nullptr);
@@ -382,15 +427,17 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
     if (dweight.defined()) conv2d_backward_weights_cpu(dweight, dbias, x, dy, g);
     return;
   }
-  check_out(dx, "dx");
+  const MemoryFormat fmt = call_format(dx, dy);  // Note [channels-last convolutions]
+  check_out(dx, "dx", fmt);
   check_out(dweight, "dweight");
   if (dbias.defined()) check_out(dbias, "dbias");
   MP_ASSERT(x.dtype() == dy.dtype() && weight.dtype() == dy.dtype() && dx.dtype() == dy.dtype(),
             "conv2d backward kernel: dtypes differ");
   MP_ASSERT(dweight.dtype() == DType::f32 && (!dbias.defined() || dbias.dtype() == DType::f32),
             "conv2d backward kernel: dweight/dbias must be f32 for ", dtype_name(x.dtype()), " inputs");
-  const Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
-                                 weight.size(3), g, compute_dtype(x.dtype()));
+  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
+                           weight.size(3), g, compute_dtype(x.dtype()));
+  a.channels_last = fmt == MemoryFormat::channels_last;
   MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
             " does not match the geometry");
   if (a.n == 0 || use_gemm_backward_data(a) || use_gemm_weight_grad(a)) {
@@ -399,8 +446,9 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
     return;
   }
   const DType ct = a.src_dtype;
-  const Tensor xc = x.to(ct).contiguous(), dyc = dy.to(ct).contiguous(), wc = weight.to(ct).contiguous();
-  const Tensor dxs = dx.dtype() == ct ? dx : empty(dx.sizes(), {.dtype = ct, .device = dx.device()});
+  const Tensor xc = x.to(ct).contiguous(fmt), dyc = dy.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous();
+  const Tensor dxs =
+      dx.dtype() == ct ? dx : empty(dx.sizes(), {.dtype = ct, .device = dx.device(), .memory_format = fmt});
   conv2d_backward(a, xc.raw_data(), dyc.raw_data(), wc.raw_data(), dxs.raw_data(), dweight.raw_data(),
                   dbias.defined() ? dbias.raw_data() : nullptr);
   if (dxs.raw_data() != dx.raw_data()) Tensor(dx).copy_(dxs);

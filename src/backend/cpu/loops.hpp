@@ -39,7 +39,9 @@ struct LoopPlan {
   int64_t numel = 1;
 };
 
-/// Build the plan: drop size-1 dims and merge dims that are contiguous for every operand.
+/// Build the plan: visit the dims in the output's memory order (outermost first: a channels-last output
+/// is walked N, H, W, C, so its innermost loop is unit-stride), drop size-1 dims and merge dims that are
+/// contiguous for every operand. Operands sharing the output's layout coalesce to one dim.
 template <int N>
 LoopPlan<N> make_plan(const std::array<const Tensor*, N>& ops) {
   LoopPlan<N> p;
@@ -48,7 +50,14 @@ LoopPlan<N> make_plan(const std::array<const Tensor*, N>& ops) {
     p.base[k] = static_cast<char*>(ops[k]->raw_data());
     p.dtypes[k] = ops[k]->dtype();
   }
-  for (size_t d = 0; d < shape.size(); ++d) {
+  std::array<size_t, kMaxLoopDims + 4> order{};
+  MP_ASSERT(shape.size() <= order.size(), "too many dims for the element-wise loop");
+  for (size_t d = 0; d < shape.size(); ++d) order[d] = d;
+  const Shape& out_strides = ops[0]->strides();
+  std::stable_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shape.size()),
+                   [&](size_t a, size_t b) { return out_strides[a] > out_strides[b]; });
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const size_t d = order[i];
     if (shape[d] == 1) continue;
     p.numel *= shape[d];
     const int nd = p.ndim;

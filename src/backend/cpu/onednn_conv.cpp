@@ -35,6 +35,8 @@ using tag = memory::format_tag;
 // gemm kernels (x64:gemm:jit): 2-6x slower for 3x3 but fastest for 1x1 convolutions, where the reorders
 // cost as much as the few flops per element. So: 1x1 kernels without padding run on the plain tensors
 // (no reorder at all), everything else lets oneDNN choose (`any`) and reorders with cached primitives.
+// Channels-last activations (Conv2dArgs::channels_last) are already the layout the bf16 kernels want: no
+// activation reorder at all then (f32 still reorders to nChw16c); 1x1 convolutions choose too (see build_plan).
 bool use_plain_layout(const Conv2dArgs& a) { return a.kh == 1 && a.kw == 1 && a.pad_h == 0 && a.pad_w == 0; }
 
 // Note [backward data as a forward convolution]
@@ -73,7 +75,7 @@ void flip_taps(const E* w, E* out, int64_t blocks, int64_t taps) {
 struct ConvKey {
   int64_t pass;
   int64_t n, c, h, w, oc, kh, kw, sh, sw, ph, pw, dh, dw, groups;
-  int64_t src_dtype, dst_dtype, bias;
+  int64_t src_dtype, dst_dtype, bias, channels_last;
   bool operator==(const ConvKey&) const = default;
 };
 
@@ -121,7 +123,8 @@ std::string describe(const Conv2dArgs& a, ConvPass pass) {
   return detail::str_cat(pass_name(pass), " input [", a.n, ",", a.c, ",", a.h, ",", a.w, "] weight [", a.oc, ",",
                          a.groups > 0 ? a.c / a.groups : a.c, ",", a.kh, ",", a.kw, "] stride (", a.stride_h, ",",
                          a.stride_w, ") pad (", a.pad_h, ",", a.pad_w, ") dilation (", a.dil_h, ",", a.dil_w,
-                         ") groups ", a.groups, " src ", dtype_name(a.src_dtype), " dst ", dtype_name(a.dst_dtype));
+                         ") groups ", a.groups, " src ", dtype_name(a.src_dtype), " dst ", dtype_name(a.dst_dtype),
+                         a.channels_last ? " channels_last" : "");
 }
 
 void validate(const Conv2dArgs& a, ConvPass pass) {
@@ -141,7 +144,8 @@ ConvKey make_key(const Conv2dArgs& a, ConvPass pass, bool bias) {
   // clang-format off
   return ConvKey{static_cast<int64_t>(pass),
                  a.n, a.c, a.h, a.w, a.oc, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w,
-                 a.groups, static_cast<int64_t>(a.src_dtype), static_cast<int64_t>(a.dst_dtype), bias ? 1 : 0};
+                 a.groups, static_cast<int64_t>(a.src_dtype), static_cast<int64_t>(a.dst_dtype), bias ? 1 : 0,
+                 a.channels_last ? 1 : 0};
   // clang-format on
 }
 
@@ -177,8 +181,11 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
   const dt fwd_dst = a.src_dtype == DType::bf16 ? to_dnnl(a.dst_dtype) : dt::f32;
   const memory::dims strides{a.stride_h, a.stride_w}, dil{a.dil_h - 1, a.dil_w - 1}, pad{a.pad_h, a.pad_w};
   const memory::dims src_dims{a.n, a.c, a.h, a.w}, dst_dims{a.n, a.oc, a.out_h(), a.out_w()};
-  const bool choose = !use_plain_layout(a);  // Note [convolution layouts]
-  const tag act = choose ? tag::any : tag::nchw;
+  // Note [convolution layouts]; with channels-last activations even 1x1 ones choose (plain NHWC with plain
+  // OIHW weights has only the reference kernel: 100x slower).
+  const bool choose = !use_plain_layout(a) || a.channels_last;
+  const tag user_act = a.channels_last ? tag::nhwc : tag::nchw;
+  const tag act = choose ? tag::any : user_act;
   const memory::desc prim_src(src_dims, ct, act), prim_wei = weights_md(a, ct, choose);
   const memory::desc bias_md({a.oc}, dt::f32, tag::a), no_bias;
 
@@ -192,8 +199,8 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
     return dnnl::convolution_forward::primitive_desc(desc, at, eng);
   };
   ConvPlan plan;
-  const memory::desc user_src(src_dims, ct, tag::nchw);
-  const memory::desc user_dst(dst_dims, to_dnnl(a.dst_dtype), tag::nchw);
+  const memory::desc user_src(src_dims, ct, user_act);
+  const memory::desc user_dst(dst_dims, to_dnnl(a.dst_dtype), user_act);
   switch (pass) {
     case ConvPass::forward: {
       const auto pd = fwd_pd(fwd_dst, with_bias, attr);

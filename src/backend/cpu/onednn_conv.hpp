@@ -9,8 +9,9 @@
 
 namespace mp::backend::cpu {
 
-/// A 2-D convolution with PyTorch semantics: input [n, c, h, w] (contiguous NCHW), weight [oc, c/groups, kh, kw]
-/// (contiguous OIHW), output [n, oc, out_h(), out_w()] (contiguous NCHW), symmetric zero padding.
+/// A 2-D convolution with PyTorch semantics: input [n, c, h, w], weight [oc, c/groups, kh, kw] (contiguous OIHW),
+/// output [n, oc, out_h(), out_w()], symmetric zero padding. Activations (input, output and their gradients) are
+/// contiguous NCHW, or NHWC when channels_last.
 struct Conv2dArgs {
   int64_t n = 0, c = 0, h = 0, w = 0;  ///< input batch, channels, height, width
   int64_t oc = 0, kh = 0, kw = 0;      ///< output channels, kernel height and width
@@ -20,6 +21,7 @@ struct Conv2dArgs {
   int64_t groups = 1;                  ///< c and oc must be multiples of groups (groups == c == oc: depthwise)
   DType src_dtype = DType::f32;        ///< dtype of input and weight (and of diff_src): f32 or bf16
   DType dst_dtype = DType::f32;        ///< dtype of output (and of diff_dst): f32 or bf16
+  bool channels_last = false;          ///< activations are NHWC in memory (else NCHW)
 
   /// Output height: (h + 2*pad_h - dil_h*(kh-1) - 1) / stride_h + 1.
   int64_t out_h() const;
