@@ -133,6 +133,17 @@ TEST(MemoryFormat, ElementwiseOpsKeepChannelsLast) {
   EXPECT_EQ(values(xl.grad()), values(mul(b, gt(a, zeros({})).to(DType::f32))));
 }
 
+TEST(MemoryFormat, FlagValues) {
+  const Device cuda{DeviceType::cuda, 0};
+  EXPECT_EQ(models::memory_format_from_flag("auto", kCPU), kCL);
+  EXPECT_EQ(models::memory_format_from_flag("auto", cuda), MemoryFormat::contiguous);
+  EXPECT_EQ(models::memory_format_from_flag("nhwc", cuda), kCL);
+  EXPECT_EQ(models::memory_format_from_flag("nchw", kCPU), MemoryFormat::contiguous);
+  EXPECT_EQ(models::memory_format_from_flag("contiguous", kCPU), MemoryFormat::contiguous);
+  test::expect_error([] { (void)models::memory_format_from_flag("NHWC4", kCPU); },
+                     {"--memory_format", "'NHWC4'", "channels_last", "contiguous", "auto"});
+}
+
 struct ConvCase {
   Shape x, w;
   Conv2dOptions opt;
