@@ -389,6 +389,19 @@ Tensor Tensor::contiguous() const {
   return clone();
 }
 
+namespace {
+// A differentiable copy of t with its own storage, dense in memory format f.
+Tensor clone_in(const Tensor& t, MemoryFormat f) {
+  Tensor out = empty(t.sizes(), {.dtype = t.dtype(), .device = t.device(), .memory_format = f});
+  {
+    autograd::NoGradGuard ng;
+    copy_into(out, t.detach());
+  }
+  autograd::record("CloneBackward", {t}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+}  // namespace
+
 Tensor Tensor::contiguous(MemoryFormat f) const {
   if (f == MemoryFormat::contiguous) return contiguous();
   const Shape target = format_strides(sizes(), f);
@@ -399,24 +412,10 @@ Tensor Tensor::contiguous(MemoryFormat f) const {
                      [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
     return out;
   }
-  Tensor out = empty(sizes(), {.dtype = dtype(), .device = device(), .memory_format = f});
-  {
-    autograd::NoGradGuard ng;
-    copy_into(out, detach());
-  }
-  autograd::record("CloneBackward", {*this}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
-  return out;
+  return clone_in(*this, f);
 }
 
-Tensor Tensor::clone() const {
-  Tensor out = empty(sizes(), {.dtype = dtype(), .device = device()});
-  {
-    autograd::NoGradGuard ng;
-    copy_into(out, detach());
-  }
-  autograd::record("CloneBackward", {*this}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
-  return out;
-}
+Tensor Tensor::clone() const { return clone_in(*this, MemoryFormat::contiguous); }
 
 Tensor Tensor::to(DType dt) const {
   if (dt == dtype()) return *this;
