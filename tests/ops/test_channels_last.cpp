@@ -168,6 +168,7 @@ class ChannelsLastConv : public ::testing::TestWithParam<DType> {};
 
 TEST_P(ChannelsLastConv, MatchesNchwForwardAndBackward) {
   const DType dt = GetParam();
+  manual_seed(6);  // the same data whichever tests ran before in this process
   for (const ConvCase& c : conv_cases()) {
     SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));
     const Tensor x0 = rand(c.x, {.dtype = dt}, -1.0, 1.0), w0 = rand(c.w, {.dtype = dt}, -0.5, 0.5);
@@ -188,10 +189,11 @@ TEST_P(ChannelsLastConv, MatchesNchwForwardAndBackward) {
     const double tol = layout_tol(dt);
     expect_close(cl[0], ref[0], tol, "y");
     expect_close(cl[1], ref[1], tol, "dx");
-    // Weight and bias gradients come out in f32 (f64): f32 sums of 16-bit products in another order.
-    const double gtol = dt == DType::f64 ? 0.0 : 1e-5;
-    expect_close(cl[2], ref[2], gtol, "dweight");
-    expect_close(cl[3], ref[3], gtol, "dbias");
+    // The weight gradient is computed in f32 (f32 sums in another order, and bf16 8x8-or-smaller outputs take
+    // the GEMM path channels-last) and stored in the weight's dtype: one unit of 16-bit rounding, as y. The
+    // bias is f32: its gradient only sums in another order.
+    expect_close(cl[2], ref[2], tol, "dweight");
+    expect_close(cl[3], ref[3], dt == DType::f64 ? 0.0 : 1e-5, "dbias");
   }
 }
 
@@ -199,6 +201,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, ChannelsLastConv, ::testing::Values(DType::f32,
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 TEST(ChannelsLast, BatchNormMatchesNchwAndKeepsLayout) {
+  manual_seed(5);
   for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
     SCOPED_TRACE(dtype_name(dt));
     const Tensor x0 = add(mul(rand({4, 6, 5, 3}, {.dtype = dt}, -1.0, 1.0), 3.0), 0.5).to(dt);
