@@ -62,6 +62,23 @@ TEST(Philox, StreamConvention) {
   EXPECT_NE(mp::philox_u32(1, 0, 0), mp::philox_u32(1 | (uint64_t{1} << 32), 0, 0));
 }
 
+TEST(Philox, BlocksSoaMatchTheScalarBlocks) {
+  // philox_blocks_soa computes kPhiloxLanes blocks side by side; every word must equal philox_block's,
+  // for partial last groups and across the carry of the counter's low word into its high word.
+  for (uint64_t first : {uint64_t{0}, uint64_t{5}, (uint64_t{1} << 32) - 7, ~uint64_t{0} - 40}) {
+    for (int64_t n : {1, 15, 16, 17, 40}) {
+      std::vector<uint32_t> out(static_cast<size_t>(4 * n) + 64, 0xdeadbeefu);
+      mp::philox_blocks_soa(kSeed, first, n, out.data());
+      for (int64_t k = 0; k < n; ++k) {
+        const U32x4 b = mp::philox_block(kSeed, first + static_cast<uint64_t>(k));
+        for (int w = 0; w < 4; ++w)
+          ASSERT_EQ(out[static_cast<size_t>(4 * k + w)], b.v[w]) << "first " << first << " block " << k << " word " << w;
+      }
+      EXPECT_EQ(out[static_cast<size_t>(4 * n)], 0xdeadbeefu) << "wrote past the last block";
+    }
+  }
+}
+
 TEST(Philox, UniformRangeMeanVariance) {
   std::vector<float> u(kN);
   mp::philox_fill_uniform(kSeed, 0, u.data(), kN);

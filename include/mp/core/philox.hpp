@@ -65,6 +65,57 @@ MP_HD inline U32x4 philox4x32_10(U32x4 ctr, uint32_t key0, uint32_t key1) {
   return ctr;
 }
 
+/// Blocks handled side by side by philox_blocks_soa (one vector of 32-bit lanes per counter word).
+inline constexpr int kPhiloxLanes = 16;
+
+/// out[4 k + w] = word w of block first_block + k of stream `seed`, for k < nblocks (host only): the
+/// same words as philox4x32_10, with kPhiloxLanes blocks computed together in structure-of-arrays form
+/// so that a compiler vectorises the rounds (a 32x32 -> 64-bit multiply per lane). Inlined into a
+/// caller compiled for AVX-512 it runs 16 blocks per instruction.
+MP_FORCE_INLINE void philox_blocks_soa(uint64_t seed, uint64_t first_block, int64_t nblocks, uint32_t* out) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  constexpr int L = kPhiloxLanes;
+  for (int64_t k0 = 0; k0 < nblocks; k0 += L) {
+    uint32_t c0[L], c1[L], c2[L], c3[L];
+    for (int l = 0; l < L; ++l) {
+      const uint64_t b = first_block + static_cast<uint64_t>(k0 + l);
+      c0[l] = static_cast<uint32_t>(b);
+      c1[l] = static_cast<uint32_t>(b >> 32);
+      c2[l] = 0u;
+      c3[l] = 0u;
+    }
+    uint32_t key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+      if (round > 0) {
+        key0 += kW0;
+        key1 += kW1;
+      }
+#if defined(_OPENMP)
+#pragma omp simd
+#endif
+      for (int l = 0; l < L; ++l) {
+        const uint64_t p0 = static_cast<uint64_t>(kM0) * c0[l];
+        const uint64_t p1 = static_cast<uint64_t>(kM1) * c2[l];
+        const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ key0;
+        const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ key1;
+        c1[l] = static_cast<uint32_t>(p1);
+        c3[l] = static_cast<uint32_t>(p0);
+        c0[l] = n0;
+        c2[l] = n2;
+      }
+    }
+    const int lanes = static_cast<int>(nblocks - k0 < L ? nblocks - k0 : L);
+    for (int l = 0; l < lanes; ++l) {
+      uint32_t* o = out + 4 * (k0 + l);
+      o[0] = c0[l];
+      o[1] = c1[l];
+      o[2] = c2[l];
+      o[3] = c3[l];
+    }
+  }
+}
+
 /// Block `block` of stream `seed` (4 draws): see Note [Philox stream convention].
 MP_HD MP_FORCE_INLINE U32x4 philox_block(uint64_t seed, uint64_t block) {
   const U32x4 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u}};
