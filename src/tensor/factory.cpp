@@ -1,6 +1,7 @@
 // Tensor factories. Random ones draw from the counter-based Philox stream: element i of a draw
 // reserved at generator offset o is a pure function of (seed, o, i), so every device and every
 // thread partitioning produce the same numbers.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -63,17 +64,27 @@ Tensor arange(int64_t n, TensorOptions opt) { return arange(0.0, static_cast<dou
 
 namespace {
 
-template <class Draw>
-Tensor random_fill(const Shape& shape, TensorOptions opt, const char* op, Draw draw) {
+// Fills a new tensor with map(draw i) where draw i is element i of fill's stream at the reserved
+// offset (philox_fill_uniform / philox_fill_normal: one Philox call per 4 draws), chunk by chunk.
+// Each element depends only on (seed, offset, i), as Note [Philox stream convention] requires.
+template <class Map>
+Tensor random_fill(const Shape& shape, TensorOptions opt, const char* op,
+                   void (*fill)(uint64_t, uint64_t, float*, size_t), Map map) {
   MP_CHECK(is_floating(opt.dtype), op, ": expected a floating dtype, got ", dtype_name(opt.dtype));
   Tensor t = empty(shape, {.dtype = opt.dtype});
   const int64_t n = t.numel();
   const PhiloxState st = default_generator().reserve(static_cast<uint64_t>(n));
-  const uint64_t seed = st.seed, offset = st.offset;
+  constexpr int64_t kChunk = 4096;  // a multiple of 4: chunks start on Philox blocks
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
   visit_floating(opt.dtype, op, [&]<class T>() {
     T* p = static_cast<T*>(t.raw_data());
 #pragma omp parallel for if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] = scalar_cast<T>(draw(seed, offset, static_cast<uint64_t>(i)));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+      float draws[kChunk];
+      fill(st.seed, st.offset + static_cast<uint64_t>(i0), draws, static_cast<size_t>(len));
+      for (int64_t j = 0; j < len; ++j) p[i0 + j] = scalar_cast<T>(map(draws[j]));
+    }
   });
   if (!opt.device.is_cpu()) t = t.to(opt.device);
   if (opt.requires_grad) t.requires_grad_(true);
@@ -83,15 +94,13 @@ Tensor random_fill(const Shape& shape, TensorOptions opt, const char* op, Draw d
 }  // namespace
 
 Tensor rand(const Shape& shape, TensorOptions opt, double low, double high) {
-  return random_fill(shape, opt, "rand", [low, high](uint64_t s, uint64_t o, uint64_t i) {
-    return low + (high - low) * static_cast<double>(philox_uniform(s, o, i));
-  });
+  return random_fill(shape, opt, "rand", &philox_fill_uniform,
+                     [low, high](float u) { return low + (high - low) * static_cast<double>(u); });
 }
 
 Tensor randn(const Shape& shape, TensorOptions opt, double mean, double std) {
-  return random_fill(shape, opt, "randn", [mean, std](uint64_t s, uint64_t o, uint64_t i) {
-    return mean + std * static_cast<double>(philox_normal(s, o, i));
-  });
+  return random_fill(shape, opt, "randn", &philox_fill_normal,
+                     [mean, std](float z) { return mean + std * static_cast<double>(z); });
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opt) {
