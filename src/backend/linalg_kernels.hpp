@@ -4,10 +4,17 @@
 
 namespace mp::backend {
 
-/// out[b] (+)= a[b] x b[b] (+ bias): a [B, m, k] and b [B, k, n] are strided 3-D views (batch stride 0
-/// broadcasts), out [B, m, n] is written through its strides, bias [n] or undefined. a and b share a
-/// dtype; out may be wider (f32 out for bf16 inputs). Accumulation is f32 (f64 for f64).
-using MatmulKernel = void(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate);
+/// What a matmul applies to its f32 (f64) result before storing it.
+enum class MatmulEpilogue : uint8_t {
+  none,
+  relu,  ///< max(x, 0) after the bias (NaN stays NaN); not combined with accumulate
+};
+
+/// out[b] (+)= epilogue(a[b] x b[b] (+ bias)): a [B, m, k] and b [B, k, n] are strided 3-D views (batch
+/// stride 0 broadcasts), out [B, m, n] is written through its strides, bias [n] or undefined. a and b
+/// share a dtype; out may be wider (f32 out for bf16 inputs). Accumulation is f32 (f64 for f64).
+using MatmulKernel = void(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
+                          MatmulEpilogue epilogue);
 inline constinit KernelSlot<MatmulKernel> matmul_kernel{"matmul"};
 
 }  // namespace mp::backend

@@ -30,6 +30,12 @@ Tensor Linear::forward(const Tensor& x) {
   return linear(x, *weight_, *bias_);
 }
 
+Tensor Linear::forward_relu(const Tensor& x) {
+  MP_CHECK(x.dim() >= 1 && x.size(-1) == options_.in_features, "Linear::forward_relu: expected input [..., ",
+           options_.in_features, "], got ", x.describe());
+  return linear_relu(x, *weight_, *bias_);
+}
+
 std::string Linear::extra_repr() const {
   return "in_features=" + std::to_string(options_.in_features) +
          ", out_features=" + std::to_string(options_.out_features) + ", bias=" + (options_.bias ? "true" : "false");

@@ -6,6 +6,7 @@
 #include "mp/autograd/node.hpp"
 #include "mp/ops/pointwise.hpp"
 #include "mp/ops/reduce.hpp"
+#include "ops/pointwise_internal.hpp"
 
 namespace mp {
 namespace {
@@ -18,10 +19,11 @@ void check_operands(const Tensor& a, const Tensor& b, const char* op) {
 }
 
 // [B, m, k] x [B, k, n] -> [B, m, n] without autograd; a/b batch may be 1 (broadcast).
-Tensor mm3(const Tensor& a, const Tensor& b, const Tensor& bias = Tensor()) {
+Tensor mm3(const Tensor& a, const Tensor& b, const Tensor& bias = Tensor(),
+           backend::MatmulEpilogue epilogue = backend::MatmulEpilogue::none) {
   const int64_t B = std::max(a.size(0), b.size(0));
   Tensor out = empty({B, a.size(1), b.size(2)}, {.dtype = a.dtype(), .device = a.device()});
-  backend::matmul_kernel.get(a.device())(out, a, b, bias, false);
+  backend::matmul_kernel.get(a.device())(out, a, b, bias, false, epilogue);
   return out;
 }
 
@@ -93,34 +95,42 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return matmul(a, b);
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  MP_AUTOCAST(amp::Op::linear, linear, x, x, w, bias);
-  check_operands(x, w, "linear");
-  MP_CHECK(w.dim() == 2, "linear: expected weight [out, in], got ", w.describe());
-  MP_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input ", x.describe(), " has ",
-           x.dim() ? x.size(-1) : 0, " features, weight expects ", w.size(1));
-  MP_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0)), "linear: expected bias [", w.size(0),
+namespace {
+
+// linear and linear_relu: y = epilogue(x W^T + b); the backward masks the gradient with y > 0 first
+// when the ReLU was fused.
+Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, bool relu) {
+  const char* name = relu ? "linear_relu" : "linear";
+  check_operands(x, w, name);
+  MP_CHECK(w.dim() == 2, name, ": expected weight [out, in], got ", w.describe());
+  MP_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), name, ": input ", x.describe(), " has ", x.dim() ? x.size(-1) : 0,
+           " features, weight expects ", w.size(1));
+  MP_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0)), name, ": expected bias [", w.size(0),
            "], got ", bias.describe());
   const DType dt = promote_types(x.dtype(), w.dtype());
   Tensor xc = x.to(dt), wc = w.to(dt);
   const int64_t in = w.size(1), outf = w.size(0);
   Shape out_shape = x.sizes();
   out_shape.back() = outf;
-  const int64_t rows = x.numel() / std::max<int64_t>(in, 1);
+  const int64_t rows = shape_numel(Shape(x.sizes().begin(), x.sizes().end() - 1));  // also when in == 0
   Tensor out;
   {
     autograd::NoGradGuard ng;
     Tensor x2 = xc.detach().reshape({1, rows, in});
     Tensor wt = wc.detach().t().unsqueeze(0);  // [1, in, out] strided view of W: no copy
-    out = mm3(x2, wt, bias.defined() ? bias.detach() : Tensor()).view(out_shape);
+    out = mm3(x2, wt, bias.defined() ? bias.detach() : Tensor(),
+              relu ? backend::MatmulEpilogue::relu : backend::MatmulEpilogue::none)
+              .view(out_shape);
   }
   std::vector<Tensor> inputs{xc, wc, bias};
   if (autograd::any_requires_grad(inputs)) {
     Tensor xd = xc.detach(), wd = wc.detach();
+    Tensor od = relu ? out.detach() : Tensor();
     const bool need_x = xc.requires_grad(), need_w = wc.requires_grad(), need_b = bias.defined() && bias.requires_grad();
     Shape xs = xc.sizes();
-    autograd::record("LinearBackward", inputs, {out}, [=](const std::vector<Tensor>& g) {
-      Tensor g2 = g[0].reshape({1, rows, outf});
+    autograd::record(relu ? "LinearReluBackward" : "LinearBackward", inputs, {out}, [=](const std::vector<Tensor>& g) {
+      Tensor gy = relu ? detail::relu_backward_from_output(g[0], od) : g[0];
+      Tensor g2 = gy.reshape({1, rows, outf});
       Tensor gx, gw, gb;
       if (need_x) gx = mm3(g2, wd.unsqueeze(0)).view(xs);                                    // g W
       if (need_w) gw = mm3(g2.transpose(1, 2), xd.reshape({1, rows, in})).view({outf, in});  // g^T x
@@ -129,6 +139,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     });
   }
   return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  MP_AUTOCAST(amp::Op::linear, linear, x, x, w, bias);
+  return linear_impl(x, w, bias, false);
+}
+
+Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  MP_AUTOCAST(amp::Op::linear, linear_relu, x, x, w, bias);
+  return linear_impl(x, w, bias, true);
 }
 
 }  // namespace mp

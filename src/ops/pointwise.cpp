@@ -1,6 +1,7 @@
 // Element-wise ops: argument checks, type promotion, broadcasting, dispatch, autograd.
 #include "mp/amp/autocast.hpp"
 #include "mp/ops/pointwise.hpp"
+#include "ops/pointwise_internal.hpp"
 
 #include "backend/pointwise_kernels.hpp"
 #include "mp/autograd/node.hpp"
@@ -251,6 +252,13 @@ Tensor activation(PointwiseOp fwd, PointwiseOp bwd, bool save_output, const Tens
   return out;
 }
 }  // namespace
+
+namespace detail {
+Tensor relu_backward_from_output(const Tensor& grad, const Tensor& output) {
+  return launch(PointwiseOp::relu_backward, grad.sizes(), grad.dtype(),
+                compute_type(promote_types(grad.dtype(), output.dtype())), {grad, output});
+}
+}  // namespace detail
 
 Tensor relu(const Tensor& x) {
   return activation(PointwiseOp::relu, PointwiseOp::relu_backward, true, x, "relu", "ReluBackward");

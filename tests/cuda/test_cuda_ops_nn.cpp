@@ -94,6 +94,28 @@ TEST(CudaLinalg, MatmulShapesAndDtypes) {
   }
 }
 
+TEST(CudaLinalg, LinearReluMatchesTheCpu) {
+  // Note [matmul ReLU epilogue]: RELU_BIAS with a bias, RELU without, the ReLU pass where cuBLASLt has
+  // no epilogue kernel or the bias goes first (the transposed input); values and gradients vs the CPU.
+  MP_SKIP_WITHOUT_GPU();
+  for (DType dt : kFloatTypes) {
+    const double c = is_low_precision(dt) ? 4 : 2;
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool bias = variant != 1, tx = variant == 2;
+      OpCheck chk;
+      chk.name = std::string("linear_relu ") + dtype_name(dt) + (bias ? " + bias" : " no bias") + (tx ? " transposed x" : "");
+      chk.inputs = {uniform(tx ? Shape{53, 37} : Shape{37, 53}, -1, 1, dt), uniform({29, 53}, -0.5, 0.5, dt),
+                    bias ? uniform({29}, -1, 1, dt) : Tensor()};
+      chk.fn = [tx](const std::vector<Tensor>& in) { return linear_relu(tx ? in[0].t() : in[0], in[1], in[2]); };
+      chk.out = gemm_tol(dt, 53, c, 2, "GEMM accumulation order; a separate bias pass may round twice");
+      chk.grad = gemm_tol(dt, 37, c, 2, "gradient GEMMs; outputs near 0 may fall on either side of the mask");
+      chk.abs_scales = true;
+      chk.f64_may_be_unsupported = true;
+      check_op(chk);
+    }
+  }
+}
+
 TEST(CudaLinalg, LinearWithAndWithoutBias) {
   MP_SKIP_WITHOUT_GPU();
   struct Case {

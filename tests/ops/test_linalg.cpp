@@ -84,3 +84,105 @@ TEST(Linalg, GradientsInF32MatchF64) {
   auto g32 = w32.grad().to_vector<float>();
   for (size_t i = 0; i < g64.size(); ++i) ASSERT_NEAR(g32[i], g64[i], 1e-3 * (1 + std::abs(g64[i])));
 }
+
+// ---- linear_relu (Note [Linear + ReLU fusion]) ----
+
+namespace {
+// Forward values and the gradients of x, weight and bias of loss = sum(y * r) for a fixed r.
+struct LinearRun {
+  std::vector<double> y, gx, gw, gb;
+};
+LinearRun run_linear(const Tensor& x0, const Tensor& w0, const Tensor& b0, bool fused) {
+  Tensor x = x0.detach().requires_grad_(), w = w0.detach().requires_grad_();
+  Tensor b = b0.defined() ? b0.detach().requires_grad_() : Tensor();
+  Tensor y = fused ? linear_relu(x, w, b) : relu(linear(x, w, b));
+  manual_seed(17);
+  Tensor r = randn(y.sizes()).to(y.dtype());
+  sum(mul(y, r).to(DType::f64)).backward();
+  auto v = [](const Tensor& t) { return t.to(DType::f64).to_vector<double>(); };
+  return {v(y), v(x.grad()), v(w.grad()), b.defined() ? v(b.grad()) : std::vector<double>{}};
+}
+}  // namespace
+
+TEST(LinearRelu, SameValuesAndGradientsAsReluOfLinear) {
+  // The ReLU runs on the f32 (f64) GEMM result before rounding; rounding is monotonic and keeps 0, so the
+  // fused values equal relu(linear) exactly, and so do the masked gradients. About half the outputs
+  // are negative here, so the mask matters.
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (bool with_bias : {true, false}) {
+      manual_seed(5);
+      Tensor x = randn({3, 7, 45}).to(dt), w = randn({33, 45}, {}, 0.0, 0.2).to(dt);
+      Tensor b = with_bias ? randn({33}).to(dt) : Tensor();
+      const LinearRun f = run_linear(x, w, b, true), u = run_linear(x, w, b, false);
+      const std::string what = std::string(dtype_name(dt)) + (with_bias ? " with bias" : " without bias");
+      ASSERT_EQ(f.y.size(), size_t{3 * 7 * 33}) << what;
+      int64_t zeros = 0;
+      for (double v : f.y) zeros += v == 0.0;
+      EXPECT_GT(zeros, 100) << what;  // the ReLU did cut
+      EXPECT_EQ(f.y, u.y) << what;
+      EXPECT_EQ(f.gx, u.gx) << what;
+      EXPECT_EQ(f.gw, u.gw) << what;
+      EXPECT_EQ(f.gb, u.gb) << what;
+    }
+  }
+}
+
+TEST(LinearRelu, EmptyInnerDimensionGivesReluOfTheBias) {
+  Tensor b = from_vector<float>({-1.5f, 0.0f, 2.0f}, {3});
+  Tensor y = linear_relu(zeros({2, 0}), zeros({3, 0}), b);
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0.0f, 0.0f, 2.0f, 0.0f, 0.0f, 2.0f}));
+  // linear itself: the bias alone (the rows were miscounted as 0 when in_features was 0).
+  EXPECT_EQ(linear(zeros({2, 0}), zeros({3, 0}), b).to_vector<float>(),
+            (std::vector<float>{-1.5f, 0.0f, 2.0f, -1.5f, 0.0f, 2.0f}));
+  EXPECT_THROW(linear_relu(ones({2, 3}), ones({4, 5})), Error);
+}
+
+TEST(LinearRelu, AutocastRunsItInBf16) {
+  manual_seed(6);
+  Tensor x = randn({8, 16}), w = randn({12, 16}), b = randn({12});
+  Tensor fused, unfused;
+  {
+    amp::Autocast guard({.dtype = DType::bf16});
+    fused = linear_relu(x, w, b);
+    unfused = relu(linear(x, w, b));
+  }
+  EXPECT_EQ(fused.dtype(), DType::bf16);
+  EXPECT_EQ(fused.to_vector<float>(), unfused.to_vector<float>());
+}
+
+TEST(LinearRelu, SequentialFusesLinearThenReluUnlessHooked) {
+  manual_seed(8);
+  auto net = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(20, 30), std::make_shared<nn::ReLU>(),
+                                              std::make_shared<nn::Linear>(30, 5));
+  Tensor x = randn({6, 20});
+  auto l0 = net->at<nn::Linear>(0), l2 = net->at<nn::Linear>(2);
+  // The unfused computation by hand.
+  Tensor ref = linear(relu(linear(x, l0->weight(), l0->bias())), l2->weight(), l2->bias());
+  Tensor y = (*net)(x);
+  EXPECT_EQ(y.to_vector<float>(), ref.to_vector<float>());
+  // The first layer ran fused: the second Linear's input comes from a LinearReluBackward node.
+  ASSERT_TRUE(y.grad_fn() != nullptr);
+  EXPECT_EQ(y.grad_fn()->name(), "LinearBackward");
+  ASSERT_TRUE(y.grad_fn()->next_edges[0].fn != nullptr);
+  EXPECT_EQ(y.grad_fn()->next_edges[0].fn->name(), "LinearReluBackward");
+  sum(y).backward();
+  EXPECT_TRUE(l0->weight().grad().defined());
+  // With a hook on the ReLU, the modules run one by one and the hook sees the ReLU's output.
+  int calls = 0;
+  Tensor seen;
+  (*net)[1]->register_forward_hook([&](nn::Module&, const Tensor&, const Tensor& out) {
+    ++calls;
+    seen = out;
+  });
+  Tensor y2 = (*net)(x);
+  EXPECT_EQ(calls, 1);
+  ASSERT_TRUE(seen.defined());
+  EXPECT_EQ(seen.sizes(), (Shape{6, 30}));
+  EXPECT_EQ(y2.to_vector<float>(), ref.to_vector<float>());
+  EXPECT_EQ(y2.grad_fn()->next_edges[0].fn->name(), "ReluBackward");
+  // Parameter names are those of the unfused Sequential.
+  auto names = net->named_parameters();
+  ASSERT_EQ(names.size(), size_t{4});
+  EXPECT_EQ(names[0].first, "0.weight");
+  EXPECT_EQ(names[3].first, "2.bias");
+}

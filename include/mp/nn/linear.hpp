@@ -21,6 +21,8 @@ class Linear : public UnaryModule {
       : Linear(LinearOptions{in_features, out_features, bias}) {}
   /// x [..., in] -> [..., out].
   Tensor forward(const Tensor& x) override;
+  /// relu(forward(x)) with the ReLU fused into the GEMM (linear_relu); the forward hooks do not run.
+  Tensor forward_relu(const Tensor& x);
   /// Redraw the parameters with the default initialisation.
   void reset_parameters();
   /// "in_features=4, out_features=8, bias=true".

@@ -85,6 +85,8 @@ class Module {
   void remove_forward_hook(size_t id);
   /// Run the registered forward hooks (layers with other forward signatures may call it).
   void run_forward_hooks(const Tensor& input, const Tensor& output);
+  /// Whether any forward hook is registered on this module.
+  bool has_forward_hooks() const { return !forward_hooks_.empty(); }
 
   // ---- mode ----
   /// Set training mode on this module and every descendant (dropout active, batch statistics used).

@@ -11,5 +11,10 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
 /// y = x W^T + b with x [..., in], weight [out, in], bias [out] or undefined (PyTorch layout).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+/// relu(linear(x, weight, bias)) with the ReLU applied in the GEMM's epilogue (oneDNN post-op on the
+/// CPU, cuBLASLt RELU/RELU_BIAS on CUDA): the same values as the two ops, without a separate pass over
+/// the output. Its gradient is ReLU's mask applied to the incoming gradient, then linear's.
+/// nn::Sequential uses it for a Linear followed by a ReLU (Note [Linear + ReLU fusion]).
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 }  // namespace mp

@@ -204,11 +204,12 @@ void forward_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& w2, const
   im2col_bf16(a, static_cast<const uint16_t*>(xc.raw_data()), static_cast<uint16_t*>(col.raw_data()));
   const Tensor wt = w2.view({1, a.oc, K}).transpose(1, 2);
   if (a.channels_last) {  // y^T [N oh ow, O] is the NHWC output itself
-    matmul_kernel.get(kCPU)(out.permute({0, 2, 3, 1}).view({1, R, a.oc}), col, wt, bias, false);
+    matmul_kernel.get(kCPU)(out.permute({0, 2, 3, 1}).view({1, R, a.oc}), col, wt, bias, false,
+                            MatmulEpilogue::none);
     return;
   }
   const Tensor yt = empty({1, R, a.oc}, {.dtype = out.dtype()});
-  matmul_kernel.get(kCPU)(yt, col, wt, bias, false);
+  matmul_kernel.get(kCPU)(yt, col, wt, bias, false, MatmulEpilogue::none);
   Tensor(out).view({a.n, a.oc, P}).copy_(yt.view({a.n, P, a.oc}).permute({0, 2, 1}));
 }
 
@@ -391,7 +392,7 @@ void backward_weights_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& 
   // dY^T [O, N P]: NCHW dy is copied so (small: O x N P); NHWC dy is [N P, O] already, read transposed.
   const Tensor dyt = a.channels_last ? dyc.permute({0, 2, 3, 1}).reshape({1, R, a.oc}).transpose(1, 2)
                                      : dyc.view({a.n, a.oc, P}).permute({1, 0, 2}).contiguous().view({1, a.oc, R});
-  matmul_kernel.get(kCPU)(dweight.view({1, a.oc, K}), dyt, col, Tensor(), false);
+  matmul_kernel.get(kCPU)(dweight.view({1, a.oc, K}), dyt, col, Tensor(), false, MatmulEpilogue::none);
   if (dbias.defined()) reduce_kernel.get(kCPU)(ReduceOp::sum, dbias, dyt.select(0, 0), 1);
 }
 

@@ -49,7 +49,7 @@ Operand densified(const Operand& op) { return {op.batch, op.rows, op.cols, {op.r
 struct MatmulKey {
   int64_t batch, m, n, k;
   int64_t ab_dtype, c_dtype, bias_dtype;  // bias_dtype = -1 without bias
-  int64_t accumulate;
+  int64_t accumulate, relu;
   int64_t a_st[3], b_st[3], c_st[3];  // canonical strides
   bool operator==(const MatmulKey&) const = default;
 };
@@ -76,7 +76,8 @@ std::string describe(const MatmulArgs& a) {
                          " strides ", st(a.a_strides), ", B ", dtype_name(a.b_dtype), " strides ", st(a.b_strides),
                          ", C ", dtype_name(a.c_dtype), " strides ", st(a.c_strides),
                          a.accumulate ? ", accumulate" : "",
-                         a.has_bias ? detail::str_cat(", bias ", dtype_name(a.bias_dtype)) : std::string());
+                         a.has_bias ? detail::str_cat(", bias ", dtype_name(a.bias_dtype)) : std::string(),
+                         a.relu ? ", relu" : "");
 }
 
 void validate(const MatmulArgs& a) {
@@ -95,6 +96,8 @@ void validate(const MatmulArgs& a) {
   for (int i = 0; i < 3; ++i)
     MP_CHECK(a.a_strides[i] >= 0 && a.b_strides[i] >= 0 && a.c_strides[i] >= 0,
              "matmul: strides must be non-negative, got ", describe(a));
+  MP_CHECK(!(a.accumulate && a.relu), "matmul: a ReLU epilogue cannot be combined with accumulation, got ",
+           describe(a));
   MP_CHECK(a.batch <= 1 || a.c_strides[0] != 0 || a.m == 0 || a.n == 0,
            "matmul: C cannot be broadcast over the batch (C batch stride 0 with batch ", a.batch, ")");
   MP_CHECK((a.m <= 1 || a.c_strides[1] != 0) && (a.n <= 1 || a.c_strides[2] != 0),
@@ -119,9 +122,12 @@ MatmulPlan build_plan(const MatmulArgs& args, const Operand ops[3]) {
   const memory::data_type dts[3] = {to_dnnl(args.a_dtype), to_dnnl(args.b_dtype), to_dnnl(args.c_dtype)};
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (args.accumulate) {
+  if (args.accumulate || args.relu) {
     dnnl::post_ops po;
-    po.append_sum(1.0f);
+    if (args.accumulate) po.append_sum(1.0f);
+    // The ReLU runs on the f32 accumulator (+ bias) before C is rounded to its dtype; rounding is
+    // monotonic and keeps 0, so this equals rounding first and applying ReLU to C.
+    if (args.relu) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
     attr.set_post_ops(po);
   }
   MatmulPlan plan;
@@ -196,6 +202,7 @@ void matmul_empty_k(const MatmulArgs& a, void* c, const void* bias) {
         const int64_t idx = b * a.c_strides[0] + i * a.c_strides[1] + j * a.c_strides[2];
         float v = a.accumulate ? load(c, a.c_dtype, idx) : 0.0f;
         if (a.has_bias) v += load(bias, a.bias_dtype, j);
+        if (a.relu && !(v >= 0.0f)) v = v != v ? v : 0.0f;  // ReLU (NaN stays NaN, as in oneDNN's)
         store(c, a.c_dtype, idx, v);
       }
 }
@@ -235,6 +242,7 @@ Prepared prepare(const MatmulArgs& args) {
   k.c_dtype = static_cast<int64_t>(args.c_dtype);
   k.bias_dtype = args.has_bias ? static_cast<int64_t>(args.bias_dtype) : -1;
   k.accumulate = args.accumulate ? 1 : 0;
+  k.relu = args.relu ? 1 : 0;
   for (int i = 0; i < 3; ++i) {
     k.a_st[i] = p.ops[0].st[i];
     k.b_st[i] = p.ops[1].st[i];

@@ -24,13 +24,14 @@ struct MatmulArgs {
   bool accumulate = false;                 ///< C += A*B (+ bias) instead of C = A*B (+ bias): gradient accumulation
   DType bias_dtype = DType::f32;           ///< dtype of the bias vector (f32, or bf16 with bf16 A and B)
   bool has_bias = false;                   ///< add bias[j] (a vector of n elements) to every row of C
+  bool relu = false;                       ///< C = max(A*B (+ bias), 0): a ReLU epilogue (not with accumulate)
 
   /// Arguments with contiguous row-major A, B and C (batch strides m*k, k*n, m*n).
   static MatmulArgs contiguous(int64_t batch, int64_t m, int64_t n, int64_t k, DType ab_dtype = DType::f32,
                                DType c_dtype = DType::f32);
 };
 
-/// C (+)= A * B (+ bias) as described by `args`; bias is [n] of args.bias_dtype, used iff args.has_bias.
+/// C (+)= A * B (+ bias) [then ReLU] as described by `args`; bias is [n] of args.bias_dtype, used iff args.has_bias.
 /// Primitives are cached by the full args (sizes, dtypes, strides, flags) and built only once.
 void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const void* bias = nullptr);
 

@@ -33,6 +33,7 @@
 #include "backend/cuda/runtime.hpp"
 #include "backend/linalg_kernels.hpp"
 #include "mp/core/error.hpp"
+#include "mp/ops/pointwise.hpp"
 #include "mp/tensor/tensor.hpp"
 
 namespace mp::backend::cuda {
@@ -143,7 +144,16 @@ void check_args(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
 }
 
 // The GEMM of Note [row-major on cuBLASLt] for an output cuBLASLt can write (D = out^T or out).
-void matmul_direct(const Tensor& out, Tensor a, Tensor b, const Tensor& bias, bool accumulate, bool out_transposed) {
+// out = max(out, 0) in place: the ReLU epilogue where cuBLASLt's cannot be used.
+void relu_in_place(const Tensor& out) { Tensor(out).copy_(relu(out)); }
+
+// Note [matmul ReLU epilogue]: with a bias per row of D (out_transposed) the GEMM uses cuBLASLt's
+// RELU_BIAS epilogue, without a bias its RELU epilogue; both apply max(x, 0) to the f32 result before
+// rounding, as oneDNN's post-op does on the CPU. Where the bias is written into out first (beta = 1) or
+// cuBLASLt has no kernel for the epilogue, the GEMM runs plain and a ReLU pass follows (one extra
+// read and write of out).
+void matmul_direct(const Tensor& out, Tensor a, Tensor b, const Tensor& bias, bool accumulate, bool out_transposed,
+                   bool relu) {
   const int64_t B = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
   // The column-major problem D (M x N) = X (M x k) Y (k x N).
   auto problem_x = [&] {
@@ -206,7 +216,7 @@ void matmul_direct(const Tensor& out, Tensor a, Tensor b, const Tensor& bias, bo
       // aligned: a bias viewed at an odd offset of a larger buffer is copied (n elements).
       Tensor bias_d = bias.to(out.dtype()).contiguous();
       if (reinterpret_cast<uintptr_t>(bias_d.raw_data()) % 16 != 0) bias_d = bias_d.clone();
-      g.epilogue = GemmEpilogue::bias;
+      g.epilogue = relu ? GemmEpilogue::bias_relu : GemmEpilogue::bias;
       g.bias = bias_d.raw_data();
       g.bias_dtype = bias_d.dtype();
       if (gemm_supported(g)) {
@@ -220,33 +230,49 @@ void matmul_direct(const Tensor& out, Tensor a, Tensor b, const Tensor& bias, bo
     // into out first and accumulate the product onto it.
     bias_rows(out, bias, accumulate);
     g.beta = 1.0;
+  } else if (relu) {
+    g.epilogue = GemmEpilogue::relu;
+    if (gemm_supported(g)) {
+      gemm(g);
+      return;
+    }
+    g.epilogue = GemmEpilogue::none;
   }
   gemm(g);
+  if (relu) relu_in_place(out);
 }
 
 // Picks the layout of Note [row-major on cuBLASLt] (the device is current, the arguments checked).
-void matmul_dispatch(const Tensor& out, const Tensor& a0, const Tensor& b0, const Tensor& bias, bool accumulate) {
+void matmul_dispatch(const Tensor& out, const Tensor& a0, const Tensor& b0, const Tensor& bias, bool accumulate,
+                     bool relu) {
   const int64_t B = out.size(0), m = out.size(1), n = out.size(2), k = a0.size(2);
   if (B == 0 || m == 0 || n == 0) return;
-  if (k == 0) return bias_rows(out, bias, accumulate);  // an empty product: out = (accumulate ? out : 0) + bias
+  if (k == 0) {  // an empty product: out = (accumulate ? out : 0) + bias
+    bias_rows(out, bias, accumulate);
+    if (relu) relu_in_place(out);
+    return;
+  }
 
   const Tensor a = single_if_broadcast(a0), b = single_if_broadcast(b0);
   const bool batches_apart = B == 1 || std::abs(out.stride(0)) >= span(out);
   if (batches_apart && as_column_major(Mat{n, m, out.stride(2), out.stride(1)}).ok)
-    return matmul_direct(out, a, b, bias, accumulate, true);
+    return matmul_direct(out, a, b, bias, accumulate, true, relu);
   if (batches_apart && as_column_major(Mat{m, n, out.stride(1), out.stride(2)}).ok)
-    return matmul_direct(out, a, b, bias, accumulate, false);
+    return matmul_direct(out, a, b, bias, accumulate, false, relu);
   // An output cuBLASLt cannot write (no unit-stride dim, or overlapping batches): a contiguous temporary.
   Tensor tmp = empty({B, m, n}, {.dtype = out.dtype(), .device = out.device()});
   if (accumulate) tmp.copy_(out);
-  matmul_direct(tmp, a, b, bias, accumulate, true);
+  matmul_direct(tmp, a, b, bias, accumulate, true, relu);
   Tensor(out).copy_(tmp);
 }
 
-void matmul_cuda(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate) {
+void matmul_cuda(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
+                 MatmulEpilogue epilogue) {
   DeviceGuard guard(out.device(), "matmul");
   check_args(out, a, b, bias);
-  matmul_dispatch(out, a, b, bias, accumulate);
+  const bool relu = epilogue == MatmulEpilogue::relu;
+  MP_CHECK(!(relu && accumulate), "matmul: a ReLU epilogue cannot be combined with accumulation");
+  matmul_dispatch(out, a, b, bias, accumulate, relu);
 }
 
 }  // namespace
