@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "backend/cpu/loops.hpp"
 #include "mp/mp.hpp"
 
 using namespace mp;
@@ -75,5 +78,33 @@ TEST(Reduce, SumSquaresOnePassAnyDtype) {
     ADD_FAILURE() << "expected mp::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("sum_squares: expected a floating tensor"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Reduce, ColumnSumsDirectAndBufferedPathsAgreeBitForBit) {
+  // Note [column sums]: sums over a leading dim of f32/bf16 rows with one reduced stride read the rows
+  // in one vector loop (AVX-512 for plain sums where allowed); other layouts convert row by row into a
+  // buffer. Both add the rows in order, so a contiguous copy (direct path) and a non-coalescable view of
+  // the same values (buffered path) give the same bits, with the AVX-512 loops allowed or not.
+  manual_seed(12);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor base = randn({7, 100, 1037}).to(dt);
+    Tensor view = base.narrow(1, 0, 50);  // reduced dims 7 x 50 do not coalesce: buffered path
+    Tensor copy = view.contiguous();      // one reduced dim of 350 rows: direct path
+    for (bool avx512 : {true, false}) {
+      const bool was = backend::cpu::set_avx512_loops(avx512);
+      const auto direct = sum(copy, {0, 1}).to_vector<float>();
+      const auto buffered = sum(view, {0, 1}).to_vector<float>();
+      const auto sq_direct = sum(square(copy.to(DType::f32)), {0, 1}).to_vector<float>();
+      backend::cpu::set_avx512_loops(was);
+      ASSERT_EQ(direct.size(), size_t{1037});
+      EXPECT_EQ(direct, buffered) << dtype_name(dt) << (avx512 ? " avx512" : " baseline");
+      // And against a double reference: f32 summation error of 350 terms of |x| <= ~5 (1e-3), plus the
+      // rounding of a bf16 result to 8 significant bits (half an ulp: at most 2^-8 relative).
+      const auto ref = sum(copy.to(DType::f64), {0, 1}).to_vector<double>();
+      const double rel = dt == DType::bf16 ? std::ldexp(1.0, -8) : 0.0;
+      for (size_t j = 0; j < ref.size(); ++j) ASSERT_NEAR(direct[j], ref[j], 1e-3 + rel * std::abs(ref[j])) << j;
+      EXPECT_EQ(sq_direct.size(), size_t{1037});
+    }
   }
 }

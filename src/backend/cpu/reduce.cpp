@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -48,6 +49,32 @@ int64_t offset_of(const Dims& d, int64_t i) {
   }
   return off;
 }
+
+template <class Acc>
+inline constexpr bool is_sum_like_v = std::is_same_v<Acc, SumAcc<float>> || std::is_same_v<Acc, SumSqAcc<float>>;
+
+// Note [column sums]: acc[j] = combine(acc[j], map(row_r[j])) for rows r = 0, 1, ... in order, the
+// rows `row_bytes` apart, read as T (f32, or bf16 widened by a shift in the loop). The same order and
+// operations as the buffered path, so the results are bit-identical; only plain sums take the AVX-512
+// copy (a sum of squares could be contracted to an FMA there and round differently).
+template <class T, class Acc>
+struct ColumnSumLanes {
+  MP_FORCE_INLINE void operator()(float* acc, const char* p, int64_t row_bytes, int64_t rows, int64_t n) const {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = reinterpret_cast<const T*>(p + r * row_bytes);
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) {
+        float v;
+        if constexpr (std::is_same_v<T, BFloat16>) {
+          v = std::bit_cast<float>(static_cast<uint32_t>(row[j].bits()) << 16);
+        } else {
+          v = row[j];
+        }
+        acc[j] = Acc::combine(acc[j], Acc::map(v));
+      }
+    }
+  }
+};
 
 template <class A, class Acc>
 void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
@@ -118,6 +145,11 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
     Dims outer_keep = keep;
     outer_keep.sizes.pop_back();
     outer_keep.strides.pop_back();
+    // Column sums of f32 / bf16 rows with one reduced stride (bias gradients) read the rows directly
+    // in one vector loop per block (Note [column sums]); the rest converts each row into a buffer.
+    const bool direct = red.sizes.size() == 1 && std::is_same_v<A, float> && is_sum_like_v<Acc> &&
+                        (dt == DType::f32 || dt == DType::bf16);
+    const bool avx512 = direct && std::is_same_v<Acc, SumAcc<A>> && avx512_loops_enabled();
 #pragma omp parallel for if (parallel) schedule(static)
     for (int64_t w = 0; w < nouter * nblk; ++w) {
       alignas(64) A buf[kBlock];
@@ -125,6 +157,16 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
       const int64_t n = std::min(kBlock, inner - j0);
       A* acc = result.data() + oo * inner + j0;
       const int64_t ko = offset_of(outer_keep, oo) + j0;
+      if constexpr (std::is_same_v<A, float> && is_sum_like_v<Acc>) {
+        if (direct) {
+          const char* p = base + ko * es;
+          if (dt == DType::bf16)
+            call_isa(avx512, ColumnSumLanes<BFloat16, Acc>{}, acc, p, red.strides[0] * es, red.numel, n);
+          else
+            call_isa(avx512, ColumnSumLanes<float, Acc>{}, acc, p, red.strides[0] * es, red.numel, n);
+          continue;
+        }
+      }
       for (int64_t r = 0; r < red.numel; ++r) {
         const A* v = load_block<A>(base + (ko + offset_of(red, r)) * es, 1, dt, n, buf);
 #pragma omp simd
