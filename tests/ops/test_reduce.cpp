@@ -95,7 +95,6 @@ TEST(Reduce, ColumnSumsDirectAndBufferedPathsAgreeBitForBit) {
       const bool was = backend::cpu::set_avx512_loops(avx512);
       const auto direct = sum(copy, {0, 1}).to_vector<float>();
       const auto buffered = sum(view, {0, 1}).to_vector<float>();
-      const auto sq_direct = sum(square(copy.to(DType::f32)), {0, 1}).to_vector<float>();
       backend::cpu::set_avx512_loops(was);
       ASSERT_EQ(direct.size(), size_t{1037});
       EXPECT_EQ(direct, buffered) << dtype_name(dt) << (avx512 ? " avx512" : " baseline");
@@ -104,7 +103,6 @@ TEST(Reduce, ColumnSumsDirectAndBufferedPathsAgreeBitForBit) {
       const auto ref = sum(copy.to(DType::f64), {0, 1}).to_vector<double>();
       const double rel = dt == DType::bf16 ? std::ldexp(1.0, -8) : 0.0;
       for (size_t j = 0; j < ref.size(); ++j) ASSERT_NEAR(direct[j], ref[j], 1e-3 + rel * std::abs(ref[j])) << j;
-      EXPECT_EQ(sq_direct.size(), size_t{1037});
     }
   }
 }
