@@ -3,6 +3,7 @@
 
     python3 bench/compare_pytorch_gpu.py BUILD_DIR [--device cuda:0] [--rounds 2] [--steps 20] [--warmup 5]
                                          [--only resnet18|lstm] [--out FILE.jsonl]
+                                         [--memory_format channels_last|contiguous]
 
 Configurations (issue 5):
   resnet18  ResNet-18, CIFAR shape 32x32x3, batch 128, SGD momentum 0.9
@@ -10,6 +11,9 @@ Configurations (issue 5):
 Variants, alternating the two frameworks (order reversed on every other round) so that drift hits both:
   mixprec fp32 (no TF32), PyTorch fp32 (TF32 off), mixprec fp16 O2 (dynamic loss scale), PyTorch fp16
   autocast + GradScaler, mixprec bf16 O2, PyTorch bf16 autocast.
+ResNet-18 runs in --memory_format (default channels_last) in BOTH frameworks: mixprec's default on every
+device and PyTorch's fastest layout for AMP on tensor cores (model and input .to(channels_last)); pass
+contiguous to compare NCHW with NCHW (PyTorch's out-of-the-box layout).
 Every run is its own process (`mixprec bench step --device D` and bench/pytorch/bench_step.py --device D);
 a cell is the median over rounds of each run's median step time. Prints a markdown table with the issue's
 ratios (mixprec fp32 / mixprec f16 and bf16: target >= 2; PyTorch AMP / mixprec: target > 1) and writes
@@ -38,7 +42,8 @@ VARIANTS = [("mixprec", "fp32", "O0"), ("pytorch", "fp32", "O0"), ("mixprec", "f
 
 def run_one(a, name, variant, rnd):
     fw, prec, level = variant
-    common = CONFIG[name] + ["--precision", prec, "--opt_level", level, "--warmup", str(a.warmup),
+    extra = ["--memory_format", a.memory_format] if name == "resnet18" else []
+    common = CONFIG[name] + extra + ["--precision", prec, "--opt_level", level, "--warmup", str(a.warmup),
                              "--steps", str(a.steps), "--device", a.device]
     if fw == "mixprec":
         cmd = [os.path.join(a.build_dir, "apps", "mixprec", "mixprec"), "bench", "step"] + common
@@ -69,6 +74,8 @@ def main():
     p.add_argument("--out", default="")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    p.add_argument("--memory_format", choices=["channels_last", "contiguous"], default="channels_last",
+                   help="ResNet-18's activation layout in both frameworks")
     a = p.parse_args()
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
         p.error("--rounds and --steps must be >= 1, --warmup >= 0")

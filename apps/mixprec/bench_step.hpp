@@ -56,8 +56,7 @@ void visit_fields(BenchStepOptions& o, F&& f) {
   f("seed", o.seed, "random seed (initialisation, synthetic batch, dropout)");
   f("json", o.json, "also append the JSON object as one line to this file");
   f("memory_format", o.memory_format,
-    "conv nets: activation layout, channels_last (NHWC), contiguous (NCHW) or auto (channels_last on the CPU, "
-    "contiguous on CUDA)");
+    "conv nets: activation layout, channels_last (NHWC), contiguous (NCHW) or auto (channels_last)");
   f("lstm_impl", o.lstm_impl,
     "word LM (lstm): basic (per-step graph), fused (our sequence-level node per layer), onednn (oneDNN's LSTM, "
     "cpu) or cudnn (cuDNN's LSTM, cuda)");

@@ -80,7 +80,8 @@ MemoryFormat memory_format_from_flag(const std::string& name, Device device, con
   if (name == "contiguous" || name == "nchw") return MemoryFormat::contiguous;
   MP_CHECK(name == "auto", "unknown ", flag, " '", name,
            "'; expected auto, channels_last (nhwc) or contiguous (nchw)");
-  return device.is_cpu() ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+  (void)device;  // NHWC on the CPU (oneDNN) and on CUDA (cuDNN's tensor cores) alike
+  return MemoryFormat::channels_last;
 }
 
 std::shared_ptr<nn::UnaryModule> create_image_model(const std::string& name, const ImageModelSpec& spec) {

@@ -174,7 +174,7 @@ ResNet::ResNet(const ResNetOptions& options) : nn::UnaryModule("ResNet"), option
 Tensor ResNet::forward(const Tensor& x) {
   MP_CHECK(x.defined() && x.dim() == 4 && x.size(1) == options_.in_channels, "ResNet::forward: expected images [N, ",
            options_.in_channels, ", H, W], got ", x.defined() ? x.describe() : std::string("an undefined tensor"));
-  const Tensor xf = x.device().is_cpu() ? x.contiguous(options_.memory_format) : x;
+  const Tensor xf = x.contiguous(options_.memory_format);
   Tensor y = relu((*bn1_)((*conv1_)(xf)));
   for (auto& stage : stages_) y = (*stage)(y);
   return (*fc_)((*avgpool_)(y).flatten(1));

@@ -54,7 +54,7 @@ Tensor WideResNet::forward(const Tensor& x) {
   MP_CHECK(x.defined() && x.dim() == 4 && x.size(1) == options_.in_channels,
            "WideResNet::forward: expected images [N, ", options_.in_channels, ", H, W], got ",
            x.defined() ? x.describe() : std::string("an undefined tensor"));
-  Tensor y = (*conv1_)(x.device().is_cpu() ? x.contiguous(options_.memory_format) : x);
+  Tensor y = (*conv1_)(x.contiguous(options_.memory_format));
   for (auto& stage : stages_) y = (*stage)(y);
   y = relu((*bn_)(y));
   return (*fc_)(adaptive_avg_pool2d(y, {1, 1}).flatten(1));

@@ -63,9 +63,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   // Input and weight compute in one dtype (the wider); bias keeps its dtype (oneDNN reads it as f32).
   const DType dt = promote_types(x.dtype(), weight.dtype());
   const Tensor xc = x.to(dt), wc = weight.to(dt);
-  // A channels-last input gives a channels-last output (and gradient) on the CPU, whose oneDNN kernels work
-  // in NHWC (Note [channels-last convolutions] in backend/cpu/conv.cpp); the CUDA kernels take NCHW.
-  const MemoryFormat fmt = x.device().is_cpu() ? x.suggest_memory_format() : MemoryFormat::contiguous;
+  // A channels-last input gives a channels-last output (and gradient): oneDNN's and cuDNN's fast kernels work
+  // in NHWC (Note [channels-last convolutions] in backend/conv_kernels.hpp).
+  const MemoryFormat fmt = x.suggest_memory_format();
   Tensor out = empty({N, O, oh, ow}, {.dtype = dt, .device = x.device(), .memory_format = fmt});
   {
     autograd::NoGradGuard ng;

@@ -63,9 +63,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 
   const DType sdt = stats_dtype(x.dtype());
   const Device dev = x.device();
-  // A channels-last input (on the CPU) is normalised in place of its layout: the kernels take [N, C, S] with
-  // strides {S C, 1, C} too, and y, dy and dx share x's layout (no NHWC <-> NCHW copies around batch norm).
-  const bool cl = dev.is_cpu() && x.suggest_memory_format() == MemoryFormat::channels_last;
+  // A channels-last input is normalised in place of its layout: the kernels take [N, C, S] with strides
+  // {S C, 1, C} too, and y, dy and dx share x's layout (no NHWC <-> NCHW copies around batch norm).
+  const bool cl = x.suggest_memory_format() == MemoryFormat::channels_last;
   Tensor xc = cl ? x.detach().view({N, C, S}) : x.detach().contiguous().reshape({N, C, S});
   auto like_x = [cl, N, C, S](DType dt, Device d) {
     return cl ? empty({N, S, C}, {.dtype = dt, .device = d}).permute({0, 2, 1})

@@ -451,6 +451,14 @@ Tensor Tensor::to(Device d) const {
   Tensor out;
   if (numel() == 0) {
     out = empty(sizes(), {.dtype = dtype(), .device = d});
+  } else if (suggest_memory_format() == MemoryFormat::channels_last &&
+             (from.is_cpu() || is_contiguous(MemoryFormat::channels_last))) {
+    // A channels-last tensor stays channels-last (PyTorch's .to preserves the memory format): its NHWC
+    // bytes travel as the contiguous [N, H, W, C] they are.
+    const Tensor src = detach().contiguous(MemoryFormat::channels_last).permute({0, 2, 3, 1});
+    const Tensor nhwc = empty(src.sizes(), {.dtype = dtype(), .device = d});
+    copy(nhwc, src);
+    out = nhwc.permute({0, 3, 1, 2});
   } else if (from.is_cpu() || is_contiguous()) {
     const Tensor src = detach().contiguous();  // a host-side gather for strided host sources
     out = empty(sizes(), {.dtype = dtype(), .device = d});

@@ -357,20 +357,27 @@ inline Tensor from_set(const Shape& shape, const std::vector<double>& set, DType
   return make(v, shape, dt);
 }
 
-/// t's values on the device under test, as a new tensor with its own storage (a leaf requiring grad
-/// when asked).
+/// A copy of t (no autograd history) with its own storage, in t's memory format (channels-last stays so).
+inline Tensor layout_copy(const Tensor& t) {
+  const MemoryFormat f = t.suggest_memory_format();
+  const Tensor c = t.detach().clone();
+  return f == MemoryFormat::contiguous ? c : c.contiguous(f);
+}
+
+/// t's values on the device under test, as a new tensor with its own storage in t's memory format (a leaf
+/// requiring grad when asked).
 inline Tensor on_dev(const Tensor& t, bool requires_grad = false) {
   if (!t.defined()) return t;
   Tensor d = t.detach().to(dev());
-  if (d.is_alias_of(t)) d = d.clone();  // self-check mode: the "device" copy must not share the CPU's storage
+  if (d.is_alias_of(t)) d = layout_copy(d);  // self-check mode: the "device" copy must not share the CPU's storage
   if (requires_grad) d.requires_grad_(true);
   return d;
 }
 
-/// t's values on the CPU as a new leaf with its own storage (requiring grad when asked).
+/// t's values on the CPU as a new leaf with its own storage in t's memory format (requiring grad when asked).
 inline Tensor cpu_leaf(const Tensor& t, bool requires_grad = false) {
   if (!t.defined()) return t;
-  Tensor c = t.detach().clone();
+  Tensor c = layout_copy(t);
   if (requires_grad) c.requires_grad_(true);
   return c;
 }

@@ -1,7 +1,8 @@
 // CUDA against the CPU, part 2: the network ops. matmul / bmm / linear (cuBLASLt: 2-D, 1-D, batched,
 // broadcast and folded batches, transposed operands, K = 0, bias, TF32 switch), conv2d (cuDNN: stride,
-// padding, dilation, groups, depthwise, 1x1, asymmetric kernels, strided inputs), max / avg / adaptive
-// pools, batch norm (train / eval, running statistics, f32 parameters on 16-bit data, a far pivot),
+// padding, dilation, groups, depthwise, 1x1, asymmetric kernels, strided inputs, channels-last), max / avg /
+// adaptive pools, batch norm (train / eval, running statistics, f32 parameters on 16-bit data, a far pivot,
+// channels-last),
 // layer norm, softmax / log_softmax (short rows, rows longer than a block, inner > 1, -inf, large
 // logits) and cross entropy / nll / mse (ignore_index, label smoothing, reductions, bad targets).
 // Forward and backward in f32, f16, bf16 and f64. Embedding, dropout and the recurrent cells:
@@ -235,6 +236,65 @@ TEST(CudaConv, Conv2dGeometriesAndDtypes) {
   }
 }
 
+// Channels-last (NHWC) convolutions: cuDNN with NHWC descriptors and a KRSC filter (Note [cuDNN convolution
+// layouts]) against the CPU's channels-last path, with the weight kept OIHW (reordered per call) or itself
+// channels-last; the output and the data gradient stay channels-last.
+TEST(CudaConv, ChannelsLastMatchesTheCpu) {
+  MP_SKIP_WITHOUT_GPU();
+  constexpr MemoryFormat kCL = MemoryFormat::channels_last;
+  struct Case {
+    const char* name;
+    Shape x, w;
+    Conv2dOptions opt;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {"3x3 pad 1 + bias, C = O = 16", {4, 16, 10, 10}, {16, 16, 3, 3}, {.padding = {1, 1}}, true},
+      {"3x3 stride 2 pad 1, 8 -> 24", {2, 8, 11, 9}, {24, 8, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}, false},
+      {"1x1 stride 2 + bias (projection shortcut)", {3, 16, 8, 8}, {32, 16, 1, 1}, {.stride = {2, 2}}, true},
+      {"groups 2 + bias", {2, 8, 9, 9}, {12, 4, 3, 3}, {.padding = {1, 1}, .groups = 2}, true},
+      {"odd channels 13 -> 17 + bias (scalar bias path)", {2, 13, 7, 7}, {17, 13, 3, 3}, {.padding = {1, 1}}, true},
+      {"C = 1 input (dense in both layouts) + bias", {2, 1, 9, 9}, {8, 1, 3, 3}, {.padding = {1, 1}}, true},
+      {"1x1 output (dense in both layouts)", {3, 8, 4, 4}, {16, 8, 4, 4}, {}, true},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& k : cases) {
+      for (bool weight_cl : {false, true}) {
+        const int64_t O = k.w[0], K = k.w[1] * k.w[2] * k.w[3];
+        const int64_t oh = (k.x[2] + 2 * k.opt.padding[0] - (k.w[2] - 1) - 1) / k.opt.stride[0] + 1;
+        const int64_t ow = (k.x[3] + 2 * k.opt.padding[1] - (k.w[3] - 1) - 1) / k.opt.stride[1] + 1;
+        const int64_t K_bwd = std::max(O / k.opt.groups * k.w[2] * k.w[3], k.x[0] * oh * ow);
+        OpCheck chk;
+        chk.name = std::string("conv2d channels-last ") + dtype_name(dt) + " " + k.name +
+                   (weight_cl ? " (channels-last weight)" : " (OIHW weight)");
+        chk.inputs = {uniform(k.x, -1, 1, dt), uniform(k.w, -0.5, 0.5, dt), k.bias ? uniform({O}, -1, 1, dt) : Tensor()};
+        const Conv2dOptions opt = k.opt;
+        chk.fn = [opt, weight_cl](const std::vector<Tensor>& in) {
+          return conv2d(in[0].contiguous(kCL), weight_cl ? in[1].contiguous(kCL) : in[1], in[2], opt);
+        };
+        chk.out = gemm_tol(dt, K, 4, k.bias ? 2 : 1, "convolution: cuDNN's summation order / algorithm, output rounding");
+        chk.grad = gemm_tol(dt, K_bwd, 4, 2,
+                            "data and weight gradients: cuDNN's order over O/g kh kw or N oh ow terms; a 16-bit "
+                            "weight gradient is rounded inside cuDNN (Note [conv weight gradient dtype]) then once more");
+        chk.abs_scales = true;
+        chk.f64_may_be_unsupported = true;
+        check_op(chk);
+      }
+    }
+  }
+  // The layout is kept: output and data gradient channels-last on the device, as on the CPU.
+  guarded("conv2d channels-last layout", [&] {
+    const Tensor x = on_dev(uniform({2, 8, 6, 6}, -1, 1, DType::bf16).contiguous(kCL), true);
+    const Tensor w = on_dev(uniform({16, 8, 3, 3}, -0.5, 0.5, DType::bf16), true);
+    const Tensor y = conv2d(x, w, Tensor(), {.padding = {1, 1}});
+    EXPECT_EQ(y.suggest_memory_format(), kCL) << y.describe();
+    const Tensor z = relu(add(y, y));  // element-wise ops keep it too (the flat same-layout path)
+    EXPECT_EQ(z.suggest_memory_format(), kCL) << z.describe();
+    sum(z.to(DType::f32)).backward();
+    EXPECT_EQ(x.grad().suggest_memory_format(), kCL) << x.grad().describe();
+  });
+}
+
 // =============================================================================== pools
 
 TEST(CudaPool, MaxAvgAndAdaptivePools) {
@@ -397,6 +457,55 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
               EXPECT_TRUE(close(what + " dweight", dw.grad(), cw.grad(), norm_dw_tol(wdt, M, M)));
               EXPECT_TRUE(close(what + " dbias", db.grad(), cb.grad(), norm_dw_tol(wdt, M, M)));
             }
+          });
+        }
+      }
+    }
+  }
+}
+
+// Channels-last batch norm (strides {S C, 1, C}): the own kernels' column reductions (Note [column
+// reductions]) and the element-wise passes vectorised along C, against the CPU's channels-last path:
+// C a multiple of the vector width and not, more than one 32-column tile (a partial one), and enough rows
+// for several row parts per tile.
+TEST(CudaNorm, BatchNormChannelsLast) {
+  MP_SKIP_WITHOUT_GPU();
+  constexpr MemoryFormat kCL = MemoryFormat::channels_last;
+  const std::vector<Shape> shapes = {{4, 16, 7, 7}, {3, 5, 6, 6}, {2, 40, 9, 9}, {64, 8, 16, 16}};
+  for (DType dt : kFloatTypes) {
+    const DType sdt = dt == DType::f64 ? DType::f64 : DType::f32;
+    std::vector<DType> wdts = {dt};
+    if (is_low_precision(dt)) wdts.push_back(DType::f32);
+    for (DType wdt : wdts) {
+      for (const Shape& xs : shapes) {
+        for (bool training : {true, false}) {
+          const int64_t C = xs[1], M = shape_numel(xs) / C;
+          const std::string what = std::string("batch_norm channels-last ") + dtype_name(dt) + " (weights " +
+                                   dtype_name(wdt) + ") " + shape_str(xs) + (training ? " train" : " eval");
+          guarded(what, [&] {
+            const Tensor x = normal(xs, 0.5, 1.0, dt).contiguous(kCL);
+            const Tensor w = uniform({C}, 0.5, 1.5, wdt), b = uniform({C}, -0.5, 0.5, wdt);
+            const Tensor rm = uniform({C}, -0.3, 0.3, sdt), rv = uniform({C}, 0.5, 2.0, sdt);
+            const Tensor cx = cpu_leaf(x, true), cw = cpu_leaf(w, true), cb = cpu_leaf(b, true);
+            const Tensor dx = on_dev(x, true), dw = on_dev(w, true), db = on_dev(b, true);
+            const Tensor crm = cpu_leaf(rm), crv = cpu_leaf(rv), drm = on_dev(rm), drv = on_dev(rv);
+            ASSERT_EQ(dx.suggest_memory_format(), kCL) << "on_dev must keep the layout: " << dx.describe();
+            const Tensor want = batch_norm(cx, crm, crv, cw, cb, training, 0.1, 1e-5);
+            const Tensor got = batch_norm(dx, drm, drv, dw, db, training, 0.1, 1e-5);
+            EXPECT_EQ(got.suggest_memory_format(), kCL) << got.describe();
+            EXPECT_TRUE(close(what + " y", got, want, training ? norm_out_tol(dt, M) : Tol{.ulps = 2, .atol = 32 * acc_roundoff(dt), .why = "eval: fixed statistics, one element-wise pass (rounding / FMA)"}));
+            if (training) {
+              const Tol rt{.ulps = 2, .atol = 4 * std::sqrt(static_cast<double>(M)) * acc_roundoff(dt),
+                           .why = "running statistics: 0.1 x the batch statistics' differences"};
+              EXPECT_TRUE(close(what + " running_mean", drm, crm, rt));
+              EXPECT_TRUE(close(what + " running_var", drv, crv, rt));
+            }
+            const Tensor go = uniform(xs, -1, 1, dt).contiguous(kCL);
+            want.backward(go);
+            got.backward(on_dev(go));
+            EXPECT_TRUE(close(what + " dx", dx.grad(), cx.grad(), training ? norm_dx_tol(dt, M) : Tol{.ulps = 2, .atol = 8 * acc_roundoff(dt), .why = "eval: dx = w invstd dy"}));
+            EXPECT_TRUE(close(what + " dweight", dw.grad(), cw.grad(), norm_dw_tol(wdt, M, M)));
+            EXPECT_TRUE(close(what + " dbias", db.grad(), cb.grad(), norm_dw_tol(wdt, M, M)));
           });
         }
       }

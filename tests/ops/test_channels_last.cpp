@@ -136,7 +136,7 @@ TEST(MemoryFormat, ElementwiseOpsKeepChannelsLast) {
 TEST(MemoryFormat, FlagValues) {
   const Device cuda{DeviceType::cuda, 0};
   EXPECT_EQ(models::memory_format_from_flag("auto", kCPU), kCL);
-  EXPECT_EQ(models::memory_format_from_flag("auto", cuda), MemoryFormat::contiguous);
+  EXPECT_EQ(models::memory_format_from_flag("auto", cuda), kCL);
   EXPECT_EQ(models::memory_format_from_flag("nhwc", cuda), kCL);
   EXPECT_EQ(models::memory_format_from_flag("nchw", kCPU), MemoryFormat::contiguous);
   EXPECT_EQ(models::memory_format_from_flag("contiguous", kCPU), MemoryFormat::contiguous);

@@ -12,7 +12,7 @@ struct ImageModelSpec {
   int64_t in_channels = 3;   ///< channels of the input images
   int64_t image_size = 32;   ///< height = width (the MLP's input size; the conv nets take any size)
   int64_t num_classes = 10;  ///< outputs
-  /// Activation layout of the convolutional nets on the CPU (ResNetOptions::memory_format); the MLP ignores it.
+  /// Activation layout of the convolutional nets (ResNetOptions::memory_format); the MLP ignores it.
   MemoryFormat memory_format = MemoryFormat::contiguous;
 };
 
@@ -31,8 +31,9 @@ std::vector<std::string> image_model_names();
 bool is_image_model(const std::string& name);
 
 /// The activation layout a `--memory_format` flag selects for the conv nets on `device`: "channels_last"
-/// (or "nhwc"), "contiguous" (or "nchw"), or "auto" = channels_last on the CPU (oneDNN's bf16 kernels work in
-/// NHWC: no reorders around each convolution) and contiguous on CUDA. Anything else throws naming `flag`.
+/// (or "nhwc"), "contiguous" (or "nchw"), or "auto" = channels_last on every device (oneDNN's bf16 kernels
+/// and cuDNN's tensor-core kernels work in NHWC: no reorders around each convolution). Anything else throws
+/// naming `flag`.
 MemoryFormat memory_format_from_flag(const std::string& name, Device device, const char* flag = "--memory_format");
 
 }  // namespace mp::models

@@ -26,8 +26,8 @@ struct ResNetOptions {
   int64_t width = 0;         ///< first-stage width; 0 = the family's default (64 torchvision, 16 cifar)
   ResNetFamily family = ResNetFamily::automatic;  ///< needed only for 50 and 152, which are also 6n+2
   bool zero_init_residual = false;                ///< zero the last BN gamma of every block (Goyal et al.)
-  /// Layout of the activations on the CPU: channels_last keeps them NHWC from the stem on (the input is
-  /// converted once), which oneDNN's bf16 convolutions read without reorders; contiguous = NCHW.
+  /// Layout of the activations: channels_last keeps them NHWC from the stem on (the input is converted
+  /// once), which oneDNN's bf16 and cuDNN's tensor-core convolutions read without reorders; contiguous = NCHW.
   MemoryFormat memory_format = MemoryFormat::contiguous;
 };
 

@@ -17,8 +17,8 @@ struct WideResNetOptions {
   int64_t in_channels = 3;   ///< channels of the input images
   int64_t num_classes = 10;  ///< outputs of fc
   double dropout = 0.0;      ///< dropout between the two convolutions of each block, when training
-  /// Layout of the activations on the CPU: channels_last keeps them NHWC from the stem on (the input is
-  /// converted once), which oneDNN's bf16 convolutions read without reorders; contiguous = NCHW.
+  /// Layout of the activations: channels_last keeps them NHWC from the stem on (the input is converted
+  /// once), which oneDNN's bf16 and cuDNN's tensor-core convolutions read without reorders; contiguous = NCHW.
   MemoryFormat memory_format = MemoryFormat::contiguous;
 };
 

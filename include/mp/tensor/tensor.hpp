@@ -159,7 +159,8 @@ class Tensor {
   /// Convert element type (a no-op returning *this when equal); differentiable. The result keeps the
   /// memory format (suggest_memory_format()).
   Tensor to(DType dtype) const;
-  /// Copy to a device (cpu, or cuda with the CUDA backend and a GPU; a clear error otherwise).
+  /// Copy to a device (cpu, or cuda with the CUDA backend and a GPU; a clear error otherwise). A
+  /// channels-last tensor stays channels-last (as PyTorch's preserve_format); others come out contiguous.
   Tensor to(Device device) const;
   /// The value of a one-element tensor as T.
   template <class T> T item() const;

@@ -91,7 +91,7 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("dropout", c.dropout, "word LM: dropout probability");
   f("tie_weights", c.tie_weights, "word LM: decoder shares the embedding matrix (needs embed_size == hidden_size)");
   f("lstm_impl", c.lstm_impl, "word LM (lstm): basic (per-step graph), fused (our sequence-level layer), onednn or cudnn (the library's LSTM on the CPU / CUDA)");
-  f("memory_format", c.memory_format, "conv nets: activation layout, channels_last (NHWC), contiguous (NCHW) or auto (channels_last on the CPU, contiguous on CUDA)");
+  f("memory_format", c.memory_format, "conv nets: activation layout, channels_last (NHWC), contiguous (NCHW) or auto (channels_last on every device)");
   f("max_vocab", c.max_vocab, "word LM: vocabulary cap, other words become <unk> (0 = all)");
   f("seed", c.seed, "random seed (initialisation, dropout, data order, augmentation)");
   f("num_workers", c.num_workers, "data loader threads (0 = load on the training thread)");

@@ -147,20 +147,6 @@ void check_out(const Tensor& t, const char* what, MemoryFormat f = MemoryFormat:
   MP_ASSERT(t.is_contiguous(f), "conv2d kernel: ", what, " must be ", memory_format_name(f), ", got ", t.describe());
 }
 
-// Note [channels-last convolutions]
-// Activations may be NCHW or NHWC (MemoryFormat::channels_last): oneDNN's AMX kernels work on NHWC, so a
-// network that keeps its activations channels-last skips the two reorders around every convolution. A call
-// runs in the layout of the activation it writes (out, dx), or for the weight gradient in the layout of x
-// (or dy); the other activation operand is brought into that layout when it is not already. A tensor that
-// is dense in both layouts (C == 1, or 1x1 spatial) follows the operand it is paired with.
-MemoryFormat call_format(const Tensor& written, const Tensor& read) {
-  if (written.defined()) {
-    if (!written.is_contiguous(MemoryFormat::channels_last)) return MemoryFormat::contiguous;
-    if (!written.is_contiguous()) return MemoryFormat::channels_last;
-  }
-  return read.suggest_memory_format();
-}
-
 // Compute dtype of the oneDNN path: f16 runs through f32 (storage-only f16).
 DType compute_dtype(DType dt) { return dt == DType::f16 ? DType::f32 : dt; }
 
@@ -238,7 +224,7 @@ void backward_data_gemm(const Conv2dArgs& a, const Tensor& dyc, const Tensor& wc
 
 void conv2d_forward_cpu(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const Conv2dGeometry& g) {
-  const MemoryFormat fmt = call_format(out, x);  // Note [channels-last convolutions]
+  const MemoryFormat fmt = conv_call_format(out, x);  // Note [channels-last convolutions]
   check_out(out, "output", fmt);
   MP_ASSERT(x.dtype() == weight.dtype() && out.dtype() == x.dtype(), "conv2d kernel: dtypes differ");
   Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
@@ -268,7 +254,7 @@ void conv2d_forward_cpu(const Tensor& out, const Tensor& x, const Tensor& weight
 }
 
 void conv2d_backward_data_cpu(const Tensor& dx, const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
-  const MemoryFormat fmt = call_format(dx, dy);  // Note [channels-last convolutions]
+  const MemoryFormat fmt = conv_call_format(dx, dy);  // Note [channels-last convolutions]
   check_out(dx, "dx", fmt);
   MP_ASSERT(dy.dtype() == weight.dtype() && dx.dtype() == weight.dtype(), "conv2d backward kernel: dtypes differ");
   Conv2dArgs a = make_args(dx.size(0), dx.size(1), dx.size(2), dx.size(3), weight.size(0), weight.size(2),
@@ -401,7 +387,7 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
   check_out(dweight, "dweight");
   if (dbias.defined()) check_out(dbias, "dbias");
   MP_ASSERT(x.dtype() == dy.dtype(), "conv2d backward kernel: x and dy dtypes differ");
-  const MemoryFormat fmt = call_format(Tensor(), x.suggest_memory_format() == MemoryFormat::channels_last ? x : dy);
+  const MemoryFormat fmt = conv_call_format(Tensor(), x.suggest_memory_format() == MemoryFormat::channels_last ? x : dy);
   Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), dweight.size(0), dweight.size(2),
                            dweight.size(3), g, compute_dtype(x.dtype()));
   a.channels_last = fmt == MemoryFormat::channels_last;
@@ -431,7 +417,7 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
     if (dweight.defined()) conv2d_backward_weights_cpu(dweight, dbias, x, dy, g);
     return;
   }
-  const MemoryFormat fmt = call_format(dx, dy);  // Note [channels-last convolutions]
+  const MemoryFormat fmt = conv_call_format(dx, dy);  // Note [channels-last convolutions]
   check_out(dx, "dx", fmt);
   check_out(dweight, "dweight");
   if (dbias.defined()) check_out(dbias, "dbias");

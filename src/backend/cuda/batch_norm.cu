@@ -14,7 +14,7 @@
 // var = unbiased * (M - 1) / M (M > 1 is guaranteed by the op in training), about 1 ulp from the
 // variance itself. cuDNN's backward takes the saved mean/invstd and returns dx, dweight and dbias,
 // exactly the slot's training contract (dweight = sum(dy (x - mean) invstd), dbias = sum(dy)).
-// cuDNN runs when: x is f32, f16 or f64 with one dtype for x, y (dy, dx), the statistics in f32
+// cuDNN runs when: x is contiguous (NCHW) f32, f16 or f64 with one dtype for x, y (dy, dx), the statistics in f32
 // (f64 for f64); training; S > 1; fewer than 2^31 elements and N <= 880801 (the limits PyTorch
 // applies to cuDNN's kernels); MP_CUDNN_BATCH_NORM is not 0; and, backward, dx is wanted. Mode
 // CUDNN_BATCHNORM_SPATIAL (not SPATIAL_PERSISTENT, which cuDNN documents as possibly overflowing to
@@ -33,6 +33,10 @@
 // statistics type), then dx = NormBackwardFn(dy, x) element-wise. Element-wise passes and loads use
 // 16-byte vectors when S is a multiple of the vector width and the pointers are aligned. Operands of
 // mixed dtypes (dy or dx of another dtype than x) are widened to the statistics type first.
+// Channels-last operands (strides {S C, 1, C}, detected as on the CPU; all operands in one layout) always
+// run on the own kernels: the statistics and the backward sums are column reductions of the [N S, C]
+// matrix (Note [column reductions] in cudnn_common.hpp: Welford per thread over runs, then Chan merges
+// in double, the same numerics as the NCHW path), and the element-wise passes vectorise along C.
 #if defined(MP_HAVE_CUDNN)
 #include <cuda_runtime_api.h>
 
@@ -154,22 +158,24 @@ __global__ void __launch_bounds__(kDnnThreads) bn_unbias_to_biased(S* var, int64
     var[c] = static_cast<S>(static_cast<double>(var[c]) * factor);
 }
 
-// y = NormAffineFn{mean[c], invstd[c] * w[c], b[c]}(x) over x [N, C, S] (S in units of VEC).
-template <class T, class S, int VEC>
+// y = NormAffineFn{mean[c], invstd[c] * w[c], b[c]}(x) (walk dims Sv, Cv: channel_of).
+template <class T, class S, int VEC, bool ROWS>
 __global__ void __launch_bounds__(kDnnThreads)
     bn_apply(const T* x, T* y, const S* mean, const S* invstd, const S* w, const S* b, int64_t total, int64_t Sv,
-             int64_t C) {
+             int64_t Cv) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (start >= total) return;
-  NcsIndexWalk it(start, step, Sv, C);
+  NcsIndexWalk it(start, step, Sv, Cv);
   for (int64_t i = start; i < total; i += step, it.next()) {
-    const int64_t c = it.c;
-    const NormAffineFn<S> f{mean[c], invstd[c] * w[c], b[c]};
     T v[VEC];
     load_vec<VEC>(x + i * VEC, v);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(f(device_cast<S>(v[k])));
+    for (int k = 0; k < VEC; ++k) {
+      const int64_t c = channel_of<ROWS, VEC>(it, k);
+      const NormAffineFn<S> f{mean[c], invstd[c] * w[c], b[c]};
+      v[k] = device_cast<T>(f(device_cast<S>(v[k])));
+    }
     store_vec<VEC>(y + i * VEC, v);
   }
 }
@@ -196,25 +202,53 @@ __global__ void __launch_bounds__(kDnnThreads)
   }
 }
 
-// dx = NormBackwardFn{a, b, c, mean}(dy, x) over [N, C, S] (S in units of VEC).
-template <class T, class S, int VEC>
+// dx = NormBackwardFn{a, b, c, mean}(dy, x) (walk dims Sv, Cv: channel_of).
+template <class T, class S, int VEC, bool ROWS>
 __global__ void __launch_bounds__(kDnnThreads)
-    bn_backward_apply(const T* dy, const T* x, T* dx, const S* coef, int64_t total, int64_t Sv, int64_t C) {
+    bn_backward_apply(const T* dy, const T* x, T* dx, const S* coef, int64_t total, int64_t Sv, int64_t Cv) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (start >= total) return;
-  NcsIndexWalk it(start, step, Sv, C);
+  NcsIndexWalk it(start, step, Sv, Cv);
   for (int64_t i = start; i < total; i += step, it.next()) {
-    const S* k4 = coef + 4 * it.c;
-    const NormBackwardFn<S> f{k4[0], k4[1], k4[2], k4[3]};
     T g[VEC], v[VEC];
     load_vec<VEC>(dy + i * VEC, g);
     load_vec<VEC>(x + i * VEC, v);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) g[k] = device_cast<T>(f(device_cast<S>(g[k]), device_cast<S>(v[k])));
+    for (int k = 0; k < VEC; ++k) {
+      const S* k4 = coef + 4 * channel_of<ROWS, VEC>(it, k);
+      const NormBackwardFn<S> f{k4[0], k4[1], k4[2], k4[3]};
+      g[k] = device_cast<T>(f(device_cast<S>(g[k]), device_cast<S>(v[k])));
+    }
     store_vec<VEC>(dx + i * VEC, g);
   }
 }
+
+// Welford statistics (count, mean, M2) down one column of channels-last rows (Note [column
+// reductions]): a statistics-type state over kColumnFlush rows, merged into double with ChanMerge.
+template <class T, class S>
+struct ColumnWelfordAcc {
+  struct State {
+    S n, mean, m2;
+  };
+  __device__ State start(int64_t) const { return State{S(0), S(0), S(0)}; }
+  __device__ MP_FORCE_INLINE void add(State& st, const T* x, const T*, int64_t off) const {
+    const S v = device_cast<S>(x[off]);
+    st.n += S(1);
+    const S d = v - st.mean;
+    st.mean += d / st.n;
+    st.m2 += d * (v - st.mean);
+  }
+  __device__ DoubleTuple<3> flush(State& st) const {
+    const DoubleTuple<3> r{{static_cast<double>(st.n), static_cast<double>(st.mean), static_cast<double>(st.m2)}};
+    st = State{S(0), S(0), S(0)};
+    return r;
+  }
+  __device__ static DoubleTuple<3> identity() { return DoubleTuple<3>{{0.0, 0.0, 0.0}}; }
+  __device__ static DoubleTuple<3> merge(const DoubleTuple<3>& a, const DoubleTuple<3>& b) {
+    return ChanMerge{}(a, b);
+  }
+};
 
 // ------------------------------------------------------------------ host side
 
@@ -233,37 +267,22 @@ void visit_data_type(DType dt, F&& f) {
   }
 }
 
-// Vector width (in elements) usable for [N, C, S] operands ts: 16 bytes of T when S allows it and
-// every pointer is aligned, else 1.
-template <class T>
-int vec_width_for(int64_t S, std::initializer_list<const void*> ptrs) {
-  constexpr int kVec = static_cast<int>(16 / sizeof(T));
-  if (S % kVec != 0) return 1;
-  for (const void* p : ptrs)
-    if (p != nullptr && !is_aligned(p, 16)) return 1;
-  return kVec;
-}
-
 // y = affine normalisation of x with mean/invstd/w/b ([C], statistics type), own kernel.
 template <class T>
 void launch_apply(const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& w,
                   const Tensor& b) {
   using S = StatT<T>;
-  const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
   if (x.numel() == 0) return;
-  const int vec = vec_width_for<T>(SP, {x.raw_data(), y.raw_data()});
-  const int64_t total = N * C * (SP / vec);
-  const unsigned grid = blocks_for(total, kDnnThreads, x.device().index);
+  const bool rows = channels_last_rows(x);
+  const ElementwiseShape e = elementwise_shape<T>(x, rows, {x.raw_data(), y.raw_data()});
+  const unsigned grid = blocks_for(e.total, kDnnThreads, x.device().index);
   const auto* xp = static_cast<const T*>(x.raw_data());
   auto* yp = static_cast<T*>(y.raw_data());
   const auto *mp_ = static_cast<const S*>(mean.raw_data()), *ip = static_cast<const S*>(invstd.raw_data());
   const auto *wp = static_cast<const S*>(w.raw_data()), *bp = static_cast<const S*>(b.raw_data());
-  constexpr int kVec = static_cast<int>(16 / sizeof(T));
-  if (vec == kVec)
-    bn_apply<T, S, kVec><<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, total, SP / vec, C);
-  else
-    bn_apply<T, S, 1><<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, total, SP, C);
-  check_launch();
+  launch_elementwise<T>(e, rows, [&]<int V, bool R>() {
+    bn_apply<T, S, V, R><<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, e.total, e.Sv, e.Cv);
+  });
 }
 
 // Batch statistics of x into mean/var/invstd with the own kernels.
@@ -272,6 +291,20 @@ void launch_stats(const Tensor& x, const Tensor& mean, const Tensor& var, const 
   using S = StatT<T>;
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
   const int dev = x.device().index;
+  if (channels_last_rows(x)) {  // a column reduction of the [N S, C] matrix (Note [column reductions])
+    const RowSplit split = row_split(N * SP, C, dev);
+    Tensor partials = mp::empty({C * split.parts * 3}, {.dtype = DType::f64, .device = x.device()});
+    auto* pp = static_cast<double*>(partials.raw_data());
+    column_partials<3, T, ColumnWelfordAcc<T, S>><<<column_grid(C, split), dim3(kColTile, kRowLanes), 0,
+                                                    stream_of(x)>>>(static_cast<const T*>(x.raw_data()), nullptr,
+                                                                    N * SP, C, split, ColumnWelfordAcc<T, S>{}, pp);
+    check_launch();
+    bn_stats_finalize<S><<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream_of(x)>>>(
+        pp, C, split.parts, eps, static_cast<S*>(mean.raw_data()), static_cast<S*>(var.raw_data()),
+        static_cast<S*>(invstd.raw_data()));
+    check_launch();
+    return;
+  }
   const int vec = vec_width_for<T>(SP, {x.raw_data()});
   const int64_t Sv = SP / vec, Mv = N * Sv;
   const ChannelSplit split = channel_split(C, Mv, dev);
@@ -295,7 +328,7 @@ void launch_stats(const Tensor& x, const Tensor& mean, const Tensor& var, const 
 bool cudnn_fits(const Tensor& x, const Tensor& stats) {
   const DType dt = x.dtype();
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
-  return cudnn_options().batch_norm && (dt == DType::f32 || dt == DType::f16 || dt == DType::f64) &&
+  return cudnn_options().batch_norm && x.is_contiguous() && (dt == DType::f32 || dt == DType::f16 || dt == DType::f64) &&
          stats.dtype() == (dt == DType::f64 ? DType::f64 : DType::f32) && SP > 1 && N <= 880801 &&
          fits_int(x.numel()) && fits_int(C) && is_aligned(x.raw_data(), 16);
 }
@@ -379,8 +412,9 @@ void cudnn_forward_training(const Tensor& y, const Tensor& mean, const Tensor& v
 void batch_norm_forward_cuda(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd,
                              const Tensor& x, const Tensor& weight, const Tensor& bias, bool training, double eps) {
   DeviceGuard guard(x.device(), "batch_norm");
-  MP_ASSERT(x.dim() == 3 && x.is_contiguous() && y.is_contiguous() && y.sizes() == x.sizes(),
-            "batch_norm kernel: expected contiguous x and y [N, C, S], got ", x.describe(), " and ", y.describe());
+  MP_ASSERT(x.dim() == 3 && (x.is_contiguous() || channels_last_rows(x)) && same_dense_layout(y, x),
+            "batch_norm kernel: expected x and y [N, C, S], both contiguous or both channels-last, got ",
+            x.describe(), " and ", y.describe());
   const DType sdt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   MP_ASSERT(mean.dtype() == sdt && var.dtype() == sdt && invstd.dtype() == sdt && mean.is_contiguous() &&
                 var.is_contiguous() && invstd.is_contiguous(),
@@ -390,7 +424,7 @@ void batch_norm_forward_cuda(const Tensor& y, const Tensor& mean, const Tensor& 
   if (C == 0) return;
   const Tensor w = param_vector(weight, C, sdt, 1.0, dev), b = param_vector(bias, C, sdt, 0.0, dev);
   // Mixed dtypes (y not in x's dtype): compute into a tensor of x's dtype, convert at the end.
-  const Tensor yo = y.dtype() == x.dtype() ? y : mp::empty(y.sizes(), {.dtype = x.dtype(), .device = dev});
+  const Tensor yo = y.dtype() == x.dtype() ? y : empty_like_layout(y, x.dtype());
   if (training && x.numel() > 0 && cudnn_fits(x, mean)) {
     cudnn_forward_training(yo, mean, var, invstd, x, w, b, eps);
   } else {
@@ -436,9 +470,9 @@ void batch_norm_backward_cuda(const Tensor& dx, const Tensor& dweight, const Ten
                               const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
                               bool training) {
   DeviceGuard guard(x.device(), "batch_norm backward");
-  MP_ASSERT(x.dim() == 3 && x.is_contiguous() && dy.is_contiguous() && dy.sizes() == x.sizes() &&
-                (!dx.defined() || (dx.is_contiguous() && dx.sizes() == x.sizes())),
-            "batch_norm backward kernel: expected contiguous x, dy, dx [N, C, S]");
+  MP_ASSERT(x.dim() == 3 && (x.is_contiguous() || channels_last_rows(x)) && same_dense_layout(dy, x) &&
+                (!dx.defined() || same_dense_layout(dx, x)),
+            "batch_norm backward kernel: expected x, dy, dx [N, C, S], all contiguous or all channels-last");
   const DType sdt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   MP_ASSERT(mean.dtype() == sdt && invstd.dtype() == sdt && (!dweight.defined() || dweight.dtype() == sdt) &&
                 (!dbias.defined() || dbias.dtype() == sdt),
@@ -455,12 +489,12 @@ void batch_norm_backward_cuda(const Tensor& dx, const Tensor& dweight, const Ten
   const DType cdt = same ? x.dtype() : sdt;
   auto widen = [&](const Tensor& t) {
     if (t.dtype() == cdt) return t;
-    Tensor o = mp::empty(t.sizes(), {.dtype = cdt, .device = dev});
+    Tensor o = empty_like_layout(t, cdt);
     convert_dtype_into(o, t);
     return o;
   };
   const Tensor xc = widen(x), dyc = widen(dy);
-  const Tensor dxo = !dx.defined() || dx.dtype() == cdt ? dx : mp::empty(dx.sizes(), {.dtype = cdt, .device = dev});
+  const Tensor dxo = !dx.defined() || dx.dtype() == cdt ? dx : empty_like_layout(dx, cdt);
   const bool need_sums = dweight.defined() || dbias.defined() || (training && dx.defined());
   Tensor sdy, sdyx;
   if (need_sums && x.numel() > 0) {
@@ -482,19 +516,16 @@ void batch_norm_backward_cuda(const Tensor& dx, const Tensor& dweight, const Ten
         coef.defined() ? static_cast<S*>(coef.raw_data()) : nullptr);
     check_launch();
     if (!dx.defined() || x.numel() == 0) return;
-    const int vec = vec_width_for<T>(SP, {dyc.raw_data(), xc.raw_data(), dxo.raw_data()});
-    const int64_t total = N * C * (SP / vec);
-    const unsigned grid = blocks_for(total, kDnnThreads, dev.index);
+    const bool rows = channels_last_rows(xc);
+    const ElementwiseShape e = elementwise_shape<T>(xc, rows, {dyc.raw_data(), xc.raw_data(), dxo.raw_data()});
+    const unsigned grid = blocks_for(e.total, kDnnThreads, dev.index);
     const auto* gp = static_cast<const T*>(dyc.raw_data());
     const auto* xp = static_cast<const T*>(xc.raw_data());
     auto* op = static_cast<T*>(dxo.raw_data());
     const auto* kp = static_cast<const S*>(coef.raw_data());
-    constexpr int kVec = static_cast<int>(16 / sizeof(T));
-    if (vec == kVec)
-      bn_backward_apply<T, S, kVec><<<grid, kDnnThreads, 0, stream>>>(gp, xp, op, kp, total, SP / vec, C);
-    else
-      bn_backward_apply<T, S, 1><<<grid, kDnnThreads, 0, stream>>>(gp, xp, op, kp, total, SP, C);
-    check_launch();
+    launch_elementwise<T>(e, rows, [&]<int V, bool R>() {
+      bn_backward_apply<T, S, V, R><<<grid, kDnnThreads, 0, stream>>>(gp, xp, op, kp, e.total, e.Sv, e.Cv);
+    });
   });
   if (dx.defined() && dxo.raw_data() != dx.raw_data()) convert_dtype_into(dx, dxo);
 }

@@ -3,10 +3,21 @@
 // descriptors and ranked algorithms cached per problem; the bias and its gradient are mixprec's own
 // kernels. Contract: src/backend/conv_kernels.hpp (reference: cpu/conv.cpp).
 //
+// Note [cuDNN convolution layouts]
+// A call runs in NCHW or NHWC by Note [channels-last convolutions] (conv_kernels.hpp): the activations
+// are described as dense NCHW or NHWC tensors (other strides are made dense in that layout first) and
+// the weight as an OIHW filter (CUDNN_TENSOR_NCHW) or, with NHWC activations, a KRSC = OHWI filter
+// (CUDNN_TENSOR_NHWC): cuDNN's tensor-core kernels for f16/bf16 work on NHWC with KRSC filters, and for
+// NCHW inputs they transpose inside every call. The weight parameter itself stays OIHW (its gradient
+// slot is OIHW): an NHWC call reorders it, [O, C kh kw] -> [O, kh kw C], a copy of the (small) weight
+// per call unless the caller keeps the weight channels-last, and writes the weight gradient KRSC into a
+// scratch tensor that one strided copy turns into dweight's OIHW. The bias is added, and its gradient
+// summed, over channels-last rows for NHWC (Note [column reductions] in cudnn_common.hpp).
+//
 // Note [cuDNN convolution precision]
-// Activations and weights are described as contiguous NCHW / OIHW tensors (strided views are made
-// dense first). f16 and bf16 run cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configurations: compute type
-// CUDNN_DATA_FLOAT (f32 accumulation) with CUDNN_TENSOR_OP_MATH, the result rounded once to 16 bits,
+// Activations and weights are described as dense tensors (Note [cuDNN convolution layouts]). f16 and
+// bf16 run cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configurations: compute type CUDNN_DATA_FLOAT (f32
+// accumulation) with CUDNN_TENSOR_OP_MATH, the result rounded once to 16 bits,
 // like the CPU. f32 uses CUDNN_FMA_MATH (exact f32 products) unless float32_matmul_precision() is
 // `high` (Note [TF32] in mp/core/math_mode.hpp), then CUDNN_DEFAULT_MATH, which lets cuDNN use TF32
 // tensor cores. f64 computes in double. The bias is added by a separate kernel in f32 (f64 for f64),
@@ -73,7 +84,7 @@ const char* dir_name(ConvDir d) {
   return "?";
 }
 
-using ConvKey = std::array<int64_t, 19>;
+using ConvKey = std::array<int64_t, 20>;
 
 struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
@@ -89,15 +100,17 @@ struct ConvProblem {
   ConvDir dir = ConvDir::forward;
   DType dtype = DType::f32;
   bool tf32 = false;
+  bool nhwc = false;  // Note [cuDNN convolution layouts]
   int64_t n = 0, c = 0, h = 0, w = 0, o = 0, kh = 0, kw = 0, oh = 0, ow = 0;
   Conv2dGeometry g;
 
   ConvKey key() const {
-    return {static_cast<int64_t>(dir), static_cast<int64_t>(dtype), tf32 ? 1 : 0, n, c, h, w, o, kh, kw, oh, ow,
-            g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups};
+    return {static_cast<int64_t>(dir), static_cast<int64_t>(dtype), tf32 ? 1 : 0, nhwc ? 1 : 0, n, c, h, w, o, kh,
+            kw, oh, ow, g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups};
   }
   std::string str() const {
     return detail::str_cat("conv2d ", dir_name(dir), " ", dtype_name(dtype), tf32 ? " (TF32 allowed)" : "",
+                           nhwc ? " channels-last (NHWC, KRSC filter)" : "",
                            ": input [", n, ", ", c, ", ", h, ", ", w, "], weight [", o, ", ", c / g.groups, ", ", kh,
                            ", ", kw, "], output [", n, ", ", o, ", ", oh, ", ", ow, "], stride (", g.stride[0], ", ",
                            g.stride[1], "), padding (", g.padding[0], ", ", g.padding[1], "), dilation (",
@@ -290,9 +303,15 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
   auto plan = std::make_unique<ConvPlan>();
   const cudnnDataType_t dt = cudnn_dtype(pr.dtype, "conv2d");
   plan->compute = pr.dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-  plan->x.set_nchw(dt, pr.n, pr.c, pr.h, pr.w);
-  plan->y.set_nchw(dt, pr.n, pr.o, pr.oh, pr.ow);
-  plan->w.set_oihw(dt, pr.o, pr.c / pr.g.groups, pr.kh, pr.kw);
+  if (pr.nhwc) {
+    plan->x.set_nhwc(dt, pr.n, pr.c, pr.h, pr.w);
+    plan->y.set_nhwc(dt, pr.n, pr.o, pr.oh, pr.ow);
+    plan->w.set_ohwi(dt, pr.o, pr.c / pr.g.groups, pr.kh, pr.kw);
+  } else {
+    plan->x.set_nchw(dt, pr.n, pr.c, pr.h, pr.w);
+    plan->y.set_nchw(dt, pr.n, pr.o, pr.oh, pr.ow);
+    plan->w.set_oihw(dt, pr.o, pr.c / pr.g.groups, pr.kh, pr.kw);
+  }
   plan->conv.set_2d(pr.g.padding[0], pr.g.padding[1], pr.g.stride[0], pr.g.stride[1], pr.g.dilation[0],
                     pr.g.dilation[1], pr.g.groups, plan->compute);
   const cudnnMathType_t want = requested_math(pr);
@@ -341,7 +360,7 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
   MP_CHECK(!plan->choices.empty(), "conv2d on cuda: cuDNN offers no usable ",
            cudnn_options().deterministic ? "deterministic " : "", "algorithm for ", pr.str(),
            cudnn_options().deterministic ? "; MP_CUDNN_DETERMINISTIC=0 admits the non-deterministic ones" : "",
-           "; or run it on the CPU");
+           pr.nhwc ? "; or give it NCHW (contiguous) activations" : "", "; or run it on the CPU");
   return plan;
 }
 
@@ -388,40 +407,38 @@ void run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double b
 
 // ------------------------------------------------------------------ bias
 
-// y[n, o, :] += bias[o] over y [N, O, P] (P in units of VEC elements), computed in S, rounded once.
-template <class T, class S, int VEC>
+// y[n, o, p] += bias[o] over y [N, O, P] (walk dims Pv, Ov: channel_of), computed in S, rounded once.
+template <class T, class S, int VEC, bool ROWS>
 __global__ void __launch_bounds__(kDnnThreads)
-    add_channel_bias(T* y, const S* bias, int64_t total, int64_t Pv, int64_t O) {
+    add_channel_bias(T* y, const S* bias, int64_t total, int64_t Pv, int64_t Ov) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (start >= total) return;
-  NcsIndexWalk it(start, step, Pv, O);
+  NcsIndexWalk it(start, step, Pv, Ov);
   for (int64_t i = start; i < total; i += step, it.next()) {
-    const S b = bias[it.c];
     T v[VEC];
     load_vec<VEC>(y + i * VEC, v);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(device_cast<S>(v[k]) + b);
+    for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(device_cast<S>(v[k]) + bias[channel_of<ROWS, VEC>(it, k)]);
     store_vec<VEC>(y + i * VEC, v);
   }
 }
 
+// y [N, O, oh, ow] (contiguous or channels-last) += bias.
 template <class T>
 void add_bias_typed(const Tensor& y, const Tensor& bias) {
   using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t N = y.size(0), O = y.size(1), P = y.size(2) * y.size(3);
   const Tensor b = param_vector(bias.contiguous(), O, dtype_of<S>(), 0.0, y.device());
-  constexpr int kVec = static_cast<int>(16 / sizeof(T));
-  const bool vec = P % kVec == 0 && is_aligned(y.raw_data(), 16);
-  const int64_t unit = vec ? kVec : 1, total = N * O * (P / unit);
-  const unsigned grid = blocks_for(total, kDnnThreads, y.device().index);
+  const Tensor y3 = y.view({N, O, P});
+  const bool rows = channels_last_rows(y3);
+  const ElementwiseShape e = elementwise_shape<T>(y3, rows, {y.raw_data()});
+  const unsigned grid = blocks_for(e.total, kDnnThreads, y.device().index);
   auto* yp = static_cast<T*>(y.raw_data());
   const auto* bp = static_cast<const S*>(b.raw_data());
-  if (vec)
-    add_channel_bias<T, S, kVec><<<grid, kDnnThreads, 0, stream_of(y)>>>(yp, bp, total, P / unit, O);
-  else
-    add_channel_bias<T, S, 1><<<grid, kDnnThreads, 0, stream_of(y)>>>(yp, bp, total, P, O);
-  check_launch();
+  launch_elementwise<T>(e, rows, [&]<int V, bool R>() {
+    add_channel_bias<T, S, V, R><<<grid, kDnnThreads, 0, stream_of(y)>>>(yp, bp, e.total, e.Sv, e.Cv);
+  });
 }
 
 void add_bias(const Tensor& y, const Tensor& bias) {
@@ -437,11 +454,12 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 // ------------------------------------------------------------------ helpers of the entries
 
 // The problem of the whole batch; checks what the legacy API can describe.
-ConvProblem make_problem(ConvDir dir, DType dt, int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
-                         int64_t kw, int64_t oh, int64_t ow, const Conv2dGeometry& g) {
+ConvProblem make_problem(ConvDir dir, DType dt, MemoryFormat fmt, int64_t n, int64_t c, int64_t h, int64_t w,
+                         int64_t o, int64_t kh, int64_t kw, int64_t oh, int64_t ow, const Conv2dGeometry& g) {
   ConvProblem pr;
   pr.dir = dir;
   pr.dtype = dt;
+  pr.nhwc = fmt == MemoryFormat::channels_last;
   pr.tf32 = dt == DType::f32 && float32_matmul_precision() == Float32MatmulPrecision::high;
   pr.n = n, pr.c = c, pr.h = h, pr.w = w, pr.o = o, pr.kh = kh, pr.kw = kw, pr.oh = oh, pr.ow = ow;
   pr.g = g;
@@ -459,10 +477,10 @@ int64_t chunk_samples(const ConvProblem& pr) {
   return std::max<int64_t>(1, std::min<int64_t>(pr.n, INT32_MAX / std::max<int64_t>(per, 1)));
 }
 
-// A contiguous 16-byte aligned destination for a result meant for t (t itself, or a fresh tensor
-// that finish_output copies back).
+// A 16-byte aligned destination in t's dense layout for a result meant for t (t itself, or a fresh
+// tensor that finish_output copies back).
 Tensor aligned_output(const Tensor& t) {
-  return is_aligned(t.raw_data(), 16) ? t : mp::empty(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
+  return is_aligned(t.raw_data(), 16) ? t : empty_like_layout(t, t.dtype());
 }
 
 void finish_output(const Tensor& t, const Tensor& tmp) {
@@ -483,16 +501,17 @@ char* byte_ptr_mut(const Tensor& t, int64_t elements) {
 void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
                          const Conv2dGeometry& g) {
   DeviceGuard guard(out.device(), "conv2d");
-  MP_ASSERT(out.is_contiguous(), "conv2d kernel: output must be contiguous, got ", out.describe());
+  const MemoryFormat fmt = conv_call_format(out, x);  // Note [cuDNN convolution layouts]
+  MP_ASSERT(out.is_contiguous(fmt), "conv2d kernel: output must be dense, got ", out.describe());
   MP_ASSERT(x.dtype() == weight.dtype() && out.dtype() == x.dtype(), "conv2d kernel: dtypes differ");
   const int64_t N = x.size(0), O = weight.size(0), oh = out.size(2), ow = out.size(3);
   MP_ASSERT(out.size(0) == N && out.size(1) == O && oh == conv_out_size(x.size(2), weight.size(2), g.stride[0],
             g.padding[0], g.dilation[0]) && ow == conv_out_size(x.size(3), weight.size(3), g.stride[1],
             g.padding[1], g.dilation[1]), "conv2d kernel: output ", out.describe(), " does not match the geometry");
   if (out.numel() == 0) return;
-  const Tensor xc = cudnn_dense(x), wc = cudnn_dense(weight);
+  const Tensor xc = cudnn_dense(x, fmt), wc = cudnn_dense(weight, fmt);
   const Tensor y = aligned_output(out);
-  ConvProblem pr = make_problem(ConvDir::forward, x.dtype(), N, x.size(1), x.size(2), x.size(3), O, weight.size(2),
+  ConvProblem pr = make_problem(ConvDir::forward, x.dtype(), fmt, N, x.size(1), x.size(2), x.size(3), O, weight.size(2),
                                 weight.size(3), oh, ow, g);
   const int64_t chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = O * oh * ow;
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
@@ -509,16 +528,17 @@ void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weigh
 
 void conv2d_backward_data_cuda(const Tensor& dx, const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
   DeviceGuard guard(dx.device(), "conv2d backward");
-  MP_ASSERT(dx.is_contiguous(), "conv2d backward kernel: dx must be contiguous, got ", dx.describe());
+  const MemoryFormat fmt = conv_call_format(dx, dy);  // Note [cuDNN convolution layouts]
+  MP_ASSERT(dx.is_contiguous(fmt), "conv2d backward kernel: dx must be dense, got ", dx.describe());
   MP_ASSERT(dy.dtype() == weight.dtype() && dx.dtype() == weight.dtype(), "conv2d backward kernel: dtypes differ");
   const int64_t N = dx.size(0), O = weight.size(0), oh = dy.size(2), ow = dy.size(3);
   MP_ASSERT(dy.size(0) == N && dy.size(1) == O && oh == conv_out_size(dx.size(2), weight.size(2), g.stride[0],
             g.padding[0], g.dilation[0]) && ow == conv_out_size(dx.size(3), weight.size(3), g.stride[1],
             g.padding[1], g.dilation[1]), "conv2d backward kernel: dy ", dy.describe(), " does not match the geometry");
   if (dx.numel() == 0) return;
-  const Tensor dyc = cudnn_dense(dy), wc = cudnn_dense(weight);
+  const Tensor dyc = cudnn_dense(dy, fmt), wc = cudnn_dense(weight, fmt);
   const Tensor out = aligned_output(dx);
-  ConvProblem pr = make_problem(ConvDir::backward_data, dx.dtype(), N, dx.size(1), dx.size(2), dx.size(3), O,
+  ConvProblem pr = make_problem(ConvDir::backward_data, dx.dtype(), fmt, N, dx.size(1), dx.size(2), dx.size(3), O,
                                 weight.size(2), weight.size(3), oh, ow, g);
   const int64_t chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = O * oh * ow;
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
@@ -556,13 +576,22 @@ void conv2d_backward_weights_cuda(const Tensor& dweight, const Tensor& dbias, co
                                     stream));
     return;
   }
-  const Tensor xc = cudnn_dense(x), dyc = cudnn_dense(dy);
-  ConvProblem pr = make_problem(ConvDir::backward_filter, x.dtype(), N, x.size(1), x.size(2), x.size(3), O,
+  const MemoryFormat fmt =  // Note [cuDNN convolution layouts]
+      conv_call_format(Tensor(), x.suggest_memory_format() == MemoryFormat::channels_last ? x : dy);
+  const Tensor xc = cudnn_dense(x, fmt), dyc = cudnn_dense(dy, fmt);
+  ConvProblem pr = make_problem(ConvDir::backward_filter, x.dtype(), fmt, N, x.size(1), x.size(2), x.size(3), O,
                                 dweight.size(2), dweight.size(3), oh, ow, g);
-  // cuDNN writes dw in the inputs' dtype (Note [conv weight gradient dtype]).
+  // cuDNN writes dw in the inputs' dtype (Note [conv weight gradient dtype]) and, for NHWC, as a KRSC
+  // filter (a channels-last [O, C/g, kh, kw]); dweight is OIHW in the accumulation dtype.
   const bool direct = x.dtype() == acc;
-  const Tensor dw = direct ? aligned_output(dweight)
-                           : mp::empty(dweight.sizes(), {.dtype = x.dtype(), .device = dweight.device()});
+  const Tensor dw = direct && !pr.nhwc ? aligned_output(dweight)
+                                       : mp::empty(dweight.sizes(), {.dtype = x.dtype(), .device = dweight.device(),
+                                                                     .memory_format = fmt});
+  // Where the 16-bit chunks add up in acc: dweight itself (NCHW) or a KRSC scratch (NHWC).
+  const Tensor sum = direct ? dw
+                     : pr.nhwc ? mp::empty(dweight.sizes(), {.dtype = acc, .device = dweight.device(),
+                                                              .memory_format = fmt})
+                               : dweight;
   const int64_t chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = O * oh * ow;
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     pr.n = std::min(chunk, N - n0);
@@ -572,9 +601,13 @@ void conv2d_backward_weights_cuda(const Tensor& dweight, const Tensor& dbias, co
     a.out = dw.raw_data();
     const bool first = n0 == 0;
     run_conv<ConvDir::backward_filter>(pr, a, dweight.device(), direct && !first ? 1.0 : 0.0);
-    if (!direct) convert_dtype_into(dweight, dw, /*accumulate=*/!first);
+    if (!direct) convert_dtype_into(sum, dw, /*accumulate=*/!first);
   }
-  if (direct) finish_output(dweight, dw);
+  if (pr.nhwc) {
+    Tensor(dweight).copy_(sum);  // KRSC -> OIHW (the element-wise copy kernel; the handle shares dweight)
+  } else if (direct) {
+    finish_output(dweight, dw);
+  }
   if (dbias.defined()) {
     const Tensor sums = acc == DType::f64 ? dbias : mp::empty({O}, {.dtype = DType::f64, .device = dbias.device()});
     per_channel_sums(sums, Tensor(), dyc.view({N, O, oh * ow}), Tensor(), Tensor());

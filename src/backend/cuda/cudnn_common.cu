@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "backend/cuda/loops.cuh"
@@ -174,6 +175,31 @@ __global__ void __launch_bounds__(kDnnThreads)
   }
 }
 
+// sum(dy) and, with x, sum(dy (x - mean[c])) down one column of channels-last rows (Note [column
+// reductions]): the same per-element products and statistics-type runs as channel_sums_partials.
+template <class T, class S>
+struct ColumnSumAcc {
+  const S* mean;  // [C]; read only when x is given
+  struct State {
+    S s1, s2, m;
+  };
+  __device__ State start(int64_t c) const { return State{S(0), S(0), mean != nullptr ? mean[c] : S(0)}; }
+  __device__ MP_FORCE_INLINE void add(State& st, const T* dy, const T* x, int64_t off) const {
+    const S g = device_cast<S>(dy[off]);
+    st.s1 += g;
+    if (x != nullptr) st.s2 += g * (device_cast<S>(x[off]) - st.m);
+  }
+  __device__ DoubleTuple<2> flush(State& st) const {
+    const DoubleTuple<2> r{{static_cast<double>(st.s1), static_cast<double>(st.s2)}};
+    st.s1 = st.s2 = S(0);
+    return r;
+  }
+  __device__ static DoubleTuple<2> identity() { return DoubleTuple<2>{{0.0, 0.0}}; }
+  __device__ static DoubleTuple<2> merge(const DoubleTuple<2>& a, const DoubleTuple<2>& b) {
+    return DoubleTuple<2>{{a.v[0] + b.v[0], a.v[1] + b.v[1]}};
+  }
+};
+
 }  // namespace
 
 // ================================================================ errors, handle, options
@@ -263,6 +289,16 @@ void CudnnTensorDescriptor::set_nchw(cudnnDataType_t dt, int64_t n, int64_t c, i
                      detail::str_cat("tensor [", n, ", ", c, ", ", h, ", ", w, "]"));
 }
 
+void CudnnTensorDescriptor::set_nhwc(cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
+  MP_ASSERT(fits_int(n * c * h * w) && n >= 1 && c >= 1 && h >= 1 && w >= 1, "cudnn tensor [", n, ", ", c, ", ",
+            h, ", ", w, "] out of range");
+  MP_CUDNN_CHECK_CTX(cudnnSetTensor4dDescriptorEx(desc_, dt, static_cast<int>(n), static_cast<int>(c),
+                                                  static_cast<int>(h), static_cast<int>(w),
+                                                  static_cast<int>(h * w * c), 1, static_cast<int>(w * c),
+                                                  static_cast<int>(c)),
+                     detail::str_cat("channels-last tensor [", n, ", ", c, ", ", h, ", ", w, "]"));
+}
+
 CudnnFilterDescriptor::CudnnFilterDescriptor() { MP_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_)); }
 CudnnFilterDescriptor::~CudnnFilterDescriptor() {
   if (desc_ != nullptr) cudnnDestroyFilterDescriptor(desc_);
@@ -272,6 +308,13 @@ void CudnnFilterDescriptor::set_oihw(cudnnDataType_t dt, int64_t o, int64_t i, i
   MP_CUDNN_CHECK_CTX(cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NCHW, static_cast<int>(o),
                                                 static_cast<int>(i), static_cast<int>(kh), static_cast<int>(kw)),
                      detail::str_cat("filter [", o, ", ", i, ", ", kh, ", ", kw, "]"));
+}
+
+void CudnnFilterDescriptor::set_ohwi(cudnnDataType_t dt, int64_t o, int64_t i, int64_t kh, int64_t kw) {
+  MP_ASSERT(fits_int(o * i * kh * kw), "cudnn filter out of range");
+  MP_CUDNN_CHECK_CTX(cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NHWC, static_cast<int>(o),
+                                                static_cast<int>(i), static_cast<int>(kh), static_cast<int>(kw)),
+                     detail::str_cat("channels-last filter [", o, ", ", i, ", ", kh, ", ", kw, "]"));
 }
 
 CudnnConvolutionDescriptor::CudnnConvolutionDescriptor() {
@@ -296,10 +339,11 @@ void CudnnConvolutionDescriptor::set_math(cudnnMathType_t math) {
 
 // ================================================================ shared tensor helpers
 
-Tensor cudnn_dense(const Tensor& t) {
-  if (t.is_contiguous() && is_aligned(t.raw_data(), 16)) return t;
-  Tensor out = mp::empty(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
-  if (t.is_contiguous()) {  // only misaligned (a view at an odd offset): a byte copy
+Tensor cudnn_dense(const Tensor& t, MemoryFormat f) {
+  const bool dense = t.is_contiguous(f);
+  if (dense && is_aligned(t.raw_data(), 16)) return t;
+  Tensor out = mp::empty(t.sizes(), {.dtype = t.dtype(), .device = t.device(), .memory_format = f});
+  if (dense && same_dense_layout(out, t)) {  // only misaligned (a view at an odd offset): a byte copy
     const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
     if (bytes > 0)
       MP_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), t.raw_data(), bytes, cudaMemcpyDeviceToDevice,
@@ -310,11 +354,26 @@ Tensor cudnn_dense(const Tensor& t) {
   return out;
 }
 
+Tensor empty_like_layout(const Tensor& t, DType dt) {
+  if (t.is_contiguous()) return mp::empty(t.sizes(), {.dtype = dt, .device = t.device()});
+  MP_ASSERT(same_dense_layout(t, t), "empty_like_layout: ", t.describe(), " is not dense");
+  // A contiguous tensor with the dims in t's memory order (outermost first), permuted back: the dims of
+  // size > 1 get t's strides (size-1 dims contribute no factor wherever they sit).
+  Shape order(static_cast<size_t>(t.dim()));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return t.stride(x) > t.stride(y); });
+  Shape sizes, inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    sizes.push_back(t.size(order[i]));
+    inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  }
+  return mp::empty(sizes, {.dtype = dt, .device = t.device()}).permute(inverse);
+}
+
 void convert_dtype_into(const Tensor& dst, const Tensor& src, bool accumulate) {
-  MP_ASSERT(dst.is_contiguous() && src.is_contiguous() && dst.numel() == src.numel() &&
-                dst.device() == src.device() && dst.device().is_cuda(),
-            "convert_dtype_into: expected contiguous CUDA tensors of one size, got ", dst.describe(), " and ",
-            src.describe());
+  MP_ASSERT(same_dense_layout(dst, src) && dst.device() == src.device() && dst.device().is_cuda(),
+            "convert_dtype_into: expected CUDA tensors of one shape and dense layout, got ", dst.describe(),
+            " and ", src.describe());
   const int64_t n = dst.numel();
   if (n == 0) return;
   if (!accumulate && dst.dtype() == src.dtype()) {
@@ -352,6 +411,17 @@ Tensor param_vector(const Tensor& t, int64_t n, DType dt, double fill, Device de
   return out;
 }
 
+RowSplit row_split(int64_t rows, int64_t cols, int device) {
+  // About one full wave of blocks, but at least 16 rows per row lane of a block.
+  const int64_t target = static_cast<int64_t>(device_properties(device).multiprocessors) * (2048 / kDnnThreads);
+  const int64_t tiles = std::max<int64_t>((cols + kColTile - 1) / kColTile, 1);
+  const int64_t max_parts = std::max<int64_t>(1, rows / (16 * kRowLanes));
+  RowSplit s;
+  s.parts = std::clamp<int64_t>((target + tiles - 1) / tiles, 1, max_parts);
+  s.chunk = (rows + s.parts - 1) / s.parts;
+  return s;
+}
+
 ChannelSplit channel_split(int64_t channels, int64_t positions, int device) {
   // About one full wave of kDnnThreads-thread blocks, but at least ~4 loads per thread per block.
   const int64_t target = static_cast<int64_t>(device_properties(device).multiprocessors) * (2048 / kDnnThreads);
@@ -364,15 +434,16 @@ ChannelSplit channel_split(int64_t channels, int64_t positions, int device) {
 
 void per_channel_sums(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& dy, const Tensor& x,
                       const Tensor& mean) {
-  MP_ASSERT(dy.dim() == 3 && dy.is_contiguous(), "per_channel_sums: expected contiguous dy [N, C, S], got ",
-            dy.describe());
+  const bool rows = channels_last_rows(dy);
+  MP_ASSERT(dy.dim() == 3 && (dy.is_contiguous() || rows),
+            "per_channel_sums: expected a contiguous or channels-last dy [N, C, S], got ", dy.describe());
   const int64_t N = dy.size(0), C = dy.size(1), SP = dy.size(2);
   MP_ASSERT(sum_dy.dtype() == DType::f64 && sum_dy.numel() == C && sum_dy.is_contiguous(),
             "per_channel_sums: bad sum_dy ", sum_dy.describe());
   const bool with_x = sum_dy_xmu.defined();
   if (with_x)
     MP_ASSERT(sum_dy_xmu.dtype() == DType::f64 && sum_dy_xmu.numel() == C && x.sizes() == dy.sizes() &&
-                  x.dtype() == dy.dtype() && x.is_contiguous() && mean.numel() == C && mean.is_contiguous() &&
+                  x.dtype() == dy.dtype() && same_dense_layout(x, dy) && mean.numel() == C && mean.is_contiguous() &&
                   mean.dtype() == (dy.dtype() == DType::f64 ? DType::f64 : DType::f32),
               "per_channel_sums: bad x/mean ", x.describe(), " ", mean.describe());
   if (C == 0) return;
@@ -380,6 +451,21 @@ void per_channel_sums(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tens
   cudaStream_t stream = stream_of(dy);
   visit_float_type(dy.dtype(), "per_channel_sums", [&]<class T>() {
     using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    if (rows) {  // a column reduction of the [N S, C] matrix (Note [column reductions])
+      const int64_t R = N * SP;
+      const RowSplit split = row_split(R, C, dev);
+      Tensor partials = mp::empty({C * split.parts * 2}, {.dtype = DType::f64, .device = dy.device()});
+      auto* pp = static_cast<double*>(partials.raw_data());
+      column_partials<2, T, ColumnSumAcc<T, S>><<<column_grid(C, split), dim3(kColTile, kRowLanes), 0, stream>>>(
+          static_cast<const T*>(dy.raw_data()), with_x ? static_cast<const T*>(x.raw_data()) : nullptr, R, C, split,
+          ColumnSumAcc<T, S>{with_x ? static_cast<const S*>(mean.raw_data()) : nullptr}, pp);
+      check_launch();
+      channel_sums_finalize<<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream>>>(
+          pp, C, split.parts, static_cast<double*>(sum_dy.raw_data()),
+          with_x ? static_cast<double*>(sum_dy_xmu.raw_data()) : nullptr);
+      check_launch();
+      return;
+    }
     constexpr int kVec = static_cast<int>(16 / sizeof(T));
     const bool vec = SP % kVec == 0 && is_aligned(dy.raw_data(), 16) && (!with_x || is_aligned(x.raw_data(), 16));
     const int64_t unit = vec ? kVec : 1, Sv = SP / unit, Mv = N * Sv;

@@ -1,7 +1,8 @@
 // cuDNN 9 for the CUDA backend (conv.cu, batch_norm.cu): the per-device handle, error checking, the
 // dtype mapping, RAII descriptors, workspaces from the caching allocator, the run-time switches, and
-// the small device helpers the cuDNN families share (dtype conversion of contiguous tensors, [C]
-// parameter vectors, per-channel sums over [N, C, S], index walkers over [N, C, S]).
+// the small device helpers the cuDNN families share (dtype conversion of dense tensors, [C]
+// parameter vectors, per-channel sums over [N, C, S] in either layout, index walkers over [N, C, S], the
+// column reduction of channels-last activations).
 //
 // Only for CUDA sources compiled with cuDNN (MP_HAVE_CUDNN, set by CMake when cuDNN 9 was found):
 // without it the CUDA backend builds without the convolution and batch-norm kernels, and those ops
@@ -30,9 +31,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 
+#include "backend/cuda/loops.cuh"
 #include "backend/cuda/runtime.hpp"
 #include "mp/core/dtype.hpp"
 #include "mp/core/macros.hpp"
@@ -118,6 +121,8 @@ class CudnnTensorDescriptor {
   CudnnTensorDescriptor& operator=(const CudnnTensorDescriptor&) = delete;
   /// A contiguous NCHW tensor [n, c, h, w] (described with its strides; every value < 2^31).
   void set_nchw(cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w);
+  /// A dense channels-last tensor [n, c, h, w] (NHWC in memory; described with its strides).
+  void set_nhwc(cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w);
   /// The raw descriptor.
   cudnnTensorDescriptor_t get() const { return desc_; }
 
@@ -134,6 +139,8 @@ class CudnnFilterDescriptor {
   CudnnFilterDescriptor& operator=(const CudnnFilterDescriptor&) = delete;
   /// A contiguous OIHW filter [o, i, kh, kw] (i = input channels per group).
   void set_oihw(cudnnDataType_t dt, int64_t o, int64_t i, int64_t kh, int64_t kw);
+  /// A channels-last filter [o, i, kh, kw] (OHWI = cuDNN's KRSC in memory: CUDNN_TENSOR_NHWC).
+  void set_ohwi(cudnnDataType_t dt, int64_t o, int64_t i, int64_t kh, int64_t kw);
   /// The raw descriptor.
   cudnnFilterDescriptor_t get() const { return desc_; }
 
@@ -163,27 +170,39 @@ class CudnnConvolutionDescriptor {
 
 // ================================================================ shared tensor helpers
 
-/// t itself when it is contiguous and its data 16-byte aligned (what cuDNN's vectorised kernels
-/// need), else a fresh contiguous copy (which the caching allocator aligns to 512 bytes).
-Tensor cudnn_dense(const Tensor& t);
+/// t itself when it is dense in memory format f (contiguous, or channels-last for a 4-D t) and its data
+/// 16-byte aligned (what cuDNN's vectorised kernels need), else a fresh copy in f (which the caching
+/// allocator aligns to 512 bytes).
+Tensor cudnn_dense(const Tensor& t, MemoryFormat f = MemoryFormat::contiguous);
+
+/// A fresh tensor of t's shape and dense layout (same_dense_layout in loops.cuh) in dtype dt on t's device.
+Tensor empty_like_layout(const Tensor& t, DType dt);
 
 /// dst = src (or dst += src when accumulate) element by element, converting the dtype (f32, f64, f16,
-/// bf16; 16-bit results rounded to nearest even as on the CPU). Both contiguous with one element
-/// count, on one CUDA device; runs on its stream.
+/// bf16; 16-bit results rounded to nearest even as on the CPU). Both of one shape and one dense layout
+/// (same_dense_layout), on one CUDA device; runs on its stream.
 void convert_dtype_into(const Tensor& dst, const Tensor& src, bool accumulate = false);
 
 /// A contiguous [n] vector of dtype dt on dev: t converted (t itself when it already is one), or
 /// `fill` everywhere when t is undefined. For the weight/bias/statistics vectors of the norms.
 Tensor param_vector(const Tensor& t, int64_t n, DType dt, double fill, Device dev);
 
-/// Per-channel sums over a contiguous [N, C, S] tensor dy (f32, f64, f16 or bf16), in double:
+/// Per-channel sums over an [N, C, S] tensor dy (f32, f64, f16 or bf16), contiguous or channels-last
+/// (strides {S C, 1, C}: a row-major [N S, C] matrix, reduced by columns), in double:
 /// sum_dy[c] = sum of dy[:, c, :]; when sum_dy_xmu is defined also
-/// sum_dy_xmu[c] = sum of dy[:, c, :] * (x[:, c, :] - mean[c]) with x like dy (same dtype) and mean [C]
-/// (f32, or f64 for f64 data). Each product is formed in the statistics type (f32 for 16-bit and f32
-/// data, as the CPU does); partial sums add in f32 over short runs and in double beyond, in a fixed
+/// sum_dy_xmu[c] = sum of dy[:, c, :] * (x[:, c, :] - mean[c]) with x like dy (same dtype and layout) and
+/// mean [C] (f32, or f64 for f64 data). Each product is formed in the statistics type (f32 for 16-bit and
+/// f32 data, as the CPU does); partial sums add in f32 over short runs and in double beyond, in a fixed
 /// order (deterministic). Outputs: contiguous f64 [C] tensors on dy's device.
 void per_channel_sums(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& dy, const Tensor& x,
                       const Tensor& mean);
+
+/// Whether an [N, C, S] operand of the norms is channels-last (strides {S C, 1, C}, the layout the CPU's
+/// batch norm detects the same way): S > 1, C > 1 and unit stride over C.
+inline bool channels_last_rows(const Tensor& t) {
+  return t.dim() == 3 && t.size(1) > 1 && t.size(2) > 1 && t.stride(1) == 1 && t.stride(2) == t.size(1) &&
+         t.stride(0) == t.size(1) * t.size(2);
+}
 
 /// Block partitioning of per-channel reductions over [N, C, S] (in units of `vec` elements): each of
 /// the C * parts blocks reduces `chunk` consecutive positions j = n S + s of one channel.
@@ -199,6 +218,30 @@ ChannelSplit channel_split(int64_t channels, int64_t positions, int device);
 
 /// Threads per block of the cuDNN families' own kernels.
 inline constexpr int kDnnThreads = 256;
+
+// Note [column reductions]
+// Channels-last activations are a row-major [R, C] matrix (R = N H W), so a per-channel reduction is a
+// reduction down the columns. A block of (kColTile, kRowLanes) threads takes kColTile adjacent columns
+// (a warp reads kColTile consecutive elements of a row: coalesced) and a run of `chunk` rows, its
+// kRowLanes row lanes taking every kRowLanes-th row; each thread folds its values into a statistics-type
+// state over kColumnFlush rows at a time and merges that into a double summary, the row lanes merge in
+// lane order through shared memory, and a finalising kernel merges the parts of a column in part order.
+// The split depends only on the shape and the device's multiprocessor count: the order of every
+// addition, and so the result, is the same on every run. Partials: [C * parts][K] doubles, the layout the
+// [N, C, S] kernels use, so the two share their finalising kernels.
+inline constexpr int kColTile = 32;
+inline constexpr int kRowLanes = kDnnThreads / kColTile;
+inline constexpr int kColumnFlush = 64;
+
+/// Row parts of a column reduction over [rows, cols] (Note [column reductions]).
+struct RowSplit {
+  int64_t parts = 1;  ///< blocks per column tile
+  int64_t chunk = 0;  ///< rows per block (the last part may have fewer)
+};
+
+/// The split for a [rows, cols] column reduction on cuda:device (a function of the shape and the
+/// device's multiprocessor count only).
+RowSplit row_split(int64_t rows, int64_t cols, int device);
 
 // ================================================================ device-side walkers
 
@@ -229,6 +272,60 @@ struct NcsIndexWalk {
     if (c >= C) c -= C;
   }
 };
+
+/// The channel of element k of the current vector of an element-wise pass over [N, C, S] in units of VEC
+/// elements: NCHW walks NcsIndexWalk(i, step, S / VEC, C), one channel per vector (it.c); channels-last
+/// rows ([N S, C] row-major, C % VEC == 0) walk NcsIndexWalk(i, step, 1, C / VEC), where it.c is the
+/// vector's place in its row and element k has channel it.c VEC + k.
+template <bool ROWS, int VEC>
+__device__ MP_FORCE_INLINE int64_t channel_of(const NcsIndexWalk& it, int k) {
+  return ROWS ? it.c * VEC + k : it.c;
+}
+
+/// Vector width (in elements) usable for [N, C, S] operands along a dim of S elements: 16 bytes of T when S allows it and
+/// every pointer is aligned, else 1.
+template <class T>
+int vec_width_for(int64_t S, std::initializer_list<const void*> ptrs) {
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  if (S % kVec != 0) return 1;
+  for (const void* p : ptrs)
+    if (p != nullptr && !is_aligned(p, 16)) return 1;
+  return kVec;
+}
+
+/// The launch shape of an element-wise pass over [N, C, S] operands (all in x's layout): the vector width,
+/// the walk dims (Sv, Cv; see channel_of) and the number of vectors. Vectors run along S for NCHW and
+/// along C for channels-last rows.
+struct ElementwiseShape {
+  int vec = 1;
+  int64_t Sv = 0, Cv = 0, total = 0;
+};
+
+/// The shape for x ([N, C, S]; rows: channels-last) with the operands' pointers ptrs.
+template <class T>
+ElementwiseShape elementwise_shape(const Tensor& x, bool rows, std::initializer_list<const void*> ptrs) {
+  const int64_t C = x.size(1), SP = x.size(2);
+  ElementwiseShape e;
+  e.vec = vec_width_for<T>(rows ? C : SP, ptrs);
+  e.Sv = rows ? 1 : SP / e.vec;
+  e.Cv = rows ? C / e.vec : C;
+  e.total = x.numel() / e.vec;  // vec divides C (rows) or S (NCHW)
+  return e;
+}
+
+/// Calls launch.template operator()<VEC, ROWS>() for the shape's vector width (16 bytes of T or 1) and layout.
+template <class T, class Launch>
+void launch_elementwise(const ElementwiseShape& e, bool rows, Launch&& launch) {
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  if (e.vec == kVec) {
+    if (rows) launch.template operator()<kVec, true>();
+    else launch.template operator()<kVec, false>();
+  } else {
+    if (rows) launch.template operator()<1, true>();
+    else launch.template operator()<1, false>();
+  }
+  check_launch();
+}
 
 /// Walks the positions j = n S + s of one channel c of a contiguous [N, C, S] tensor (units as in
 /// NcsIndexWalk) in steps of `step`, tracking the element offset (n C + c) S + s without divisions.
@@ -288,6 +385,51 @@ __device__ DoubleTuple<K> block_combine(DoubleTuple<K> a, DoubleTuple<K> identit
   }
   __syncthreads();  // warp_vals may be reused by the next call
   return a;
+}
+
+/// Per-(column, part) partials of a column reduction over the row-major [R, C] matrices a and b (b may
+/// be null), Note [column reductions]. Launch with blockDim (kColTile, kRowLanes). The accumulator A
+/// supplies: `State start(int64_t c)`, `void add(State&, const T* a, const T* b, int64_t off)` (element
+/// off of column c), `DoubleTuple<K> flush(State&)` (the state as doubles, resetting it), and static
+/// `identity()` and `merge(DoubleTuple<K>, DoubleTuple<K>)`. partials: [C * split.parts][K].
+template <int K, class T, class A>
+__global__ void __launch_bounds__(kDnnThreads)
+    column_partials(const T* a, const T* b, int64_t R, int64_t C, RowSplit split, A acc, double* partials) {
+  __shared__ DoubleTuple<K> lanes[kRowLanes][kColTile];
+  const int64_t tiles = (C + kColTile - 1) / kColTile, blocks = tiles * split.parts;
+  for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const int64_t tile = blk / split.parts, p = blk - tile * split.parts;
+    const int64_t c = tile * kColTile + threadIdx.x;
+    const int64_t r0 = p * split.chunk, r1 = r0 + split.chunk < R ? r0 + split.chunk : R;
+    DoubleTuple<K> total = A::identity();
+    if (c < C) {
+      typename A::State st = acc.start(c);
+      int run = 0;
+      for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+        acc.add(st, a, b, r * C + c);
+        if (++run == kColumnFlush) {
+          total = A::merge(total, acc.flush(st));
+          run = 0;
+        }
+      }
+      total = A::merge(total, acc.flush(st));
+    }
+    lanes[threadIdx.y][threadIdx.x] = total;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+      DoubleTuple<K> t = lanes[0][threadIdx.x];
+      for (int l = 1; l < kRowLanes; ++l) t = A::merge(t, lanes[l][threadIdx.x]);
+#pragma unroll
+      for (int k = 0; k < K; ++k) partials[(c * split.parts + p) * K + k] = t.v[k];
+    }
+    __syncthreads();  // lanes is rewritten by the next tile
+  }
+}
+
+/// Blocks for a column reduction over C columns split into split.parts row parts.
+inline unsigned column_grid(int64_t C, const RowSplit& split) {
+  const int64_t blocks = (C + kColTile - 1) / kColTile * split.parts;
+  return static_cast<unsigned>(blocks < INT32_MAX ? (blocks > 0 ? blocks : 1) : INT32_MAX);
 }
 
 }  // namespace mp::backend::cuda

@@ -15,6 +15,7 @@
 //   load_as<C>(p, dt) / store_as(p, dt, v)   element of run-time dtype dt at byte pointer p
 //   visit_dtype_nothrow(dt, f)    host-side dtype visitor for launch code (no throwing default)
 //   VecN<T, N>, load_vec<N>(p, out), store_vec<N>(p, in), vec_width<Ts...>(), is_aligned(p, bytes)
+//   same_dense_layout(a, b)       one shape and one dense layout (a flat loop pairs their elements)
 //   IntDivider, OffsetCalc<N>, make_offset_calc<N>(sizes, strides)
 //   kThreads, blocks_for(work, threads, device), check_launch(), stream_of(t), upload(host, bytes, dev)
 #pragma once
@@ -158,6 +159,29 @@ __device__ MP_FORCE_INLINE void store_vec(T* p, const T (&in)[N]) {
 
 /// Whether p is a multiple of `bytes` (a power of two).
 inline bool is_aligned(const void* p, size_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
+
+/// Whether a and b have one shape and one dense layout (identical strides over the dims of size > 1,
+/// which tile the storage without gaps or overlap): element i in memory order of one sits at the same
+/// offset as in the other, so a flat loop over the storage pairs them (contiguous or channels-last
+/// alike). Contiguous tensors always qualify.
+inline bool same_dense_layout(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes()) return false;
+  if (a.is_contiguous() && b.is_contiguous()) return true;
+  std::array<int64_t, 16> dims{};
+  int n = 0;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (a.size(d) > 1) {
+      if (a.stride(d) != b.stride(d) || n == static_cast<int>(dims.size())) return false;
+      dims[static_cast<size_t>(n++)] = d;
+    }
+  std::sort(dims.begin(), dims.begin() + n, [&](int64_t x, int64_t y) { return a.stride(x) < a.stride(y); });
+  int64_t expected = 1;
+  for (int i = 0; i < n; ++i) {
+    if (a.stride(dims[static_cast<size_t>(i)]) != expected) return false;
+    expected *= a.size(dims[static_cast<size_t>(i)]);
+  }
+  return true;
+}
 
 // ================================================================ strided offsets
 

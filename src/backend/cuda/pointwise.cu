@@ -2,7 +2,8 @@
 // the shared MP_HD functors of pointwise.hpp on two paths.
 //
 // Note [CUDA element-wise paths]
-//  * Contiguous: the output and every input contiguous, the inputs of one dtype TI, the output TI
+//  * Contiguous: the output and every input dense in one layout (contiguous, or all channels-last:
+//    same_dense_layout, so a flat loop pairs the elements), the inputs of one dtype TI, the output TI
 //    (or b8 for comparisons, or any dtype for a copy, i.e. a cast), the compute type the natural one
 //    for those dtypes, and every pointer aligned to its vector: a grid-stride loop in which each
 //    thread loads vec_width<TI, TO>() elements per operand with 16-byte accesses, converts to the
@@ -170,10 +171,11 @@ bool launch_contiguous(const Tensor& out, std::span<const Tensor> ins, const F& 
 // for copies (they are not performance targets and their kernels are the costliest to compile).
 template <class C, int NIn, class F>
 bool try_contiguous(const Tensor& out, std::span<const Tensor> ins, const F& f) {
-  if (!out.is_contiguous()) return false;
+  // Every operand in the output's dense layout (contiguous, or e.g. all channels-last): a flat loop.
+  if (!same_dense_layout(out, out)) return false;
   const DType ti = ins[0].dtype();
   for (const Tensor& t : ins)
-    if (!t.is_contiguous() || t.dtype() != ti || t.numel() != out.numel()) return false;
+    if (!same_dense_layout(t, out) || t.dtype() != ti) return false;
   using R = decltype([]<size_t... I>(std::index_sequence<I...>) { return F{}((static_cast<void>(I), C{})...); }(
       std::make_index_sequence<NIn>{}));
   constexpr bool kComparison = std::is_same_v<R, bool>;
