@@ -102,8 +102,9 @@ void print_losses(const std::string& what, const std::vector<double>& cpu, const
   std::printf("\n");
 }
 
-std::shared_ptr<nn::UnaryModule> resnet8() {
-  return models::create_image_model("resnet8", {.in_channels = 3, .image_size = 16, .num_classes = 4});
+std::shared_ptr<nn::UnaryModule> resnet8(MemoryFormat f = MemoryFormat::contiguous) {
+  return models::create_image_model("resnet8",
+                                    {.in_channels = 3, .image_size = 16, .num_classes = 4, .memory_format = f});
 }
 
 // Parameters and buffers of two modules of one architecture, compared by name.
@@ -158,14 +159,18 @@ TEST(CudaTrain, ResNet8InF32Bf16O2AndF16O2) {
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (int i = 0; i < 4; ++i) batches.push_back(quadrant_images(16));
   constexpr int kSteps = 8, kPoisoned = 3;  // step 3 overflows on purpose (f16 run only)
+  // NCHW activations, and channels-last ones (cuDNN NHWC convolutions, the column-reduction batch norm;
+  // the CPU reference runs its channels-last path).
+  for (MemoryFormat fmt : {MemoryFormat::contiguous, MemoryFormat::channels_last})
   for (const Precision& p : precisions()) {
+    const std::string tag = std::string("ResNet-8 ") + memory_format_name(fmt) + " " + p.name;
     const bool scaled = p.dtype == DType::f16;
     std::vector<StepResult> res[2];
     std::shared_ptr<nn::UnaryModule> trained[2];
     for (int d = 0; d < 2; ++d) {
-      guarded(std::string("ResNet-8 ") + p.name + (d ? " device" : " cpu"), [&] {
+      guarded(tag + (d ? " device" : " cpu"), [&] {
         manual_seed(22);
-        auto model = resnet8();
+        auto model = resnet8(fmt);
         if (d == 1) model->to(dev());
         optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
         amp::AmpSetup s = amp::initialize(model, opt, amp_options(p));
@@ -192,9 +197,9 @@ TEST(CudaTrain, ResNet8InF32Bf16O2AndF16O2) {
       lc.push_back(res[0][i].loss);
       ld.push_back(res[1][i].loss);
     }
-    print_losses(std::string("ResNet-8 ") + p.name, lc, ld);
+    print_losses(tag, lc, ld);
     for (int i = 0; i < kSteps; ++i) {
-      const std::string at = std::string("ResNet-8 ") + p.name + " step " + std::to_string(i);
+      const std::string at = tag + " step " + std::to_string(i);
       EXPECT_TRUE(near_rel(at + " loss", res[1][i].loss, res[0][i].loss, p.loss_rtol, "see the file comment"));
       EXPECT_EQ(res[1][i].stepped, res[0][i].stepped) << at;
       EXPECT_EQ(res[1][i].scale, res[0][i].scale) << at;
@@ -210,13 +215,13 @@ TEST(CudaTrain, ResNet8InF32Bf16O2AndF16O2) {
       first_pass += ld[static_cast<size_t>(i)] / 4;
       last_pass += ld[static_cast<size_t>(kSteps - 4 + i)] / 4;
     }
-    EXPECT_LT(last_pass, 0.9 * first_pass) << p.name << ": the device run does not learn";
+    EXPECT_LT(last_pass, 0.9 * first_pass) << tag << ": the device run does not learn";
     // Weights and batch-norm statistics after the run: f32 as the losses; 16-bit weights are the rounded
     // f32 masters (one 16-bit ulp) plus the masters' own small differences.
     const Tol wt = p.dtype == DType::f32
                        ? Tol{.ulps = 8, .normwise = 1e-4, .why = "f32 training: see the file comment"}
                        : Tol{.ulps = 2, .normwise = 2 * unit_roundoff(p.dtype), .why = "16-bit weights: rounded masters"};
-    compare_modules(std::string("ResNet-8 ") + p.name + " final", *trained[1], *trained[0], wt);
+    compare_modules(tag + " final", *trained[1], *trained[0], wt);
   }
 }
 

@@ -328,7 +328,8 @@ void launch_stats(const Tensor& x, const Tensor& mean, const Tensor& var, const 
 bool cudnn_fits(const Tensor& x, const Tensor& stats) {
   const DType dt = x.dtype();
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
-  return cudnn_options().batch_norm && x.is_contiguous() && (dt == DType::f32 || dt == DType::f16 || dt == DType::f64) &&
+  return cudnn_options().batch_norm && x.is_contiguous() &&
+         (dt == DType::f32 || dt == DType::f16 || dt == DType::f64) &&
          stats.dtype() == (dt == DType::f64 ? DType::f64 : DType::f32) && SP > 1 && N <= 880801 &&
          fits_int(x.numel()) && fits_int(C) && is_aligned(x.raw_data(), 16);
 }
