@@ -12,7 +12,11 @@
 // slot is OIHW): an NHWC call reorders it, [O, C kh kw] -> [O, kh kw C], a copy of the (small) weight
 // per call unless the caller keeps the weight channels-last, and writes the weight gradient KRSC into a
 // scratch tensor that one strided copy turns into dweight's OIHW. The bias is added, and its gradient
-// summed, over channels-last rows for NHWC (Note [column reductions] in cudnn_common.hpp).
+// summed, over channels-last rows for NHWC (Note [column reductions] in cudnn_common.hpp). f64 calls, and
+// NHWC problems for which cuDNN offers no usable algorithm (its heuristics answer NOT_SUPPORTED, none is
+// deterministic, or each answers NOT_SUPPORTED when run), run in NCHW instead: the operands are made dense
+// NCHW and the result is copied into the channels-last output, so channels-last never fails where NCHW
+// would run.
 //
 // Note [cuDNN convolution precision]
 // Activations and weights are described as dense tensors (Note [cuDNN convolution layouts]). f16 and
@@ -329,7 +333,11 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
   max_count = std::max(max_count, 1);
   std::vector<typename Dir<D>::Perf> perf(static_cast<size_t>(max_count));
   int returned = 0;
-  MP_CUDNN_CHECK_CTX(Dir<D>::heuristic(h, *plan, max_count, &returned, perf.data()), pr.str());
+  const cudnnStatus_t hs = Dir<D>::heuristic(h, *plan, max_count, &returned, perf.data());
+  if (hs != CUDNN_STATUS_SUCCESS) {
+    if (pr.nhwc && cudnn_not_supported(hs)) return plan;  // empty: the caller runs NCHW
+    throw_cudnn_error(hs, "cudnnGetConvolution*Algorithm_v7", pr.str(), __FILE__, __LINE__);
+  }
   if (cudnn_options().benchmark) {
     // Workspace for the timing runs: the largest any usable candidate asks for (within the cap).
     size_t ws_bytes = 0;
@@ -357,22 +365,27 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
     // without an FMA kernel then answers NOT_SUPPORTED and is dropped when run).
     collect_choices<D>(h, pr, *plan, perf.data(), returned, &want);
   }
-  MP_CHECK(!plan->choices.empty(), "conv2d on cuda: cuDNN offers no usable ",
+  // An NHWC problem without a usable algorithm keeps its empty plan: the caller runs it in NCHW instead
+  // (Note [cuDNN convolution layouts]).
+  MP_CHECK(pr.nhwc || !plan->choices.empty(), "conv2d on cuda: cuDNN offers no usable ",
            cudnn_options().deterministic ? "deterministic " : "", "algorithm for ", pr.str(),
            cudnn_options().deterministic ? "; MP_CUDNN_DETERMINISTIC=0 admits the non-deterministic ones" : "",
-           pr.nhwc ? "; or give it NCHW (contiguous) activations" : "", "; or run it on the CPU");
+           "; or run it on the CPU");
   return plan;
 }
 
-// Runs one cuDNN convolution call: out = conv (beta 0) or out += conv (beta 1).
+// Runs one cuDNN convolution call: out = conv (beta 0) or out += conv (beta 1). Returns false, having
+// written nothing, only for an NHWC problem that cuDNN cannot run (no usable algorithm, or all of them
+// answering NOT_SUPPORTED): the caller then runs the call in NCHW.
 template <ConvDir D>
-void run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double beta) {
+bool run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double beta) {
   CudnnHandle handle(dev.index);
   PlanMap& cache = plan_cache(dev.index);
   const ConvKey key = pr.key();
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, build_plan<D>(handle.get(), pr, a, dev)).first;
   ConvPlan& plan = *it->second;
+  if (pr.nhwc && plan.choices.empty()) return false;
   const void* alpha = cudnn_scale(plan.compute, 1.0);
   const void* b = cudnn_scale(plan.compute, beta);
   size_t failed_bytes = SIZE_MAX;  // a workspace this large could not be allocated in this call
@@ -395,12 +408,13 @@ void run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double b
     }
     plan.conv.set_math(ch.math);
     last = Dir<D>::run(handle.get(), plan, ch.algo, a, ws.defined() ? ws.raw_data() : nullptr, ch.workspace, alpha, b);
-    if (last == CUDNN_STATUS_SUCCESS) return;
+    if (last == CUDNN_STATUS_SUCCESS) return true;
     if (!cudnn_not_supported(last))
       throw_cudnn_error(last, Dir<D>::kRun, detail::str_cat(pr.str(), ", algorithm ", ch.algo), __FILE__, __LINE__);
     plan.choices.erase(plan.choices.begin() + static_cast<std::ptrdiff_t>(i));  // never offered again
   }
   if (oom) std::rethrow_exception(oom);
+  if (pr.nhwc) return false;
   throw_cudnn_error(last, Dir<D>::kRun, pr.str() + "; every algorithm cuDNN proposed answered NOT_SUPPORTED",
                     __FILE__, __LINE__);
 }
@@ -477,16 +491,29 @@ int64_t chunk_samples(const ConvProblem& pr) {
   return std::max<int64_t>(1, std::min<int64_t>(pr.n, INT32_MAX / std::max<int64_t>(per, 1)));
 }
 
-// A 16-byte aligned destination in t's dense layout for a result meant for t (t itself, or a fresh
-// tensor that finish_output copies back).
-Tensor aligned_output(const Tensor& t) {
-  return is_aligned(t.raw_data(), 16) ? t : empty_like_layout(t, t.dtype());
+// The layout the cuDNN calls use for activations in layout fmt (Note [cuDNN convolution layouts]): NHWC
+// only for the tensor-core dtypes and f32; f64 has no NHWC kernels worth asking for.
+MemoryFormat cudnn_layout(MemoryFormat fmt, DType dt) {
+  return dt == DType::f64 ? MemoryFormat::contiguous : fmt;
 }
 
+// A 16-byte aligned destination dense in layout f for a result meant for t: t itself when it is, or a
+// fresh tensor that finish_output copies into t.
+Tensor output_in(const Tensor& t, MemoryFormat f) {
+  if (t.is_contiguous(f) && is_aligned(t.raw_data(), 16)) return t;
+  return mp::empty(t.sizes(), {.dtype = t.dtype(), .device = t.device(), .memory_format = f});
+}
+
+// t = tmp (a result computed into output_in's scratch): nothing when tmp is t, a byte copy when the two
+// share a dense layout, else the element-wise copy kernel (NCHW scratch -> channels-last t).
 void finish_output(const Tensor& t, const Tensor& tmp) {
   if (tmp.raw_data() == t.raw_data()) return;
-  MP_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), tmp.raw_data(), static_cast<size_t>(t.numel()) * t.element_size(),
-                                cudaMemcpyDeviceToDevice, stream_of(t)));
+  if (same_dense_layout(t, tmp)) {
+    MP_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), tmp.raw_data(), static_cast<size_t>(t.numel()) * t.element_size(),
+                                  cudaMemcpyDeviceToDevice, stream_of(t)));
+  } else {
+    Tensor(t).copy_(tmp);  // the handle shares t's storage
+  }
 }
 
 const char* byte_ptr(const Tensor& t, int64_t elements) {
@@ -497,6 +524,21 @@ char* byte_ptr_mut(const Tensor& t, int64_t elements) {
 }
 
 // ------------------------------------------------------------------ kernel entries
+
+// The forward of the whole batch in pr's layout, chunked (Note [cuDNN int limits]), into y. False,
+// with nothing written, when cuDNN refuses the NHWC problem.
+bool forward_calls(ConvProblem pr, const Tensor& y, const Tensor& xc, const Tensor& wc, Device dev) {
+  const int64_t N = pr.n, chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = pr.o * pr.oh * pr.ow;
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    pr.n = std::min(chunk, N - n0);
+    ConvPointers a;
+    a.x = byte_ptr(xc, n0 * in_per);
+    a.w = wc.raw_data();
+    a.out = byte_ptr_mut(y, n0 * out_per);
+    if (!run_conv<ConvDir::forward>(pr, a, dev, 0.0)) return false;
+  }
+  return true;
+}
 
 void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
                          const Conv2dGeometry& g) {
@@ -509,21 +551,30 @@ void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weigh
             g.padding[0], g.dilation[0]) && ow == conv_out_size(x.size(3), weight.size(3), g.stride[1],
             g.padding[1], g.dilation[1]), "conv2d kernel: output ", out.describe(), " does not match the geometry");
   if (out.numel() == 0) return;
-  const Tensor xc = cudnn_dense(x, fmt), wc = cudnn_dense(weight, fmt);
-  const Tensor y = aligned_output(out);
-  ConvProblem pr = make_problem(ConvDir::forward, x.dtype(), fmt, N, x.size(1), x.size(2), x.size(3), O, weight.size(2),
-                                weight.size(3), oh, ow, g);
-  const int64_t chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = O * oh * ow;
+  // The call's layout first; NCHW when that is NHWC and cuDNN refuses it.
+  for (MemoryFormat f : {cudnn_layout(fmt, x.dtype()), MemoryFormat::contiguous}) {
+    const Tensor xc = cudnn_dense(x, f), wc = cudnn_dense(weight, f);
+    const Tensor y = output_in(out, f);
+    const ConvProblem pr = make_problem(ConvDir::forward, x.dtype(), f, N, x.size(1), x.size(2), x.size(3), O,
+                                        weight.size(2), weight.size(3), oh, ow, g);
+    if (!forward_calls(pr, y, xc, wc, out.device())) continue;
+    if (bias.defined()) add_bias(y, bias);
+    finish_output(out, y);
+    return;
+  }
+}
+
+bool backward_data_calls(ConvProblem pr, const Tensor& dxo, const Tensor& dyc, const Tensor& wc, Device dev) {
+  const int64_t N = pr.n, chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = pr.o * pr.oh * pr.ow;
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     pr.n = std::min(chunk, N - n0);
     ConvPointers a;
-    a.x = byte_ptr(xc, n0 * in_per);
     a.w = wc.raw_data();
-    a.out = byte_ptr_mut(y, n0 * out_per);
-    run_conv<ConvDir::forward>(pr, a, out.device(), 0.0);
+    a.dy = byte_ptr(dyc, n0 * out_per);
+    a.out = byte_ptr_mut(dxo, n0 * in_per);
+    if (!run_conv<ConvDir::backward_data>(pr, a, dev, 0.0)) return false;
   }
-  if (bias.defined()) add_bias(y, bias);
-  finish_output(out, y);
+  return true;
 }
 
 void conv2d_backward_data_cuda(const Tensor& dx, const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
@@ -536,20 +587,45 @@ void conv2d_backward_data_cuda(const Tensor& dx, const Tensor& dy, const Tensor&
             g.padding[0], g.dilation[0]) && ow == conv_out_size(dx.size(3), weight.size(3), g.stride[1],
             g.padding[1], g.dilation[1]), "conv2d backward kernel: dy ", dy.describe(), " does not match the geometry");
   if (dx.numel() == 0) return;
-  const Tensor dyc = cudnn_dense(dy, fmt), wc = cudnn_dense(weight, fmt);
-  const Tensor out = aligned_output(dx);
-  ConvProblem pr = make_problem(ConvDir::backward_data, dx.dtype(), fmt, N, dx.size(1), dx.size(2), dx.size(3), O,
-                                weight.size(2), weight.size(3), oh, ow, g);
-  const int64_t chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = O * oh * ow;
+  for (MemoryFormat f : {cudnn_layout(fmt, dx.dtype()), MemoryFormat::contiguous}) {
+    const Tensor dyc = cudnn_dense(dy, f), wc = cudnn_dense(weight, f);
+    const Tensor out = output_in(dx, f);
+    const ConvProblem pr = make_problem(ConvDir::backward_data, dx.dtype(), f, N, dx.size(1), dx.size(2),
+                                        dx.size(3), O, weight.size(2), weight.size(3), oh, ow, g);
+    if (!backward_data_calls(pr, out, dyc, wc, dx.device())) continue;
+    finish_output(dx, out);
+    return;
+  }
+}
+
+// The weight gradient of the whole batch in pr's layout into dweight (OIHW, acc dtype). cuDNN writes dw
+// in the inputs' dtype (Note [conv weight gradient dtype]) and, for NHWC, as a KRSC filter (a
+// channels-last [O, C/g, kh, kw]) in a scratch tensor copied into dweight at the end. False, with dweight
+// untouched, when cuDNN refuses the NHWC problem.
+bool backward_weights_calls(ConvProblem pr, const Tensor& dweight, const Tensor& xc, const Tensor& dyc) {
+  const Device dev = dweight.device();
+  const DType acc = dweight.dtype();
+  const MemoryFormat f = pr.nhwc ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+  const bool direct = pr.dtype == acc;
+  const Tensor dw = direct && !pr.nhwc ? output_in(dweight, f)
+                                       : mp::empty(dweight.sizes(), {.dtype = pr.dtype, .device = dev, .memory_format = f});
+  // Where the 16-bit chunks add up in acc: dweight itself (NCHW) or a KRSC scratch (NHWC).
+  const Tensor sum = direct ? dw
+                     : pr.nhwc ? mp::empty(dweight.sizes(), {.dtype = acc, .device = dev, .memory_format = f})
+                               : dweight;
+  const int64_t N = pr.n, chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = pr.o * pr.oh * pr.ow;
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     pr.n = std::min(chunk, N - n0);
     ConvPointers a;
-    a.w = wc.raw_data();
+    a.x = byte_ptr(xc, n0 * in_per);
     a.dy = byte_ptr(dyc, n0 * out_per);
-    a.out = byte_ptr_mut(out, n0 * in_per);
-    run_conv<ConvDir::backward_data>(pr, a, dx.device(), 0.0);
+    a.out = dw.raw_data();
+    const bool first = n0 == 0;
+    if (!run_conv<ConvDir::backward_filter>(pr, a, dev, direct && !first ? 1.0 : 0.0)) return false;
+    if (!direct) convert_dtype_into(sum, dw, /*accumulate=*/!first);
   }
-  finish_output(dx, out);
+  finish_output(dweight, sum);  // KRSC -> OIHW for NHWC (the element-wise copy kernel)
+  return true;
 }
 
 void conv2d_backward_weights_cuda(const Tensor& dweight, const Tensor& dbias, const Tensor& x, const Tensor& dy,
@@ -578,37 +654,15 @@ void conv2d_backward_weights_cuda(const Tensor& dweight, const Tensor& dbias, co
   }
   const MemoryFormat fmt =  // Note [cuDNN convolution layouts]
       conv_call_format(Tensor(), x.suggest_memory_format() == MemoryFormat::channels_last ? x : dy);
-  const Tensor xc = cudnn_dense(x, fmt), dyc = cudnn_dense(dy, fmt);
-  ConvProblem pr = make_problem(ConvDir::backward_filter, x.dtype(), fmt, N, x.size(1), x.size(2), x.size(3), O,
-                                dweight.size(2), dweight.size(3), oh, ow, g);
-  // cuDNN writes dw in the inputs' dtype (Note [conv weight gradient dtype]) and, for NHWC, as a KRSC
-  // filter (a channels-last [O, C/g, kh, kw]); dweight is OIHW in the accumulation dtype.
-  const bool direct = x.dtype() == acc;
-  const Tensor dw = direct && !pr.nhwc ? aligned_output(dweight)
-                                       : mp::empty(dweight.sizes(), {.dtype = x.dtype(), .device = dweight.device(),
-                                                                     .memory_format = fmt});
-  // Where the 16-bit chunks add up in acc: dweight itself (NCHW) or a KRSC scratch (NHWC).
-  const Tensor sum = direct ? dw
-                     : pr.nhwc ? mp::empty(dweight.sizes(), {.dtype = acc, .device = dweight.device(),
-                                                              .memory_format = fmt})
-                               : dweight;
-  const int64_t chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = O * oh * ow;
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    pr.n = std::min(chunk, N - n0);
-    ConvPointers a;
-    a.x = byte_ptr(xc, n0 * in_per);
-    a.dy = byte_ptr(dyc, n0 * out_per);
-    a.out = dw.raw_data();
-    const bool first = n0 == 0;
-    run_conv<ConvDir::backward_filter>(pr, a, dweight.device(), direct && !first ? 1.0 : 0.0);
-    if (!direct) convert_dtype_into(sum, dw, /*accumulate=*/!first);
+  Tensor dyc;
+  for (MemoryFormat f : {cudnn_layout(fmt, x.dtype()), MemoryFormat::contiguous}) {
+    const Tensor xc = cudnn_dense(x, f);
+    dyc = cudnn_dense(dy, f);
+    const ConvProblem pr = make_problem(ConvDir::backward_filter, x.dtype(), f, N, x.size(1), x.size(2), x.size(3),
+                                        O, dweight.size(2), dweight.size(3), oh, ow, g);
+    if (backward_weights_calls(pr, dweight, xc, dyc)) break;
   }
-  if (pr.nhwc) {
-    Tensor(dweight).copy_(sum);  // KRSC -> OIHW (the element-wise copy kernel; the handle shares dweight)
-  } else if (direct) {
-    finish_output(dweight, dw);
-  }
-  if (dbias.defined()) {
+  if (dbias.defined()) {  // per-channel sums of dy in whichever layout it now has (Note [column reductions])
     const Tensor sums = acc == DType::f64 ? dbias : mp::empty({O}, {.dtype = DType::f64, .device = dbias.device()});
     per_channel_sums(sums, Tensor(), dyc.view({N, O, oh * ow}), Tensor(), Tensor());
     if (sums.raw_data() != dbias.raw_data()) convert_dtype_into(dbias, sums);
