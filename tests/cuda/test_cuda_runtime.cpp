@@ -204,6 +204,24 @@ TEST(CudaRuntime, StridedSources) {
             bytes_of(x.select(0, 1).unsqueeze(0).expand({3, 8})));
 }
 
+TEST(CudaRuntime, ChannelsLastKeepsItsLayout) {
+  MP_SKIP_WITHOUT_GPU();
+  // As PyTorch's .to (preserve_format): a channels-last tensor arrives channels-last and comes back so,
+  // with its logical values; its NHWC bytes travel as one contiguous block.
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor x = sample({2, 3, 4, 5}, dt).contiguous(MemoryFormat::channels_last);
+    const Tensor g = x.to(kCuda);
+    EXPECT_EQ(g.suggest_memory_format(), MemoryFormat::channels_last) << g.describe();
+    const Tensor back = g.to(kCPU);
+    EXPECT_EQ(back.suggest_memory_format(), MemoryFormat::channels_last) << back.describe();
+    EXPECT_EQ(bytes_of(back), bytes_of(x)) << dtype_name(dt);
+  }
+  // A strided view of channels-last data (not dense) comes out contiguous, with its values.
+  const Tensor x = sample({2, 6, 4, 5}, DType::f32).contiguous(MemoryFormat::channels_last);
+  const Tensor v = x.to(kCuda).narrow(1, 1, 3);
+  EXPECT_EQ(bytes_of(v.to(kCPU)), bytes_of(x.narrow(1, 1, 3)));
+}
+
 TEST(CudaRuntime, EmptyTensors) {
   MP_SKIP_WITHOUT_GPU();
   for (const Shape& shape : {Shape{0}, Shape{3, 0, 2}}) {
