@@ -40,6 +40,25 @@ Tol gemm_tol(DType dt, int64_t K, double c, double ulps, const std::string& why)
   return t;
 }
 
+// An OpCheck of conv2d on x, w (and a bias [w[0]] when asked) in dt, with the tolerances of cuDNN's algorithms
+// over K terms per output and K_bwd per gradient element; the caller sets fn.
+OpCheck conv_check(const std::string& name, DType dt, const Shape& x, const Shape& w, bool bias, int64_t K,
+                   int64_t K_bwd) {
+  OpCheck chk;
+  chk.name = name;
+  chk.inputs = {uniform(x, -1, 1, dt), uniform(w, -0.5, 0.5, dt), bias ? uniform({w[0]}, -1, 1, dt) : Tensor()};
+  // cuDNN's algorithms (implicit GEMM, Winograd, FFT) sum in other orders and some add transform roundings:
+  // 4 sqrt(K) u_acc sum|x w|. 16-bit with bias: the bias is added by a separate pass, so the output may be
+  // rounded twice (Note [cuDNN convolution precision]): 2 ulps.
+  chk.out = gemm_tol(dt, K, 4, bias ? 2 : 1, "convolution: cuDNN's summation order / algorithm, output rounding");
+  chk.grad = gemm_tol(dt, K_bwd, 4, 2,
+                      "data and weight gradients: cuDNN's order over O/g kh kw or N oh ow terms; a 16-bit weight "
+                      "gradient is rounded inside cuDNN (Note [conv weight gradient dtype]) then once more");
+  chk.abs_scales = true;
+  chk.f64_may_be_unsupported = true;
+  return chk;
+}
+
 }  // namespace
 
 // =============================================================================== matmul / linear
@@ -207,9 +226,6 @@ TEST(CudaConv, Conv2dGeometriesAndDtypes) {
       {"strided input view (transpose(1, 2))", {2, 11, 3, 13}, {8, 3, 3, 3}, {.padding = {1, 1}}, true, true},
   };
   for (DType dt : kFloatTypes) {
-    // cuDNN's algorithms (implicit GEMM, Winograd, FFT) sum in other orders and some add transform
-    // roundings: 4 sqrt(K) u_acc sum|x w|. 16-bit with bias: the bias is added by a separate pass, so the
-    // output may be rounded twice (Note [cuDNN convolution precision]): 2 ulps.
     for (const Case& k : cases) {
       const Shape xs = k.transposed_input ? Shape{k.x[0], k.x[2], k.x[1], k.x[3]} : k.x;
       const int64_t groups = k.opt.groups, C = xs[1], O = k.w[0], kh = k.w[2], kw = k.w[3];
@@ -217,20 +233,12 @@ TEST(CudaConv, Conv2dGeometriesAndDtypes) {
       const int64_t ow = (xs[3] + 2 * k.opt.padding[1] - k.opt.dilation[1] * (kw - 1) - 1) / k.opt.stride[1] + 1;
       const int64_t K = C / groups * kh * kw;
       const int64_t K_bwd = std::max(O / groups * kh * kw, xs[0] * oh * ow);
-      OpCheck chk;
-      chk.name = std::string("conv2d ") + dtype_name(dt) + " " + k.name;
-      chk.inputs = {uniform(k.x, -1, 1, dt), uniform(k.w, -0.5, 0.5, dt), k.bias ? uniform({O}, -1, 1, dt) : Tensor()};
+      OpCheck chk = conv_check(std::string("conv2d ") + dtype_name(dt) + " " + k.name, dt, k.x, k.w, k.bias, K, K_bwd);
       const Conv2dOptions opt = k.opt;
       const bool tr = k.transposed_input;
       chk.fn = [opt, tr](const std::vector<Tensor>& in) {
         return conv2d(tr ? in[0].transpose(1, 2) : in[0], in[1], in[2], opt);
       };
-      chk.out = gemm_tol(dt, K, 4, k.bias ? 2 : 1, "convolution: cuDNN's summation order / algorithm, output rounding");
-      chk.grad = gemm_tol(dt, K_bwd, 4, 2,
-                          "data and weight gradients: cuDNN's order over O/g kh kw or N oh ow terms; a 16-bit weight "
-                          "gradient is rounded inside cuDNN (Note [conv weight gradient dtype]) then once more");
-      chk.abs_scales = true;
-      chk.f64_may_be_unsupported = true;
       check_op(chk);
     }
   }
@@ -264,20 +272,13 @@ TEST(CudaConv, ChannelsLastMatchesTheCpu) {
         const int64_t oh = (k.x[2] + 2 * k.opt.padding[0] - (k.w[2] - 1) - 1) / k.opt.stride[0] + 1;
         const int64_t ow = (k.x[3] + 2 * k.opt.padding[1] - (k.w[3] - 1) - 1) / k.opt.stride[1] + 1;
         const int64_t K_bwd = std::max(O / k.opt.groups * k.w[2] * k.w[3], k.x[0] * oh * ow);
-        OpCheck chk;
-        chk.name = std::string("conv2d channels-last ") + dtype_name(dt) + " " + k.name +
-                   (weight_cl ? " (channels-last weight)" : " (OIHW weight)");
-        chk.inputs = {uniform(k.x, -1, 1, dt), uniform(k.w, -0.5, 0.5, dt), k.bias ? uniform({O}, -1, 1, dt) : Tensor()};
+        OpCheck chk = conv_check(std::string("conv2d channels-last ") + dtype_name(dt) + " " + k.name +
+                                     (weight_cl ? " (channels-last weight)" : " (OIHW weight)"),
+                                 dt, k.x, k.w, k.bias, K, K_bwd);
         const Conv2dOptions opt = k.opt;
         chk.fn = [opt, weight_cl](const std::vector<Tensor>& in) {
           return conv2d(in[0].contiguous(kCL), weight_cl ? in[1].contiguous(kCL) : in[1], in[2], opt);
         };
-        chk.out = gemm_tol(dt, K, 4, k.bias ? 2 : 1, "convolution: cuDNN's summation order / algorithm, output rounding");
-        chk.grad = gemm_tol(dt, K_bwd, 4, 2,
-                            "data and weight gradients: cuDNN's order over O/g kh kw or N oh ow terms; a 16-bit "
-                            "weight gradient is rounded inside cuDNN (Note [conv weight gradient dtype]) then once more");
-        chk.abs_scales = true;
-        chk.f64_may_be_unsupported = true;
         check_op(chk);
       }
     }
