@@ -89,7 +89,7 @@ BenchStepOptions resolved(BenchStepOptions o) {
   MP_CHECK(o.lr >= 0, "bench step: --lr must be >= 0 (0 = the optimizer's default), got ", o.lr);
   if (o.lr == 0) o.lr = o.optimizer == "sgd" ? 0.01 : 1e-3;
   (void)nn::lstm_impl_from_flag(o.lstm_impl, bench_device(o));
-  (void)models::memory_format_from_flag(o.memory_format, bench_device(o));
+  (void)models::memory_format_from_flag(o.memory_format);
   (void)float32_matmul_precision_from_string(o.matmul_precision);
   return o;
 }
@@ -125,7 +125,7 @@ Workload image_workload(const BenchStepOptions& o) {
   const models::ImageModelSpec spec{.in_channels = o.in_channels,
                                     .image_size = o.image_size,
                                     .num_classes = o.num_classes,
-                                    .memory_format = models::memory_format_from_flag(o.memory_format, bench_device(o))};
+                                    .memory_format = models::memory_format_from_flag(o.memory_format)};
   std::shared_ptr<nn::UnaryModule> model = models::create_image_model(o.model, spec);
   const Device dev = bench_device(o);
   model->to(dev);

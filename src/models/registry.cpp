@@ -75,13 +75,12 @@ bool is_image_model(const std::string& name) {
          wrn_config(name).has_value();
 }
 
-MemoryFormat memory_format_from_flag(const std::string& name, Device device, const char* flag) {
+MemoryFormat memory_format_from_flag(const std::string& name, const char* flag) {
   if (name == "channels_last" || name == "nhwc") return MemoryFormat::channels_last;
   if (name == "contiguous" || name == "nchw") return MemoryFormat::contiguous;
   MP_CHECK(name == "auto", "unknown ", flag, " '", name,
            "'; expected auto, channels_last (nhwc) or contiguous (nchw)");
-  (void)device;  // NHWC on the CPU (oneDNN) and on CUDA (cuDNN's tensor cores) alike
-  return MemoryFormat::channels_last;
+  return MemoryFormat::channels_last;  // NHWC on the CPU (oneDNN) and on CUDA (cuDNN's tensor cores) alike
 }
 
 std::shared_ptr<nn::UnaryModule> create_image_model(const std::string& name, const ImageModelSpec& spec) {

@@ -78,7 +78,7 @@ void validate(const TrainConfig& c) {
     check_positive("num_layers", c.num_layers);
     check_non_negative("max_vocab", c.max_vocab);
     if (c.model == "lstm") (void)nn::lstm_impl_from_flag(c.lstm_impl, device_from_flag(c.device, "--device"));
-    (void)models::memory_format_from_flag(c.memory_format, device_from_flag(c.device, "--device"));
+    (void)models::memory_format_from_flag(c.memory_format);
     MP_CHECK(c.model == "lstm" || c.lstm_impl == "fused", "--lstm_impl ", c.lstm_impl, " applies to --model lstm only, ",
              "got --model ", c.model, "; drop the flag");
     MP_CHECK(!c.tie_weights || c.embed_size == c.hidden_size, "--tie_weights needs --embed_size == --hidden_size, got ",

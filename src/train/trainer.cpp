@@ -185,7 +185,7 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
       c.model, {.in_channels = sets.channels,
                 .image_size = sets.size,
                 .num_classes = sets.classes,
-                .memory_format = models::memory_format_from_flag(c.memory_format, dev)});
+                .memory_format = models::memory_format_from_flag(c.memory_format)});
   model->to(dev);  // initialised on the host (the same weights on every device), then moved
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
@@ -244,7 +244,7 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
       c.model, {.in_channels = sets.channels,
                 .image_size = sets.size,
                 .num_classes = sets.classes,
-                .memory_format = models::memory_format_from_flag(c.memory_format, run_device(c))});
+                .memory_format = models::memory_format_from_flag(c.memory_format)});
   const amp::AmpOptions o = convert_for_eval(c, *model);
   model->to(run_device(c));
   model->load_state_dict(weights, /*strict=*/true);

@@ -405,12 +405,17 @@ Tol norm_dw_tol(DType dt, int64_t R, int64_t M) {
 
 }  // namespace
 
+// Channels-last cases (strides {S C, 1, C}) run the own kernels' column reductions (Note [column reductions])
+// and the element-wise passes vectorised along C, against the CPU's channels-last path: C a multiple of the
+// vector width and not, more than one 32-column tile (a partial one), several row parts per tile; the
+// output stays channels-last.
 TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
   MP_SKIP_WITHOUT_GPU();
   struct Case {
     const char* name;
     Shape x;
     bool affine, running;
+    bool channels_last = false;
   };
   const std::vector<Case> cases = {
       {"[8, 6] affine", {8, 6}, true, true},
@@ -418,6 +423,10 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
       {"[3, 4, 9] affine, no running stats", {3, 4, 9}, true, false},
       {"[4, 3, 5, 6] no affine", {4, 3, 5, 6}, false, true},
       {"[16, 8, 32, 32] affine (long channels)", {16, 8, 32, 32}, true, true},
+      {"channels-last [4, 16, 7, 7] affine (C a vector multiple)", {4, 16, 7, 7}, true, true, true},
+      {"channels-last [3, 5, 6, 6] no affine (odd C)", {3, 5, 6, 6}, false, true, true},
+      {"channels-last [2, 40, 9, 9] affine (two column tiles)", {2, 40, 9, 9}, true, true, true},
+      {"channels-last [64, 8, 16, 16] affine (row parts)", {64, 8, 16, 16}, true, true, true},
   };
   for (DType dt : kFloatTypes) {
     const DType sdt = dt == DType::f64 ? DType::f64 : DType::f32;
@@ -432,7 +441,8 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
           const std::string what = std::string("batch_norm ") + dtype_name(dt) + " (weights " + dtype_name(wdt) +
                                    ") " + k.name + (training ? " train" : " eval");
           guarded(what, [&] {
-            const Tensor x = normal(k.x, 0.5, 1.0, dt);
+            const MemoryFormat fmt = k.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+            const Tensor x = normal(k.x, 0.5, 1.0, dt).contiguous(fmt);
             const Tensor w = k.affine ? uniform({C}, 0.5, 1.5, wdt) : Tensor();
             const Tensor b = k.affine ? uniform({C}, -0.5, 0.5, wdt) : Tensor();
             const Tensor rm = k.running ? uniform({C}, -0.3, 0.3, sdt) : Tensor();
@@ -442,6 +452,10 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
             const Tensor crm = cpu_leaf(rm), crv = cpu_leaf(rv), drm = on_dev(rm), drv = on_dev(rv);
             const Tensor want = batch_norm(cx, crm, crv, cw, cb, training, 0.1, 1e-5);
             const Tensor got = batch_norm(dx, drm, drv, dw, db, training, 0.1, 1e-5);
+            if (k.channels_last) {
+              ASSERT_EQ(dx.suggest_memory_format(), fmt) << "on_dev must keep the layout: " << dx.describe();
+              EXPECT_EQ(got.suggest_memory_format(), fmt) << got.describe();
+            }
             EXPECT_TRUE(close(what + " y", got, want, training ? norm_out_tol(dt, M) : Tol{.ulps = 2, .atol = 32 * acc_roundoff(dt), .why = "eval: fixed statistics, one element-wise pass (rounding / FMA)"}));
             if (training && k.running) {
               // new = 0.9 old + 0.1 batch: the batch statistics' differences scaled by 0.1 (plus M / (M - 1)).
@@ -450,7 +464,7 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
               EXPECT_TRUE(close(what + " running_mean", drm, crm, rt));
               EXPECT_TRUE(close(what + " running_var", drv, crv, rt));
             }
-            const Tensor go = uniform(k.x, -1, 1, dt);
+            const Tensor go = uniform(k.x, -1, 1, dt).contiguous(fmt);
             want.backward(go);
             got.backward(on_dev(go));
             EXPECT_TRUE(close(what + " dx", dx.grad(), cx.grad(), training ? norm_dx_tol(dt, M) : Tol{.ulps = 2, .atol = 8 * acc_roundoff(dt), .why = "eval: dx = w invstd dy"}));
@@ -458,55 +472,6 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
               EXPECT_TRUE(close(what + " dweight", dw.grad(), cw.grad(), norm_dw_tol(wdt, M, M)));
               EXPECT_TRUE(close(what + " dbias", db.grad(), cb.grad(), norm_dw_tol(wdt, M, M)));
             }
-          });
-        }
-      }
-    }
-  }
-}
-
-// Channels-last batch norm (strides {S C, 1, C}): the own kernels' column reductions (Note [column
-// reductions]) and the element-wise passes vectorised along C, against the CPU's channels-last path:
-// C a multiple of the vector width and not, more than one 32-column tile (a partial one), and enough rows
-// for several row parts per tile.
-TEST(CudaNorm, BatchNormChannelsLast) {
-  MP_SKIP_WITHOUT_GPU();
-  constexpr MemoryFormat kCL = MemoryFormat::channels_last;
-  const std::vector<Shape> shapes = {{4, 16, 7, 7}, {3, 5, 6, 6}, {2, 40, 9, 9}, {64, 8, 16, 16}};
-  for (DType dt : kFloatTypes) {
-    const DType sdt = dt == DType::f64 ? DType::f64 : DType::f32;
-    std::vector<DType> wdts = {dt};
-    if (is_low_precision(dt)) wdts.push_back(DType::f32);
-    for (DType wdt : wdts) {
-      for (const Shape& xs : shapes) {
-        for (bool training : {true, false}) {
-          const int64_t C = xs[1], M = shape_numel(xs) / C;
-          const std::string what = std::string("batch_norm channels-last ") + dtype_name(dt) + " (weights " +
-                                   dtype_name(wdt) + ") " + shape_str(xs) + (training ? " train" : " eval");
-          guarded(what, [&] {
-            const Tensor x = normal(xs, 0.5, 1.0, dt).contiguous(kCL);
-            const Tensor w = uniform({C}, 0.5, 1.5, wdt), b = uniform({C}, -0.5, 0.5, wdt);
-            const Tensor rm = uniform({C}, -0.3, 0.3, sdt), rv = uniform({C}, 0.5, 2.0, sdt);
-            const Tensor cx = cpu_leaf(x, true), cw = cpu_leaf(w, true), cb = cpu_leaf(b, true);
-            const Tensor dx = on_dev(x, true), dw = on_dev(w, true), db = on_dev(b, true);
-            const Tensor crm = cpu_leaf(rm), crv = cpu_leaf(rv), drm = on_dev(rm), drv = on_dev(rv);
-            ASSERT_EQ(dx.suggest_memory_format(), kCL) << "on_dev must keep the layout: " << dx.describe();
-            const Tensor want = batch_norm(cx, crm, crv, cw, cb, training, 0.1, 1e-5);
-            const Tensor got = batch_norm(dx, drm, drv, dw, db, training, 0.1, 1e-5);
-            EXPECT_EQ(got.suggest_memory_format(), kCL) << got.describe();
-            EXPECT_TRUE(close(what + " y", got, want, training ? norm_out_tol(dt, M) : Tol{.ulps = 2, .atol = 32 * acc_roundoff(dt), .why = "eval: fixed statistics, one element-wise pass (rounding / FMA)"}));
-            if (training) {
-              const Tol rt{.ulps = 2, .atol = 4 * std::sqrt(static_cast<double>(M)) * acc_roundoff(dt),
-                           .why = "running statistics: 0.1 x the batch statistics' differences"};
-              EXPECT_TRUE(close(what + " running_mean", drm, crm, rt));
-              EXPECT_TRUE(close(what + " running_var", drv, crv, rt));
-            }
-            const Tensor go = uniform(xs, -1, 1, dt).contiguous(kCL);
-            want.backward(go);
-            got.backward(on_dev(go));
-            EXPECT_TRUE(close(what + " dx", dx.grad(), cx.grad(), training ? norm_dx_tol(dt, M) : Tol{.ulps = 2, .atol = 8 * acc_roundoff(dt), .why = "eval: dx = w invstd dy"}));
-            EXPECT_TRUE(close(what + " dweight", dw.grad(), cw.grad(), norm_dw_tol(wdt, M, M)));
-            EXPECT_TRUE(close(what + " dbias", db.grad(), cb.grad(), norm_dw_tol(wdt, M, M)));
           });
         }
       }

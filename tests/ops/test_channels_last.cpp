@@ -134,13 +134,12 @@ TEST(MemoryFormat, ElementwiseOpsKeepChannelsLast) {
 }
 
 TEST(MemoryFormat, FlagValues) {
-  const Device cuda{DeviceType::cuda, 0};
-  EXPECT_EQ(models::memory_format_from_flag("auto", kCPU), kCL);
-  EXPECT_EQ(models::memory_format_from_flag("auto", cuda), kCL);
-  EXPECT_EQ(models::memory_format_from_flag("nhwc", cuda), kCL);
-  EXPECT_EQ(models::memory_format_from_flag("nchw", kCPU), MemoryFormat::contiguous);
-  EXPECT_EQ(models::memory_format_from_flag("contiguous", kCPU), MemoryFormat::contiguous);
-  test::expect_error([] { (void)models::memory_format_from_flag("NHWC4", kCPU); },
+  EXPECT_EQ(models::memory_format_from_flag("auto"), kCL);
+  EXPECT_EQ(models::memory_format_from_flag("nhwc"), kCL);
+  EXPECT_EQ(models::memory_format_from_flag("channels_last"), kCL);
+  EXPECT_EQ(models::memory_format_from_flag("nchw"), MemoryFormat::contiguous);
+  EXPECT_EQ(models::memory_format_from_flag("contiguous"), MemoryFormat::contiguous);
+  test::expect_error([] { (void)models::memory_format_from_flag("NHWC4"); },
                      {"--memory_format", "'NHWC4'", "channels_last", "contiguous", "auto"});
 }
 

@@ -30,10 +30,10 @@ std::vector<std::string> image_model_names();
 /// Whether create_image_model accepts `name`.
 bool is_image_model(const std::string& name);
 
-/// The activation layout a `--memory_format` flag selects for the conv nets on `device`: "channels_last"
+/// The activation layout a `--memory_format` flag selects for the conv nets: "channels_last"
 /// (or "nhwc"), "contiguous" (or "nchw"), or "auto" = channels_last on every device (oneDNN's bf16 kernels
 /// and cuDNN's tensor-core kernels work in NHWC: no reorders around each convolution). Anything else throws
 /// naming `flag`.
-MemoryFormat memory_format_from_flag(const std::string& name, Device device, const char* flag = "--memory_format");
+MemoryFormat memory_format_from_flag(const std::string& name, const char* flag = "--memory_format");
 
 }  // namespace mp::models
