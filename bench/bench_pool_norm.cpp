@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
       const Tensor mean = empty({C}), var = empty({C}), invstd = empty({C}), bw = rand({C}, {}, 0.5, 1.5),
                    bb = randn({C}), dw = empty({C}), db = empty({C});
       backend::max_pool2d_forward_kernel.get(cpu)(pout, pidx, x, w2);  // indices for the backward case
-      backend::batch_norm_forward_kernel.get(cpu)(y3, mean, var, invstd, x3, bw, bb, true, 1e-5);
+      backend::batch_norm_forward_kernel.get(cpu)(y3, mean, var, invstd, x3, bw, bb, true, 1e-5, Tensor(), false);
       std::vector<char> src(static_cast<size_t>(numel * es)), dst(src.size());
       std::memset(src.data(), 1, src.size());
       std::memset(dst.data(), 0, dst.size());
@@ -135,9 +135,9 @@ int main(int argc, char** argv) {
           {"adaptive_avg_pool2d 1x1 bwd", A + X,
            [&] { backend::adaptive_avg_pool2d_backward_kernel.get(cpu)(dx, ady); }},
           {"batch_norm train fwd", 2 * X,
-           [&] { backend::batch_norm_forward_kernel.get(cpu)(y3, mean, var, invstd, x3, bw, bb, true, 1e-5); }},
+           [&] { backend::batch_norm_forward_kernel.get(cpu)(y3, mean, var, invstd, x3, bw, bb, true, 1e-5, Tensor(), false); }},
           {"batch_norm train bwd", 3 * X,
-           [&] { backend::batch_norm_backward_kernel.get(cpu)(dx3, dw, db, dy3, x3, mean, invstd, bw, true); }},
+           [&] { backend::batch_norm_backward_kernel.get(cpu)(dx3, dw, db, dy3, x3, mean, invstd, bw, true, Tensor(), Tensor()); }},
       };
       for (const Case& c : cases) {
         if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

@@ -63,9 +63,8 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride) : nn::
 
 Tensor BasicBlock::forward(const Tensor& x) {
   const Tensor identity = downsample_ ? (*downsample_)(x) : x;
-  Tensor out = relu((*bn1_)((*conv1_)(x)));
-  out = (*bn2_)((*conv2_)(out));
-  return relu(add(out, identity));
+  const Tensor out = bn1_->forward_relu((*conv1_)(x));
+  return bn2_->forward_add_relu((*conv2_)(out), identity);
 }
 
 Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride) : nn::UnaryModule("Bottleneck") {
@@ -81,10 +80,9 @@ Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride) : nn::
 
 Tensor Bottleneck::forward(const Tensor& x) {
   const Tensor identity = downsample_ ? (*downsample_)(x) : x;
-  Tensor out = relu((*bn1_)((*conv1_)(x)));
-  out = relu((*bn2_)((*conv2_)(out)));
-  out = (*bn3_)((*conv3_)(out));
-  return relu(add(out, identity));
+  Tensor out = bn1_->forward_relu((*conv1_)(x));
+  out = bn2_->forward_relu((*conv2_)(out));
+  return bn3_->forward_add_relu((*conv3_)(out), identity);
 }
 
 // ---------------------------------------------------------------- the network
@@ -175,7 +173,7 @@ Tensor ResNet::forward(const Tensor& x) {
   MP_CHECK(x.defined() && x.dim() == 4 && x.size(1) == options_.in_channels, "ResNet::forward: expected images [N, ",
            options_.in_channels, ", H, W], got ", x.defined() ? x.describe() : std::string("an undefined tensor"));
   const Tensor xf = x.contiguous(options_.memory_format);
-  Tensor y = relu((*bn1_)((*conv1_)(xf)));
+  Tensor y = bn1_->forward_relu((*conv1_)(xf));
   for (auto& stage : stages_) y = (*stage)(y);
   return (*fc_)((*avgpool_)(y).flatten(1));
 }

@@ -19,8 +19,8 @@ WideBasicBlock::WideBasicBlock(int64_t in_channels, int64_t out_channels, int64_
 }
 
 Tensor WideBasicBlock::forward(const Tensor& x) {
-  const Tensor o = relu((*bn1_)(x));
-  Tensor y = relu((*bn2_)((*conv1_)(o)));
+  const Tensor o = bn1_->forward_relu(x);
+  Tensor y = bn2_->forward_relu((*conv1_)(o));
   if (dropout_ > 0.0) y = dropout(y, dropout_, is_training());
   y = (*conv2_)(y);
   return add(y, shortcut_ ? (*shortcut_)(o) : x);
@@ -56,7 +56,7 @@ Tensor WideResNet::forward(const Tensor& x) {
            x.defined() ? x.describe() : std::string("an undefined tensor"));
   Tensor y = (*conv1_)(x.contiguous(options_.memory_format));
   for (auto& stage : stages_) y = (*stage)(y);
-  y = relu((*bn_)(y));
+  y = bn_->forward_relu(y);
   return (*fc_)(adaptive_avg_pool2d(y, {1, 1}).flatten(1));
 }
 

@@ -7,6 +7,7 @@
 #include "mp/autograd/node.hpp"
 #include "mp/nn/init.hpp"
 #include "mp/ops/norm.hpp"
+#include "mp/ops/pointwise.hpp"
 
 namespace mp::nn {
 
@@ -41,7 +42,21 @@ void BatchNormBase::reset_parameters() {
   }
 }
 
-Tensor BatchNormBase::forward(const Tensor& x) {
+Tensor BatchNormBase::forward(const Tensor& x) { return forward_fused(x, Tensor(), false); }
+
+// With forward hooks (amp diagnostics, a user's probe), the hooks see this module's own output: not fused.
+Tensor BatchNormBase::forward_relu(const Tensor& x) {
+  if (has_forward_hooks()) return relu((*this)(x));
+  return forward_fused(x, Tensor(), true);
+}
+
+Tensor BatchNormBase::forward_add_relu(const Tensor& x, const Tensor& residual) {
+  MP_CHECK(residual.defined(), type_name(), "::forward_add_relu: got an undefined residual");
+  if (has_forward_hooks()) return relu(add((*this)(x), residual));
+  return forward_fused(x, residual, true);
+}
+
+Tensor BatchNormBase::forward_fused(const Tensor& x, const Tensor& residual, bool relu) {
   MP_CHECK(std::find(input_dims_.begin(), input_dims_.end(), x.dim()) != input_dims_.end(), type_name(),
            "::forward: expected a ", input_dims_.front(), input_dims_.size() > 1 ? "-D or " : "-D",
            input_dims_.size() > 1 ? std::to_string(input_dims_.back()) + "-D" : std::string(), " input, got ",
@@ -52,13 +67,23 @@ Tensor BatchNormBase::forward(const Tensor& x) {
   const bool update = is_training() && options_.track_running_stats;
   if (update) {
     autograd::NoGradGuard ng;
-    const int64_t n = num_batches_tracked_->item<int64_t>() + 1;
-    num_batches_tracked_->fill_(static_cast<double>(n));
-    if (!options_.momentum) factor = 1.0 / static_cast<double>(n);  // cumulative moving average
+    if (options_.momentum) {
+      // Counted on the buffer's device: no read back (on a GPU, a read is a host synchronisation per layer).
+      num_batches_tracked_->copy_(add(*num_batches_tracked_, 1.0));
+    } else {
+      const int64_t n = num_batches_tracked_->item<int64_t>() + 1;
+      num_batches_tracked_->fill_(static_cast<double>(n));
+      factor = 1.0 / static_cast<double>(n);  // cumulative moving average
+    }
   }
   // Running statistics are used in eval mode only when tracked (else batch statistics, as PyTorch).
-  return batch_norm(x, *running_mean_, *running_var_, *weight_, *bias_, is_training() || !options_.track_running_stats,
-                    factor, options_.eps);
+  const bool batch_stats = is_training() || !options_.track_running_stats;
+  if (residual.defined())
+    return batch_norm_add_relu(x, residual, *running_mean_, *running_var_, *weight_, *bias_, batch_stats, factor,
+                               options_.eps);
+  if (relu)
+    return batch_norm_relu(x, *running_mean_, *running_var_, *weight_, *bias_, batch_stats, factor, options_.eps);
+  return batch_norm(x, *running_mean_, *running_var_, *weight_, *bias_, batch_stats, factor, options_.eps);
 }
 
 std::string BatchNormBase::extra_repr() const {

@@ -3,6 +3,8 @@
 #include "mp/amp/autocast.hpp"
 #include "mp/ops/norm.hpp"
 
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "backend/norm_kernels.hpp"
@@ -35,11 +37,11 @@ Tensor fresh_copy(const Tensor& t, DType dt) {
   return out;
 }
 
-}  // namespace
-
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
-  constexpr const char* op = "batch_norm";
+// batch_norm, batch_norm_relu and batch_norm_add_relu: y = relu?(bn(x) + residual?) (Note [batch norm + add +
+// ReLU] in backend/norm_kernels.hpp).
+Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                       const Tensor& running_var, const Tensor& weight, const Tensor& bias, bool training,
+                       double momentum, double eps, bool relu) {
   MP_CHECK(x.defined(), op, ": got an undefined input");
   MP_CHECK(x.dim() >= 2, op, ": expected an input of shape [N, C, ...] (at least 2 dims), got ",
            shape_str(x.sizes()));
@@ -61,12 +63,39 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   MP_CHECK(!use_batch_stats || M > 1, op, ": expected more than 1 value per channel when using batch statistics, ",
            "got input ", shape_str(x.sizes()), "; use a larger batch or eval mode with running statistics");
 
+  // MP_BN_FUSION=0 runs the unfused ops instead (A/B experiments only).
+  static const bool fusion = [] {
+    const char* e = std::getenv("MP_BN_FUSION");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  if (!fusion && (relu || residual.defined())) {
+    Tensor y =
+        batch_norm_impl(op, x, Tensor(), running_mean, running_var, weight, bias, training, momentum, eps, false);
+    if (residual.defined()) y = add(y, residual);
+    return relu ? mp::relu(y) : y;
+  }
+  if (residual.defined()) {
+    MP_CHECK(residual.device() == x.device(), op, ": the residual is on ", residual.device().str(),
+             " but the input is on ", x.device().str(), "; move it with .to(device)");
+    if (residual.sizes() != x.sizes() || residual.dtype() != x.dtype()) {
+      // Broadcasting or type promotion: the unfused ops define the result.
+      Tensor y = add(batch_norm_impl(op, x, Tensor(), running_mean, running_var, weight, bias, training, momentum, eps,
+                                     false),
+                     residual);
+      return relu ? mp::relu(y) : y;
+    }
+  }
+
   const DType sdt = stats_dtype(x.dtype());
   const Device dev = x.device();
   // A channels-last input is normalised in place of its layout: the kernels take [N, C, S] with strides
   // {S C, 1, C} too, and y, dy and dx share x's layout (no NHWC <-> NCHW copies around batch norm).
   const bool cl = x.suggest_memory_format() == MemoryFormat::channels_last;
   Tensor xc = cl ? x.detach().view({N, C, S}) : x.detach().contiguous().reshape({N, C, S});
+  // The residual in x's layout (a copy only when the layouts differ).
+  const Tensor rc = !residual.defined() ? Tensor()
+                    : cl ? residual.detach().contiguous(MemoryFormat::channels_last).view({N, C, S})
+                         : residual.detach().contiguous().reshape({N, C, S});
   auto like_x = [cl, N, C, S](DType dt, Device d) {
     return cl ? empty({N, S, C}, {.dtype = dt, .device = d}).permute({0, 2, 1})
               : empty({N, C, S}, {.dtype = dt, .device = d});
@@ -83,7 +112,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   Tensor invstd = empty({C}, {.dtype = sdt, .device = dev});
   Tensor wd = weight.defined() ? weight.detach().contiguous() : Tensor();
   Tensor bd = bias.defined() ? bias.detach().contiguous() : Tensor();
-  backend::batch_norm_forward_kernel.get(dev)(y, mean, var, invstd, xc, wd, bd, use_batch_stats, eps);
+  backend::batch_norm_forward_kernel.get(dev)(y, mean, var, invstd, xc, wd, bd, use_batch_stats, eps, rc, relu);
 
   if (training && running_mean.defined()) {
     // new = (1 - m) old + m batch, with the unbiased batch variance (n / (n - 1)) for running_var.
@@ -95,25 +124,54 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   }
 
   Tensor out = y.view(x.sizes());
-  if (autograd::any_requires_grad({&x, &weight, &bias})) {
+  if (autograd::any_requires_grad({&x, &weight, &bias, &residual})) {
     const bool need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad();
     const bool need_b = bias.defined() && bias.requires_grad();
+    const bool need_r = residual.defined() && residual.requires_grad();
     const Shape xs = x.sizes();
-    autograd::record("BatchNormBackward", {x, weight, bias}, {out},
-                     [xc, wd, mean, invstd, use_batch_stats, need_x, need_w, need_b, xs, sdt, cl, like_x](
-                         const std::vector<Tensor>& g) {
-                       const Tensor dy = cl ? g[0].contiguous(MemoryFormat::channels_last).view(xc.sizes())
-                                            : g[0].contiguous().reshape(xc.sizes());
-                       const Device d = xc.device();
-                       Tensor dx = need_x ? like_x(xc.dtype(), d) : Tensor();
-                       Tensor dw = need_w ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
-                       Tensor db = need_b ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
-                       backend::batch_norm_backward_kernel.get(d)(dx, dw, db, dy, xc, mean, invstd, wd,
-                                                                  use_batch_stats);
-                       return std::vector<Tensor>{need_x ? dx.view(xs) : Tensor(), dw, db};
-                     });
+    const Tensor ys = relu ? y : Tensor();  // the output, for the ReLU's mask
+    autograd::record(
+        relu ? (residual.defined() ? "BatchNormAddReluBackward" : "BatchNormReluBackward") : "BatchNormBackward",
+        {x, weight, bias, residual}, {out},
+        [xc, wd, mean, invstd, use_batch_stats, need_x, need_w, need_b, need_r, xs, sdt, cl, like_x,
+         ys](const std::vector<Tensor>& g) {
+          const Tensor g0 = ys.defined() ? g[0].to(xc.dtype()) : g[0];  // the fused mask wants x's dtype
+          const Tensor dy = cl ? g0.contiguous(MemoryFormat::channels_last).view(xc.sizes())
+                               : g0.contiguous().reshape(xc.sizes());
+          const Device d = xc.device();
+          Tensor dx = need_x ? like_x(xc.dtype(), d) : Tensor();
+          Tensor dw = need_w ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
+          Tensor db = need_b ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();
+          // The residual's gradient: the masked gradient with the ReLU fused, else dy itself.
+          Tensor dz = need_r && ys.defined() ? like_x(xc.dtype(), d) : Tensor();
+          backend::batch_norm_backward_kernel.get(d)(dx, dw, db, dy, xc, mean, invstd, wd, use_batch_stats, ys, dz);
+          Tensor dr = need_r ? (ys.defined() ? dz.view(xs) : g[0]) : Tensor();
+          return std::vector<Tensor>{need_x ? dx.view(xs) : Tensor(), dw, db, dr};
+        });
   }
   return out;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm", x, Tensor(), running_mean, running_var, weight, bias, training, momentum, eps,
+                         false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm_relu", x, Tensor(), running_mean, running_var, weight, bias, training, momentum,
+                         eps, true);
+}
+
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                           const Tensor& running_var, const Tensor& weight, const Tensor& bias, bool training,
+                           double momentum, double eps) {
+  MP_CHECK(residual.defined(), "batch_norm_add_relu: got an undefined residual; use batch_norm_relu without one");
+  return batch_norm_impl("batch_norm_add_relu", x, residual, running_mean, running_var, weight, bias, training,
+                         momentum, eps, true);
 }
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,

@@ -479,6 +479,55 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
   }
 }
 
+TEST(CudaNorm, BatchNormReluAndAddReluMatchTheUnfusedOps) {
+  // Note [batch norm + add + ReLU]: on the device the fused ops give the unfused ops' bits (values and every
+  // gradient), in both layouts and every dtype; the CPU side of the same contract is test_batch_norm_fused.
+  MP_SKIP_WITHOUT_GPU();
+  for (DType dt : kFloatTypes)
+    for (bool cl : {false, true})
+      for (bool training : {true, false})
+        for (bool residual : {false, true}) {
+          const std::string what = std::string("batch_norm") + (residual ? "_add_relu " : "_relu ") + dtype_name(dt) +
+                                   (cl ? " channels-last" : " NCHW") + (training ? " train" : " eval");
+          guarded(what, [&] {
+            const MemoryFormat fmt = cl ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+            const DType pdt = dt == DType::f64 ? DType::f64 : DType::f32;
+            const Shape shape{4, 24, 6, 5};
+            const Tensor x = normal(shape, 0.3, 2.0, dt).contiguous(fmt), r = normal(shape, 0.0, 1.0, dt).contiguous(fmt);
+            const Tensor w = uniform({24}, 0.5, 1.5, pdt), b = uniform({24}, -0.5, 0.5, pdt);
+            const Tensor rm = uniform({24}, -0.3, 0.3, pdt), rv = uniform({24}, 0.5, 2.0, pdt);
+            const Tensor go = uniform(shape, -1, 1, dt).contiguous(fmt);
+            struct Out {
+              Tensor y, dx, dw, db, dr, rm;
+            };
+            auto run = [&](bool fused) {
+              const Tensor dx = on_dev(x, true), dw = on_dev(w, true), db = on_dev(b, true);
+              const Tensor dr = residual ? on_dev(r, true) : Tensor(), drm = on_dev(rm), drv = on_dev(rv);
+              Tensor y;
+              if (fused) {
+                y = residual ? batch_norm_add_relu(dx, dr, drm, drv, dw, db, training)
+                             : batch_norm_relu(dx, drm, drv, dw, db, training);
+              } else {
+                const Tensor n = batch_norm(dx, drm, drv, dw, db, training);
+                y = relu(residual ? add(n, dr) : n);
+              }
+              y.backward(on_dev(go));
+              return Out{y, dx.grad(), dw.grad(), db.grad(), residual ? dr.grad() : Tensor(), drm};
+            };
+            const Out f = run(true), u = run(false);
+            EXPECT_TRUE(identical(what + " y", f.y, u.y.to(kCPU)));
+            EXPECT_TRUE(identical(what + " dx", f.dx, u.dx.to(kCPU)));
+            EXPECT_TRUE(identical(what + " dweight", f.dw, u.dw.to(kCPU)));
+            EXPECT_TRUE(identical(what + " dbias", f.db, u.db.to(kCPU)));
+            EXPECT_TRUE(identical(what + " running_mean", f.rm, u.rm.to(kCPU)));
+            if (residual) {
+              EXPECT_TRUE(identical(what + " dresidual", f.dr, u.dr.to(kCPU)));
+            }
+            EXPECT_EQ(f.y.suggest_memory_format(), fmt) << f.y.describe();
+          });
+        }
+}
+
 TEST(CudaNorm, BatchNormFarFromZeroMean) {
   MP_SKIP_WITHOUT_GPU();
   // Activations with |mean| = 100 std: a one-pass E[x^2] - E[x]^2 variance cancels catastrophically

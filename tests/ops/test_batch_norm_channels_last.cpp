@@ -100,7 +100,8 @@ Fwd forward(const Data& d, const Tensor& x, bool cl, bool training) {
   f.mean = training ? empty({d.C}, {.dtype = sdt}) : d.rm.clone();
   f.var = training ? empty({d.C}, {.dtype = sdt}) : d.rv.clone();
   f.invstd = empty({d.C}, {.dtype = sdt});
-  backend::batch_norm_forward_kernel.get(kCPU)(f.y, f.mean, f.var, f.invstd, x, d.w, d.b, training, kEps);
+  backend::batch_norm_forward_kernel.get(kCPU)(f.y, f.mean, f.var, f.invstd, x, d.w, d.b, training, kEps,
+                                               Tensor(), false);
   return f;
 }
 
@@ -121,7 +122,8 @@ Bwd backward(const Data& d, const Tensor& dy, const Tensor& x, bool cl, const Te
   if (need.dx) g.dx = make(d.N, d.C, d.S, d.dt, cl);
   if (need.dw) g.dw = empty({d.C}, {.dtype = sdt});
   if (need.db) g.db = empty({d.C}, {.dtype = sdt});
-  backend::batch_norm_backward_kernel.get(kCPU)(g.dx, g.dw, g.db, dy, x, mean, invstd, d.w, training);
+  backend::batch_norm_backward_kernel.get(kCPU)(g.dx, g.dw, g.db, dy, x, mean, invstd, d.w, training, Tensor(),
+                                                Tensor());
   return g;
 }
 
@@ -422,7 +424,7 @@ TEST(BatchNormChannelsLast, MixedDtypesMatchOneDtype) {
       const Tensor dy32 = relayout(d.dy.to(DType::f32), true);
       Bwd mixed{make(d.N, d.C, d.S, DType::f32, true), empty({d.C}), empty({d.C})};
       backend::batch_norm_backward_kernel.get(kCPU)(mixed.dx, mixed.dw, mixed.db, dy32, xl, f.mean, f.invstd, d.w,
-                                                    true);
+                                                    true, Tensor(), Tensor());
       EXPECT_EQ(bytes(mixed.dw), bytes(one.dw));
       EXPECT_EQ(bytes(mixed.db), bytes(one.db));
       EXPECT_EQ(bytes(mixed.dx.to(dt)), bytes(one.dx));
@@ -436,15 +438,15 @@ TEST(BatchNormChannelsLast, MismatchedLayoutsAreRejected) {
   Tensor m = empty({8}), v = empty({8}), r = empty({8}), dw = empty({8}), db = empty({8});
   const auto fwd = backend::batch_norm_forward_kernel.get(kCPU);
   const auto bwd = backend::batch_norm_backward_kernel.get(kCPU);
-  EXPECT_THROW(fwd(make(2, 8, 6, DType::f32, false), m, v, r, xl, d.w, d.b, true, kEps), Error);
-  EXPECT_THROW(fwd(make(2, 8, 6, DType::f32, true), m, v, r, d.x, d.w, d.b, true, kEps), Error);
-  fwd(make(2, 8, 6, DType::f32, true), m, v, r, xl, d.w, d.b, true, kEps);
-  EXPECT_THROW(bwd(make(2, 8, 6, DType::f32, false), dw, db, dyl, xl, m, r, d.w, true), Error);
-  EXPECT_THROW(bwd(make(2, 8, 6, DType::f32, true), dw, db, d.dy, xl, m, r, d.w, true), Error);
-  EXPECT_NO_THROW(bwd(make(2, 8, 6, DType::f32, true), dw, db, dyl, xl, m, r, d.w, true));
+  EXPECT_THROW(fwd(make(2, 8, 6, DType::f32, false), m, v, r, xl, d.w, d.b, true, kEps, Tensor(), false), Error);
+  EXPECT_THROW(fwd(make(2, 8, 6, DType::f32, true), m, v, r, d.x, d.w, d.b, true, kEps, Tensor(), false), Error);
+  fwd(make(2, 8, 6, DType::f32, true), m, v, r, xl, d.w, d.b, true, kEps, Tensor(), false);
+  EXPECT_THROW(bwd(make(2, 8, 6, DType::f32, false), dw, db, dyl, xl, m, r, d.w, true, Tensor(), Tensor()), Error);
+  EXPECT_THROW(bwd(make(2, 8, 6, DType::f32, true), dw, db, d.dy, xl, m, r, d.w, true, Tensor(), Tensor()), Error);
+  EXPECT_NO_THROW(bwd(make(2, 8, 6, DType::f32, true), dw, db, dyl, xl, m, r, d.w, true, Tensor(), Tensor()));
   // A strided x that is neither layout.
   const Tensor odd = empty({2, 8, 12}).narrow(2, 0, 6);
-  EXPECT_THROW(fwd(make(2, 8, 6, DType::f32, false), m, v, r, odd, d.w, d.b, true, kEps), Error);
+  EXPECT_THROW(fwd(make(2, 8, 6, DType::f32, false), m, v, r, odd, d.w, d.b, true, kEps, Tensor(), false), Error);
 }
 
 // ------------------------------------------------------------------------------ against double references

@@ -25,6 +25,10 @@ class BatchNormBase : public UnaryModule {
   BatchNormBase(std::string type_name, const BatchNormOptions& options, std::vector<int64_t> input_dims);
   /// Normalise x [N, C, ...].
   Tensor forward(const Tensor& x) override;
+  /// relu(forward(x)), fused (mp::batch_norm_relu: bit-identical, fewer passes over the activation).
+  Tensor forward_relu(const Tensor& x);
+  /// relu(forward(x) + residual), fused (mp::batch_norm_add_relu): the end of a ResNet block.
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);
   /// running_mean = 0, running_var = 1, num_batches_tracked = 0.
   void reset_running_stats();
   /// reset_running_stats() and weight = 1, bias = 0.
@@ -45,6 +49,7 @@ class BatchNormBase : public UnaryModule {
   const BatchNormOptions& options() const { return options_; }
 
  private:
+  Tensor forward_fused(const Tensor& x, const Tensor& residual, bool relu);
   BatchNormOptions options_;
   std::vector<int64_t> input_dims_;
   Tensor* weight_;

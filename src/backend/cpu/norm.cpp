@@ -239,13 +239,19 @@ struct BnForward {
   const S *w, *b;
   bool training;
   double eps;
+  Operand ro;         // the fused residual (or undefined)
+  bool relu = false;  // the fused ReLU
 };
 
 // Batch-norm forward of channel group grp (channels grp * G ...): statistics when training, then
-// y = (x - mean) * scale + shift. b0, b1: kPiece values of scratch each (b2 unused).
+// y = (x - mean) * scale + shift, then the fused epilogue. b[0], b[1]: for x and y; b[2], b[3]: for the
+// epilogue (kPiece values of scratch each).
 template <class S, class T>
-MP_LOOP_INLINE void bn_forward_group(const BnForward<S>& a, int64_t grp, S* b0, S* b1, S*) {
+MP_LOOP_INLINE void bn_forward_group(const BnForward<S>& a, int64_t grp, S* const* b) {
   using A = Access<S, T>;
+  S* b0 = b[0];
+  S* b1 = b[1];
+  const bool fused = a.ro.defined() || a.relu;
   const int64_t c0 = grp * a.G, nc = std::min(a.G, a.C - c0);
   if (a.training) {
     double mu[kMaxGroup], sigma2[kMaxGroup];
@@ -273,6 +279,7 @@ MP_LOOP_INLINE void bn_forward_group(const BnForward<S>& a, int64_t grp, S* b0, 
       for (int64_t e = 0; e < pc.len; ++e) ot[e] = A::out(f(A::in(vt[e])));
     }
     A::commit(a.yo, pc.i, pc.nch * pc.len, o);
+    if (fused) bn_epilogue_block<S, T>(a.yo, a.ro, a.relu, pc.i, pc.nch * pc.len, o, b[2], b[3]);
   });
 }
 MP_NORM_VARIANTS(bn_forward_group, BnForward)
@@ -285,21 +292,28 @@ struct BnBackward {
   const S *mean, *invstd, *w;
   S *dw, *db;
   bool training, need_sums;
+  Operand yo;  // the fused forward's output: the sums pass masks dy with y > 0 (or undefined)
+  Operand zo;  // where the masked gradient goes (dz, or dx to be overwritten in place; or undefined)
 };
 
 // Batch-norm backward of channel group grp: sum(dy) and sum(dy (x - mean)) per channel, dweight, dbias, then
-// dx. b0, b1, b2: kPiece values of scratch each.
+// dx. b[0], b[1], b[2]: for dy, x and dx; b[3], b[4]: for the mask (kPiece values of scratch each).
 template <class S, class T>
-MP_LOOP_INLINE void bn_backward_group(const BnBackward<S>& a, int64_t grp, S* b0, S* b1, S* b2) {
+MP_LOOP_INLINE void bn_backward_group(const BnBackward<S>& a, int64_t grp, S* const* b) {
   using A = Access<S, T>;
+  S* b0 = b[0];
+  S* b1 = b[1];
+  S* b2 = b[2];
   const int64_t c0 = grp * a.G, nc = std::min(a.G, a.C - c0);
   const double M = static_cast<double>(a.N * a.SP);
   LaneSums<S> ls[kMaxGroup];
   for (int64_t j = 0; j < nc; ++j) ls[j].clear();
   if (a.need_sums)
     for_group_pieces(a.N, a.C, a.SP, c0, nc, [&](const Piece& pc) MP_LAMBDA_INLINE {
-      const typename A::E* g = A::src(a.dyo, pc.i, pc.nch * pc.len, b0);
-      const typename A::E* v = A::src(a.xo, pc.i, pc.nch * pc.len, b1);
+      const int64_t n = pc.nch * pc.len;
+      const typename A::E* g = a.yo.defined() ? bn_relu_mask_block<S, T>(a.dyo, a.yo, a.zo, pc.i, n, b0, b[3], b[4])
+                                              : A::src(a.dyo, pc.i, n, b0);
+      const typename A::E* v = A::src(a.xo, pc.i, n, b1);
       for_piece_blocks(pc, [&](int64_t j, int64_t off, int64_t n) MP_LAMBDA_INLINE {
         block_grad_sums<S, T>(g + off, v + off, n, a.mean[c0 + j], ls[j]);
       });
@@ -317,8 +331,9 @@ MP_LOOP_INLINE void bn_backward_group(const BnBackward<S>& a, int64_t grp, S* b0
                               a.training ? static_cast<S>(-wr * sdy / M) : S(0), a.mean[c]};
   }
   if (!a.dxo.defined()) return;
+  const Operand& go = a.yo.defined() ? a.zo : a.dyo;  // the masked gradient (the sums pass ran: need_sums)
   for_group_pieces(a.N, a.C, a.SP, c0, nc, [&](const Piece& pc) MP_LAMBDA_INLINE {
-    const typename A::E* g = A::src(a.dyo, pc.i, pc.nch * pc.len, b0);
+    const typename A::E* g = A::src(go, pc.i, pc.nch * pc.len, b0);
     const typename A::E* v = A::src(a.xo, pc.i, pc.nch * pc.len, b1);
     typename A::E* o = A::dst(a.dxo, pc.i, b2);
     for (int64_t t = 0; t < pc.nch; ++t) {
@@ -341,33 +356,44 @@ void run_groups(const Args& args, int64_t numel, Fn run) {
   const int64_t groups = (args.C + args.G - 1) / args.G;
 #pragma omp parallel if (go_parallel(numel))
   {
-    std::vector<S> buf(static_cast<size_t>(3 * kPiece));
+    std::vector<S> buf(static_cast<size_t>(kScratchBuffers * kPiece));
+    S* b[kScratchBuffers];
+    for (int k = 0; k < kScratchBuffers; ++k) b[k] = buf.data() + k * kPiece;
 #pragma omp for schedule(static)
-    for (int64_t grp = 0; grp < groups; ++grp) run(args, grp, buf.data(), buf.data() + kPiece, buf.data() + 2 * kPiece);
+    for (int64_t grp = 0; grp < groups; ++grp) run(args, grp, b);
   }
 }
 
 template <class S>
 void bn_forward_spatial(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
-                        const std::vector<S>& w, const std::vector<S>& b, bool training, double eps) {
+                        const std::vector<S>& w, const std::vector<S>& b, bool training, double eps,
+                        const Tensor& residual, bool relu) {
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
-  const BnForward<S> args{Operand(x), Operand(y), N, C, SP, channel_group(N, C, SP, 1), mean.data_ptr<S>(),
-                          var.data_ptr<S>(), invstd.data_ptr<S>(), w.data(), b.data(), training, eps};
-  visit_storage<S>(x.dtype(), y.dtype() == x.dtype(),
-                   [&]<class T>() { run_groups<S>(args, x.numel(), bn_forward_group_fn<S, T>()); });
+  const int64_t G = channel_group(N, C, SP, residual.defined() ? 2 : 1);
+  const BnForward<S> args{Operand(x), Operand(y), N, C, SP, G, mean.data_ptr<S>(), var.data_ptr<S>(),
+                          invstd.data_ptr<S>(), w.data(), b.data(), training, eps, Operand(residual), relu};
+  const bool same = y.dtype() == x.dtype() && (!residual.defined() || residual.dtype() == x.dtype());
+  visit_storage<S>(x.dtype(), same, [&]<class T>() { run_groups<S>(args, x.numel(), bn_forward_group_fn<S, T>()); });
 }
 
 template <class S>
 void bn_backward_spatial(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
                          const Tensor& x, const std::vector<S>& mean, const std::vector<S>& invstd,
-                         const std::vector<S>& w, bool training) {
+                         const std::vector<S>& w, bool training, const Tensor& y, const Tensor& dz) {
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
   S* dwp = dweight.defined() ? dweight.data_ptr<S>() : nullptr;
   S* dbp = dbias.defined() ? dbias.data_ptr<S>() : nullptr;
-  const bool need_sums = dwp != nullptr || dbp != nullptr || (training && dx.defined());
-  const BnBackward<S> args{Operand(x), Operand(dy), Operand(dx), N, C, SP, channel_group(N, C, SP, 2),
-                           mean.data(), invstd.data(), w.data(), dwp, dbp, training, need_sums};
-  const bool same = dy.dtype() == x.dtype() && (!dx.defined() || dx.dtype() == x.dtype());
+  // The fused ReLU's mask runs in the sums pass, which then also writes the masked gradient where the dx pass
+  // reads it (dz, or dx itself).
+  const bool fused = y.defined();
+  const Tensor& zt = dz.defined() ? dz : dx;
+  const bool need_sums = dwp != nullptr || dbp != nullptr || (training && dx.defined()) || (fused && zt.defined());
+  const int64_t G = channel_group(N, C, SP, fused ? 3 : 2);
+  const BnBackward<S> args{Operand(x), Operand(dy), Operand(dx), N, C, SP, G,
+                           mean.data(), invstd.data(), w.data(), dwp, dbp, training, need_sums, Operand(y),
+                           fused ? Operand(zt) : Operand()};
+  auto same_dtype = [&](const Tensor& t) { return !t.defined() || t.dtype() == x.dtype(); };
+  const bool same = dy.dtype() == x.dtype() && same_dtype(dx) && same_dtype(y) && same_dtype(dz);
   visit_storage<S>(x.dtype(), same,
                    [&]<class T>() { run_groups<S>(args, x.numel(), bn_backward_group_fn<S, T>()); });
 }
@@ -390,35 +416,46 @@ bool bn_rows_layout(const Tensor& x, std::initializer_list<const Tensor*> others
 
 template <class S>
 void bn_forward_typed(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
-                      const Tensor& weight, const Tensor& bias, bool training, double eps) {
+                      const Tensor& weight, const Tensor& bias, bool training, double eps, const Tensor& residual,
+                      bool relu) {
   const int64_t C = x.size(1);
   const std::vector<S> w = load_vector<S>(weight, C, S(1)), b = load_vector<S>(bias, C, S(0));
-  if (bn_rows_layout(x, {&y})) return bn_forward_rows<S>(y, mean, var, invstd, x, w, b, training, eps);
-  bn_forward_spatial<S>(y, mean, var, invstd, x, w, b, training, eps);
+  if (bn_rows_layout(x, {&y, &residual}))
+    return bn_forward_rows<S>(y, mean, var, invstd, x, w, b, training, eps, residual, relu);
+  bn_forward_spatial<S>(y, mean, var, invstd, x, w, b, training, eps, residual, relu);
 }
 
 template <class S>
 void bn_backward_typed(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
-                       const Tensor& mean, const Tensor& invstd, const Tensor& weight, bool training) {
+                       const Tensor& mean, const Tensor& invstd, const Tensor& weight, bool training, const Tensor& y,
+                       const Tensor& dz) {
   const int64_t C = x.size(1);
   const std::vector<S> w = load_vector<S>(weight, C, S(1));
   const std::vector<S> m = load_vector<S>(mean, C, S(0)), r = load_vector<S>(invstd, C, S(1));
-  if (bn_rows_layout(x, {&dy, &dx})) return bn_backward_rows<S>(dx, dweight, dbias, dy, x, m, r, w, training);
-  bn_backward_spatial<S>(dx, dweight, dbias, dy, x, m, r, w, training);
+  if (y.defined())
+    MP_ASSERT(dy.dtype() == x.dtype() && y.dtype() == x.dtype() && (!dx.defined() || dx.dtype() == x.dtype()) &&
+                  (!dz.defined() || dz.dtype() == x.dtype()),
+              "batch norm backward kernel: with the ReLU fused, dy, y, dx and dz must have x's dtype ",
+              dtype_name(x.dtype()), ", got dy ", dy.describe(), " y ", y.describe());
+  if (bn_rows_layout(x, {&dy, &dx, &y, &dz}))
+    return bn_backward_rows<S>(dx, dweight, dbias, dy, x, m, r, w, training, y, dz);
+  bn_backward_spatial<S>(dx, dweight, dbias, dy, x, m, r, w, training, y, dz);
 }
 
 void batch_norm_forward_cpu(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd,
-                            const Tensor& x, const Tensor& weight, const Tensor& bias, bool training, double eps) {
-  if (mean.dtype() == DType::f64) return bn_forward_typed<double>(y, mean, var, invstd, x, weight, bias, training, eps);
-  bn_forward_typed<float>(y, mean, var, invstd, x, weight, bias, training, eps);
+                            const Tensor& x, const Tensor& weight, const Tensor& bias, bool training, double eps,
+                            const Tensor& residual, bool relu) {
+  if (mean.dtype() == DType::f64)
+    return bn_forward_typed<double>(y, mean, var, invstd, x, weight, bias, training, eps, residual, relu);
+  bn_forward_typed<float>(y, mean, var, invstd, x, weight, bias, training, eps, residual, relu);
 }
 
 void batch_norm_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
                              const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
-                             bool training) {
+                             bool training, const Tensor& y, const Tensor& dz) {
   if (mean.dtype() == DType::f64)
-    return bn_backward_typed<double>(dx, dweight, dbias, dy, x, mean, invstd, weight, training);
-  bn_backward_typed<float>(dx, dweight, dbias, dy, x, mean, invstd, weight, training);
+    return bn_backward_typed<double>(dx, dweight, dbias, dy, x, mean, invstd, weight, training, y, dz);
+  bn_backward_typed<float>(dx, dweight, dbias, dy, x, mean, invstd, weight, training, y, dz);
 }
 
 // ------------------------------------------------------------------------------ layer norm

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/loops.hpp"
+#include "backend/pointwise.hpp"
 #include "mp/core/cpu_features.hpp"
 #include "mp/core/half.hpp"
 #include "mp/tensor/tensor.hpp"
@@ -139,22 +140,20 @@ inline NormIsa norm_isa() {
 #endif
 
 // Defines name_base, name_avx2, name_avx512 (the always-inline template `name` compiled for each ISA, for
-// statistics type S and storage T; signature (const Args<S>&, int64_t, S*, S*, S*)) and name_fn<S, T>()
+// statistics type S and storage T; signature (const Args<S>&, int64_t, S* const* buffers: kScratchBuffers
+// scratch buffers)) and name_fn<S, T>()
 // returning the one for this CPU (f64 statistics always take the baseline: f64 batch norm is for gradient
 // checks, not speed).
-#define MP_BUF_ARGS grp, b0, b1, b2
 #if MP_NORM_ISA_VARIANTS
 #define MP_NORM_VARIANTS(name, Args)                                                                          \
-  template <class S, class T> void name##_base(const Args<S>& a, int64_t grp, S* b0, S* b1, S* b2) {         \
-    name<S, T>(a, MP_BUF_ARGS);                                                                               \
+  template <class S, class T> void name##_base(const Args<S>& a, int64_t grp, S* const* b) {                  \
+    name<S, T>(a, grp, b);                                                                                    \
   }                                                                                                           \
-  template <class S, class T> MP_TARGET_AVX2 void name##_avx2(const Args<S>& a, int64_t grp, S* b0, S* b1,    \
-                                                               S* b2) {                                       \
-    name<S, T>(a, MP_BUF_ARGS);                                                                               \
+  template <class S, class T> MP_TARGET_AVX2 void name##_avx2(const Args<S>& a, int64_t grp, S* const* b) {    \
+    name<S, T>(a, grp, b);                                                                                    \
   }                                                                                                           \
-  template <class S, class T> MP_TARGET_AVX512 void name##_avx512(const Args<S>& a, int64_t grp, S* b0, S* b1, \
-                                                                   S* b2) {                                   \
-    name<S, T>(a, MP_BUF_ARGS);                                                                               \
+  template <class S, class T> MP_TARGET_AVX512 void name##_avx512(const Args<S>& a, int64_t grp, S* const* b) { \
+    name<S, T>(a, grp, b);                                                                                    \
   }                                                                                                           \
   template <class S, class T> auto name##_fn() {                                                              \
     if constexpr (std::is_same_v<S, double>) {                                                                \
@@ -167,11 +166,62 @@ inline NormIsa norm_isa() {
   }
 #else
 #define MP_NORM_VARIANTS(name, Args)                                                                  \
-  template <class S, class T> void name##_base(const Args<S>& a, int64_t grp, S* b0, S* b1, S* b2) { \
-    name<S, T>(a, MP_BUF_ARGS);                                                                       \
-  }                                                                                                   \
+  template <class S, class T> void name##_base(const Args<S>& a, int64_t grp, S* const* b) { \
+    name<S, T>(a, grp, b);                                                                    \
+  }                                                                                           \
   template <class S, class T> auto name##_fn() { return &name##_base<S, T>; }
 #endif
+
+/// Scratch buffers handed to each per-ISA loop body (MP_NORM_VARIANTS).
+inline constexpr int kScratchBuffers = 5;
+
+/// The fused epilogue of the batch-norm forward over the nv values of y from element i, after the normalised
+/// values were stored (Note [batch norm + add + ReLU] in norm_kernels.hpp): y = relu?(y + residual?) with the
+/// stored (rounded) y read back, the sum in S, rounded once. o: what Access::dst handed out for the block (the
+/// tensor itself when T is not void). rbuf, ybuf: scratch for the residual and y as S when T is void.
+template <class S, class T>
+MP_LOOP_INLINE void bn_epilogue_block(const Operand& yo, const Operand& ro, bool relu, int64_t i, int64_t nv,
+                                      typename Access<S, T>::E* o, S* rbuf, S* ybuf) {
+  using A = Access<S, T>;
+  using E = typename A::E;
+  const E* r = ro.defined() ? A::src(ro, i, nv, rbuf) : nullptr;
+  const E* yv = o;
+  E* d = o;
+  if constexpr (std::is_void_v<T>) {  // o held unrounded values: read y back as stored
+    yv = yo.load<S>(i, nv, ybuf);
+    d = yo.dest<S>(i, ybuf);
+  }
+  const ReluFn<S> rl{};
+  if (r != nullptr && relu) {
+#pragma omp simd
+    for (int64_t w = 0; w < nv; ++w) d[w] = A::out(rl(A::in(yv[w]) + A::in(r[w])));
+  } else if (r != nullptr) {
+#pragma omp simd
+    for (int64_t w = 0; w < nv; ++w) d[w] = A::out(A::in(yv[w]) + A::in(r[w]));
+  } else if (relu) {
+#pragma omp simd
+    for (int64_t w = 0; w < nv; ++w) d[w] = A::out(rl(A::in(yv[w])));
+  }
+  if constexpr (std::is_void_v<T>) yo.commit<S>(i, nv, d);
+}
+
+/// The ReLU mask of the fused batch-norm backward over n values from element i: dz = y > 0 ? dy : 0 (exact in
+/// any dtype; NaN y gives 0, as ReluBackwardFn). Writes dz into zo when defined (else into zbuf) and returns
+/// the masked values as the loops read them. gbuf, ybuf: scratch for dy and y as S when T is void.
+template <class S, class T>
+MP_LOOP_INLINE const typename Access<S, T>::E* bn_relu_mask_block(const Operand& dyo, const Operand& yo,
+                                                                  const Operand& zo, int64_t i, int64_t n, S* gbuf,
+                                                                  S* ybuf, S* zbuf) {
+  using A = Access<S, T>;
+  using E = typename A::E;
+  const E* g = A::src(dyo, i, n, gbuf);
+  const E* yv = A::src(yo, i, n, ybuf);
+  E* z = zo.defined() ? A::dst(zo, i, zbuf) : reinterpret_cast<E*>(zbuf);
+#pragma omp simd
+  for (int64_t w = 0; w < n; ++w) z[w] = A::in(yv[w]) > S(0) ? g[w] : A::out(S(0));
+  if (zo.defined()) A::commit(zo, i, n, z);
+  return z;
+}
 
 /// Whether x [N, C, S] is channels-last: strides {S C, 1, C} with S > 1 and C > 1 (where the two layouts
 /// differ); a size-1 batch dim may have any stride.
@@ -185,13 +235,14 @@ inline bool bn_channels_last(const Tensor& x) {
 /// weight and bias converted to S, ones/zeros when absent).
 template <class S>
 void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
-                     const std::vector<S>& w, const std::vector<S>& b, bool training, double eps);
+                     const std::vector<S>& w, const std::vector<S>& b, bool training, double eps,
+                     const Tensor& residual, bool relu);
 
 /// Batch norm backward over R = N S rows of C contiguous channels (layouts as bn_forward_rows; arguments as
 /// BatchNormBackwardKernel with mean, invstd and weight converted to S).
 template <class S>
 void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
                       const Tensor& x, const std::vector<S>& mean, const std::vector<S>& invstd,
-                      const std::vector<S>& w, bool training);
+                      const std::vector<S>& w, bool training, const Tensor& y, const Tensor& dz);
 
 }  // namespace mp::backend::cpu::norm_detail

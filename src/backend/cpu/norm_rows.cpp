@@ -119,12 +119,16 @@ struct RowsForward {
   RowsPlan p;
   const S *kw, *mu, *scale, *shift;
   double* part;
+  Operand ro;         // the fused residual (or undefined)
+  bool relu = false;  // the fused ReLU
 };
 
 // Shifted sums of chunk ch into part. b0: scratch for converted x; b1: the run sums (2 W).
 template <class S, class T>
-MP_LOOP_INLINE void rows_stats_chunk(const RowsForward<S>& a, int64_t ch, S* b0, S* b1, S*) {
+MP_LOOP_INLINE void rows_stats_chunk(const RowsForward<S>& a, int64_t ch, S* const* b) {
   using A = Access<S, T>;
+  S* b0 = b[0];
+  S* b1 = b[1];
   const int64_t W = a.p.W;
   S* s1 = b1;
   S* s2 = b1 + W;
@@ -149,10 +153,14 @@ MP_LOOP_INLINE void rows_stats_chunk(const RowsForward<S>& a, int64_t ch, S* b0,
 }
 MP_NORM_VARIANTS(rows_stats_chunk, RowsForward)
 
-// y = (x - mean) * scale + shift over chunk ch. b0, b1: scratch for converted x and y.
+// y = (x - mean) * scale + shift over chunk ch, then the fused epilogue. b[0], b[1]: scratch for converted x
+// and y; b[2], b[3]: for the epilogue.
 template <class S, class T>
-MP_LOOP_INLINE void rows_affine_chunk(const RowsForward<S>& a, int64_t ch, S* b0, S* b1, S*) {
+MP_LOOP_INLINE void rows_affine_chunk(const RowsForward<S>& a, int64_t ch, S* const* b) {
   using A = Access<S, T>;
+  S* b0 = b[0];
+  S* b1 = b[1];
+  const bool fused = a.ro.defined() || a.relu;
   const S *mu = a.mu, *sc = a.scale, *sh = a.shift;
   const int64_t e = a.p.end(ch), step = a.p.B * a.p.W;
   for (int64_t i = a.p.begin(ch); i < e; i += step) {
@@ -167,6 +175,7 @@ MP_LOOP_INLINE void rows_affine_chunk(const RowsForward<S>& a, int64_t ch, S* b0
       for (int64_t w = 0; w < n; ++w) os[w] = A::out(affine(mu[w], sc[w], sh[w], A::in(vs[w])));
     }
     A::commit(a.yo, i, nv, o);
+    if (fused) bn_epilogue_block<S, T>(a.yo, a.ro, a.relu, i, nv, o, b[2], b[3]);
   }
 }
 MP_NORM_VARIANTS(rows_affine_chunk, RowsForward)
@@ -179,12 +188,18 @@ struct RowsBackward {
   RowsPlan p;
   const S *mu, *ca, *cb, *cc;
   double* part;
+  Operand yo;  // the fused forward's output: the sums pass masks dy with y > 0 (or undefined)
+  Operand zo;  // where the masked gradient goes (dz, or dx to be overwritten in place; or undefined)
 };
 
-// sum(dy) and sum(dy (x - mean)) of chunk ch into part. b0, b1: scratch for converted dy and x; b2: run sums.
+// sum(dy) and sum(dy (x - mean)) of chunk ch into part, dy masked first when the ReLU was fused. b[0], b[1]:
+// scratch for converted dy and x; b[2]: run sums; b[3], b[4]: for the mask.
 template <class S, class T>
-MP_LOOP_INLINE void rows_grad_sums_chunk(const RowsBackward<S>& a, int64_t ch, S* b0, S* b1, S* b2) {
+MP_LOOP_INLINE void rows_grad_sums_chunk(const RowsBackward<S>& a, int64_t ch, S* const* b) {
   using A = Access<S, T>;
+  S* b0 = b[0];
+  S* b1 = b[1];
+  S* b2 = b[2];
   const int64_t W = a.p.W;
   S* s1 = b2;
   S* s2 = b2 + W;
@@ -198,7 +213,8 @@ MP_LOOP_INLINE void rows_grad_sums_chunk(const RowsBackward<S>& a, int64_t ch, S
   for_chunk_steps(
       a.p, ch,
       [&](int64_t i, int64_t nv) MP_LAMBDA_INLINE {
-        g = A::src(a.dyo, i, nv, b0);
+        g = a.yo.defined() ? bn_relu_mask_block<S, T>(a.dyo, a.yo, a.zo, i, nv, b0, b[3], b[4])
+                           : A::src(a.dyo, i, nv, b0);
         v = A::src(a.xo, i, nv, b1);
       },
       [&](int64_t off, int64_t n) MP_LAMBDA_INLINE {
@@ -215,10 +231,13 @@ MP_LOOP_INLINE void rows_grad_sums_chunk(const RowsBackward<S>& a, int64_t ch, S
 }
 MP_NORM_VARIANTS(rows_grad_sums_chunk, RowsBackward)
 
-// dx = a dy + b (x - mean) + c over chunk ch. b0, b1, b2: scratch for converted dy, x and dx.
+// dx = a dy + b (x - mean) + c over chunk ch. b[0], b[1], b[2]: scratch for converted dy, x and dx.
 template <class S, class T>
-MP_LOOP_INLINE void rows_dx_chunk(const RowsBackward<S>& a, int64_t ch, S* b0, S* b1, S* b2) {
+MP_LOOP_INLINE void rows_dx_chunk(const RowsBackward<S>& a, int64_t ch, S* const* b) {
   using A = Access<S, T>;
+  S* b0 = b[0];
+  S* b1 = b[1];
+  S* b2 = b[2];
   const S *mu = a.mu, *ca = a.ca, *cb = a.cb, *cc = a.cc;
   const int64_t e = a.p.end(ch), step = a.p.B * a.p.W;
   for (int64_t i = a.p.begin(ch); i < e; i += step) {
@@ -272,12 +291,15 @@ struct ThreadChunks {
   }
 };
 
-// Per-thread scratch: three buffers of p.scratch values.
+// Per-thread scratch: kScratchBuffers buffers of p.scratch values, as the array the loop bodies take.
 template <class S>
 struct Scratch {
   std::vector<S> buf;
-  explicit Scratch(const RowsPlan& p) : buf(static_cast<size_t>(3 * p.scratch)) {}
-  S* b(int k) { return buf.data() + k * (buf.size() / 3); }
+  S* ptrs[kScratchBuffers];
+  explicit Scratch(const RowsPlan& p) : buf(static_cast<size_t>(kScratchBuffers * p.scratch)) {
+    for (int k = 0; k < kScratchBuffers; ++k) ptrs[k] = buf.data() + k * p.scratch;
+  }
+  S* const* b() const { return ptrs; }
 };
 
 // Per-channel values repeated over the U rows of a step, as a new vector of W values.
@@ -320,7 +342,8 @@ bool stats_from_sums(const RowsPlan& p, const double* part, std::vector<S>& k, S
 // [C] outputs, so there is no second meeting before the element-wise pass.
 template <class S>
 void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
-                     const std::vector<S>& w, const std::vector<S>& b, bool training, double eps) {
+                     const std::vector<S>& w, const std::vector<S>& b, bool training, double eps,
+                     const Tensor& residual, bool relu) {
   const int64_t C = x.size(1), R = x.size(0) * x.size(2);
   const RowsPlan p(R, C);
   S* mean_p = mean.data_ptr<S>();
@@ -341,7 +364,8 @@ void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, con
     }
     for (int64_t c = 0; c < C; ++c) k[c] = static_cast<S>(acc[c] / static_cast<double>(P));
   }
-  visit_storage<S>(x.dtype(), y.dtype() == x.dtype(), [&]<class T>() {
+  const bool same = y.dtype() == x.dtype() && (!residual.defined() || residual.dtype() == x.dtype());
+  visit_storage<S>(x.dtype(), same, [&]<class T>() {
     const auto stats = rows_stats_chunk_fn<S, T>();
     const auto output = rows_affine_chunk_fn<S, T>();
 #pragma omp parallel if (go_parallel(p.L))
@@ -355,9 +379,9 @@ void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, con
         std::copy(var_p, var_p + C, v.begin());
       }
       std::vector<S> kw = per_step(p, kt.data());
-      RowsForward<S> a{xo, yo, p, kw.data(), nullptr, nullptr, nullptr, part.get()};
+      RowsForward<S> a{xo, yo, p, kw.data(), nullptr, nullptr, nullptr, part.get(), Operand(residual), relu};
       for (int attempt = 0; training; ++attempt) {
-        for (int64_t ch = mine.lo; ch < mine.hi; ++ch) stats(a, ch, scratch.b(0), scratch.b(1), scratch.b(2));
+        for (int64_t ch = mine.lo; ch < mine.hi; ++ch) stats(a, ch, scratch.b());
 #pragma omp barrier
         if (!stats_from_sums(p, part.get(), kt, m.data(), v.data(), attempt == 1)) break;
         repeat_per_step(p, kt.data(), kw.data());
@@ -378,7 +402,7 @@ void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, con
       a.mu = mu.data();
       a.scale = sc.data();
       a.shift = sh.data();
-      for (int64_t ch = mine.hi - 1; ch >= mine.lo; --ch) output(a, ch, scratch.b(0), scratch.b(1), scratch.b(2));
+      for (int64_t ch = mine.hi - 1; ch >= mine.lo; --ch) output(a, ch, scratch.b());
     }
   });
 }
@@ -386,15 +410,20 @@ void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, con
 template <class S>
 void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
                       const Tensor& x, const std::vector<S>& mean, const std::vector<S>& invstd,
-                      const std::vector<S>& w, bool training) {
+                      const std::vector<S>& w, bool training, const Tensor& y, const Tensor& dz) {
   const int64_t C = x.size(1), R = x.size(0) * x.size(2);
   const RowsPlan p(R, C);
   S* dwp = dweight.defined() ? dweight.data_ptr<S>() : nullptr;
   S* dbp = dbias.defined() ? dbias.data_ptr<S>() : nullptr;
-  const bool need_sums = dwp != nullptr || dbp != nullptr || (training && dx.defined());
+  // The fused ReLU's mask runs in the sums pass, which then also writes the masked gradient where the dx pass
+  // reads it (dz, or dx itself).
+  const bool fused = y.defined();
+  const Tensor& zt = dz.defined() ? dz : dx;
+  const bool need_sums = dwp != nullptr || dbp != nullptr || (training && dx.defined()) || (fused && zt.defined());
   const std::vector<S> mu = per_step(p, mean.data());
   const std::unique_ptr<double[]> part(new double[need_sums ? static_cast<size_t>(2 * p.W * p.nchunks) : 0]);
-  const bool same = dy.dtype() == x.dtype() && (!dx.defined() || dx.dtype() == x.dtype());
+  auto same_dtype = [&](const Tensor& t) { return !t.defined() || t.dtype() == x.dtype(); };
+  const bool same = dy.dtype() == x.dtype() && same_dtype(dx) && same_dtype(y) && same_dtype(dz);
   visit_storage<S>(x.dtype(), same, [&]<class T>() {
     const auto sums = rows_grad_sums_chunk_fn<S, T>();
     const auto dxf = rows_dx_chunk_fn<S, T>();
@@ -403,10 +432,11 @@ void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbi
       Scratch<S> scratch(p);
       const ThreadChunks mine(p);
       const bool writer = omp_get_thread_num() == 0;
-      RowsBackward<S> a{Operand(x), Operand(dy), Operand(dx), p, mu.data(), nullptr, nullptr, nullptr, part.get()};
+      RowsBackward<S> a{Operand(x), Operand(dy), Operand(dx), p, mu.data(), nullptr, nullptr, nullptr, part.get(),
+                        Operand(y), fused ? Operand(zt) : Operand()};
       std::vector<double> sdy(static_cast<size_t>(C), 0.0), sdyx(static_cast<size_t>(C), 0.0);
       if (need_sums) {
-        for (int64_t ch = mine.lo; ch < mine.hi; ++ch) sums(a, ch, scratch.b(0), scratch.b(1), scratch.b(2));
+        for (int64_t ch = mine.lo; ch < mine.hi; ++ch) sums(a, ch, scratch.b());
 #pragma omp barrier
         combine_chunks(p, part.get(), sdy.data(), sdyx.data());
       }
@@ -423,25 +453,28 @@ void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbi
         c1[c] = training ? static_cast<S>(-wr * sdy[c] / M) : S(0);
       }
       if (dx.defined()) {
+        if (fused) a.dyo = a.zo;  // the masked gradient (the sums pass ran: need_sums)
         const std::vector<S> ca = per_step(p, a1.data()), cb = per_step(p, b1.data()), cc = per_step(p, c1.data());
         a.ca = ca.data();
         a.cb = cb.data();
         a.cc = cc.data();
-        for (int64_t ch = mine.hi - 1; ch >= mine.lo; --ch) dxf(a, ch, scratch.b(0), scratch.b(1), scratch.b(2));
+        for (int64_t ch = mine.hi - 1; ch >= mine.lo; --ch) dxf(a, ch, scratch.b());
       }
     }
   });
 }
 
 template void bn_forward_rows<float>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                     const std::vector<float>&, const std::vector<float>&, bool, double);
+                                     const std::vector<float>&, const std::vector<float>&, bool, double,
+                                     const Tensor&, bool);
 template void bn_forward_rows<double>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                      const std::vector<double>&, const std::vector<double>&, bool, double);
+                                      const std::vector<double>&, const std::vector<double>&, bool, double,
+                                      const Tensor&, bool);
 template void bn_backward_rows<float>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                       const std::vector<float>&, const std::vector<float>&, const std::vector<float>&,
-                                      bool);
+                                      bool, const Tensor&, const Tensor&);
 template void bn_backward_rows<double>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                        const std::vector<double>&, const std::vector<double>&,
-                                       const std::vector<double>&, bool);
+                                       const std::vector<double>&, bool, const Tensor&, const Tensor&);
 
 }  // namespace mp::backend::cpu::norm_detail

@@ -51,6 +51,7 @@
 #include "backend/cuda/cudnn_common.hpp"
 #include "backend/cuda/loops.cuh"
 #include "backend/norm_kernels.hpp"
+#include "backend/pointwise_kernels.hpp"
 
 namespace mp::backend::cuda {
 namespace {
@@ -410,8 +411,20 @@ void cudnn_forward_training(const Tensor& y, const Tensor& mean, const Tensor& v
                                   cudaMemcpyDeviceToDevice, stream));
 }
 
+// The compute type of the element-wise steps of the fused epilogue (as the add / relu ops pick it).
+DType epilogue_compute(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+
+// Note [batch norm + add + ReLU] on CUDA: the epilogue and the mask run as the element-wise kernels the unfused
+// ops would launch (the same results; not yet fused into the normalisation kernels, which needs a GPU to tune).
+void bn_forward_epilogue(const Tensor& y, const Tensor& residual, bool relu) {
+  const auto pw = pointwise_kernel.get(y.device());
+  if (residual.defined()) pw(PointwiseOp::add, y, std::vector<Tensor>{y, residual}, epilogue_compute(y.dtype()), {});
+  if (relu) pw(PointwiseOp::relu, y, std::vector<Tensor>{y}, epilogue_compute(y.dtype()), {});
+}
+
 void batch_norm_forward_cuda(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd,
-                             const Tensor& x, const Tensor& weight, const Tensor& bias, bool training, double eps) {
+                             const Tensor& x, const Tensor& weight, const Tensor& bias, bool training, double eps,
+                             const Tensor& residual, bool relu) {
   DeviceGuard guard(x.device(), "batch_norm");
   MP_ASSERT(x.dim() == 3 && (x.is_contiguous() || channels_last_rows(x)) && same_dense_layout(y, x),
             "batch_norm kernel: expected x and y [N, C, S], both contiguous or both channels-last, got ",
@@ -442,6 +455,7 @@ void batch_norm_forward_cuda(const Tensor& y, const Tensor& mean, const Tensor& 
     });
   }
   if (yo.raw_data() != y.raw_data()) convert_dtype_into(y, yo);
+  bn_forward_epilogue(y, residual, relu);
 }
 
 bool cudnn_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
@@ -467,10 +481,17 @@ bool cudnn_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias
   return true;
 }
 
-void batch_norm_backward_cuda(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+void batch_norm_backward_cuda(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy_in,
                               const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
-                              bool training) {
+                              bool training, const Tensor& y, const Tensor& dz) {
   DeviceGuard guard(x.device(), "batch_norm backward");
+  // The fused ReLU: dy masked first (Note [batch norm + add + ReLU] on CUDA).
+  Tensor dy = dy_in;
+  if (y.defined()) {
+    dy = dz.defined() ? dz : empty_like_layout(dy_in, dy_in.dtype());
+    pointwise_kernel.get(x.device())(PointwiseOp::relu_backward, dy, std::vector<Tensor>{dy_in, y},
+                                     epilogue_compute(dy_in.dtype()), {});
+  }
   MP_ASSERT(x.dim() == 3 && (x.is_contiguous() || channels_last_rows(x)) && same_dense_layout(dy, x) &&
                 (!dx.defined() || same_dense_layout(dx, x)),
             "batch_norm backward kernel: expected x, dy, dx [N, C, S], all contiguous or all channels-last");
