@@ -159,11 +159,13 @@ __global__ void __launch_bounds__(kDnnThreads) bn_unbias_to_biased(S* var, int64
     var[c] = static_cast<S>(static_cast<double>(var[c]) * factor);
 }
 
-// y = NormAffineFn{mean[c], invstd[c] * w[c], b[c]}(x) (walk dims Sv, Cv: channel_of).
+// y = NormAffineFn{mean[c], invstd[c] * w[c], b[c]}(x) (walk dims Sv, Cv: channel_of), then the fused
+// epilogue (Note [batch norm + add + ReLU]): y = relu?(y + r?) with y rounded to T first and the sum computed in
+// S and rounded, as the add and relu kernels would (their compute type is S: f32, or f64 for f64 data).
 template <class T, class S, int VEC, bool ROWS>
 __global__ void __launch_bounds__(kDnnThreads)
     bn_apply(const T* x, T* y, const S* mean, const S* invstd, const S* w, const S* b, int64_t total, int64_t Sv,
-             int64_t Cv) {
+             int64_t Cv, const T* r, bool relu) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (start >= total) return;
@@ -176,6 +178,16 @@ __global__ void __launch_bounds__(kDnnThreads)
       const int64_t c = channel_of<ROWS, VEC>(it, k);
       const NormAffineFn<S> f{mean[c], invstd[c] * w[c], b[c]};
       v[k] = device_cast<T>(f(device_cast<S>(v[k])));
+    }
+    if (r != nullptr) {
+      T rv[VEC];
+      load_vec<VEC>(r + i * VEC, rv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(device_cast<S>(v[k]) + device_cast<S>(rv[k]));
+    }
+    if (relu) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(ReluFn<S>{}(device_cast<S>(v[k])));
     }
     store_vec<VEC>(y + i * VEC, v);
   }
@@ -268,21 +280,24 @@ void visit_data_type(DType dt, F&& f) {
   }
 }
 
-// y = affine normalisation of x with mean/invstd/w/b ([C], statistics type), own kernel.
+// y = affine normalisation of x with mean/invstd/w/b ([C], statistics type), then relu?(y + residual?) (residual
+// undefined or of y's dtype and layout), own kernel.
 template <class T>
 void launch_apply(const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& w,
-                  const Tensor& b) {
+                  const Tensor& b, const Tensor& residual, bool relu) {
   using S = StatT<T>;
   if (x.numel() == 0) return;
   const bool rows = channels_last_rows(x);
-  const ElementwiseShape e = elementwise_shape<T>(x, rows, {x.raw_data(), y.raw_data()});
+  const auto* rp = residual.defined() ? static_cast<const T*>(residual.raw_data()) : nullptr;
+  const ElementwiseShape e = elementwise_shape<T>(x, rows, {x.raw_data(), y.raw_data(), rp});
   const unsigned grid = blocks_for(e.total, kDnnThreads, x.device().index);
   const auto* xp = static_cast<const T*>(x.raw_data());
   auto* yp = static_cast<T*>(y.raw_data());
   const auto *mp_ = static_cast<const S*>(mean.raw_data()), *ip = static_cast<const S*>(invstd.raw_data());
   const auto *wp = static_cast<const S*>(w.raw_data()), *bp = static_cast<const S*>(b.raw_data());
   launch_elementwise<T>(e, rows, [&]<int V, bool R>() {
-    bn_apply<T, S, V, R><<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, e.total, e.Sv, e.Cv);
+    bn_apply<T, S, V, R><<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, e.total, e.Sv, e.Cv, rp,
+                                                                  relu);
   });
 }
 
@@ -414,8 +429,10 @@ void cudnn_forward_training(const Tensor& y, const Tensor& mean, const Tensor& v
 // The compute type of the element-wise steps of the fused epilogue (as the add / relu ops pick it).
 DType epilogue_compute(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
 
-// Note [batch norm + add + ReLU] on CUDA: the epilogue and the mask run as the element-wise kernels the unfused
-// ops would launch (the same results; not yet fused into the normalisation kernels, which needs a GPU to tune).
+// Note [batch norm + add + ReLU] on CUDA: the own apply kernel (channels-last data, eval, f64) adds the residual
+// and applies the ReLU itself; after cuDNN's batch norm (contiguous NCHW training) they run as the element-wise
+// kernels the unfused ops would launch. The backward's mask is one relu_backward kernel writing dz, which the
+// sums and dx kernels then read (masking inside the column sums is left for when it can be measured).
 void bn_forward_epilogue(const Tensor& y, const Tensor& residual, bool relu) {
   const auto pw = pointwise_kernel.get(y.device());
   if (residual.defined()) pw(PointwiseOp::add, y, std::vector<Tensor>{y, residual}, epilogue_compute(y.dtype()), {});
@@ -439,9 +456,13 @@ void batch_norm_forward_cuda(const Tensor& y, const Tensor& mean, const Tensor& 
   const Tensor w = param_vector(weight, C, sdt, 1.0, dev), b = param_vector(bias, C, sdt, 0.0, dev);
   // Mixed dtypes (y not in x's dtype): compute into a tensor of x's dtype, convert at the end.
   const Tensor yo = y.dtype() == x.dtype() ? y : empty_like_layout(y, x.dtype());
+  // The epilogue goes into the own apply kernel when the data is in one dtype, else element-wise after.
+  const bool fuse = yo.raw_data() == y.raw_data() && (!residual.defined() || residual.dtype() == y.dtype());
+  bool epilogue_done = false;
   if (training && x.numel() > 0 && cudnn_fits(x, mean)) {
     cudnn_forward_training(yo, mean, var, invstd, x, w, b, eps);
   } else {
+    epilogue_done = fuse;
     visit_data_type(x.dtype(), [&]<class T>() {
       using S = StatT<T>;
       if (training) {
@@ -451,11 +472,11 @@ void batch_norm_forward_cuda(const Tensor& y, const Tensor& mean, const Tensor& 
             static_cast<const S*>(var.raw_data()), static_cast<S*>(invstd.raw_data()), C, eps);
         check_launch();
       }
-      launch_apply<T>(yo, x, mean, invstd, w, b);
+      launch_apply<T>(yo, x, mean, invstd, w, b, fuse ? residual : Tensor(), fuse && relu);
     });
   }
   if (yo.raw_data() != y.raw_data()) convert_dtype_into(y, yo);
-  bn_forward_epilogue(y, residual, relu);
+  if (!epilogue_done) bn_forward_epilogue(y, residual, relu);
 }
 
 bool cudnn_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
