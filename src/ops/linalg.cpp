@@ -99,6 +99,10 @@ namespace {
 
 // linear and linear_relu: y = epilogue(x W^T + b); the backward masks the gradient with y > 0 first
 // when the ReLU was fused.
+// Not fused (deliberately): GELU, since mp::gelu is the exact erf form (PyTorch's default) and cuBLASLt's GELU
+// epilogues use the tanh approximation (different values; the wrapper in backend/cuda/cublaslt.hpp offers them
+// for callers that want it); and the bias gradient, which stays one column-sum kernel beside the weight-gradient
+// GEMM on both backends (cuBLASLt's BGRADB epilogue would save that one pass over g; to be weighed on a GPU).
 Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, bool relu) {
   const char* name = relu ? "linear_relu" : "linear";
   check_operands(x, w, name);
