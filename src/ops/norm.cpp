@@ -63,27 +63,21 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& residual, 
   MP_CHECK(!use_batch_stats || M > 1, op, ": expected more than 1 value per channel when using batch statistics, ",
            "got input ", shape_str(x.sizes()), "; use a larger batch or eval mode with running statistics");
 
-  // MP_BN_FUSION=0 runs the unfused ops instead (A/B experiments only).
+  if (residual.defined())
+    MP_CHECK(residual.device() == x.device(), op, ": the residual is on ", residual.device().str(),
+             " but the input is on ", x.device().str(), "; move it with .to(device)");
+  // The unfused ops define the result where a residual broadcasts or promotes the type, and they run instead
+  // when MP_BN_FUSION=0 (A/B experiments only).
   static const bool fusion = [] {
     const char* e = std::getenv("MP_BN_FUSION");
     return e == nullptr || std::string(e) != "0";
   }();
-  if (!fusion && (relu || residual.defined())) {
+  const bool odd_residual = residual.defined() && (residual.sizes() != x.sizes() || residual.dtype() != x.dtype());
+  if ((relu || residual.defined()) && (!fusion || odd_residual)) {
     Tensor y =
         batch_norm_impl(op, x, Tensor(), running_mean, running_var, weight, bias, training, momentum, eps, false);
     if (residual.defined()) y = add(y, residual);
     return relu ? mp::relu(y) : y;
-  }
-  if (residual.defined()) {
-    MP_CHECK(residual.device() == x.device(), op, ": the residual is on ", residual.device().str(),
-             " but the input is on ", x.device().str(), "; move it with .to(device)");
-    if (residual.sizes() != x.sizes() || residual.dtype() != x.dtype()) {
-      // Broadcasting or type promotion: the unfused ops define the result.
-      Tensor y = add(batch_norm_impl(op, x, Tensor(), running_mean, running_var, weight, bias, training, momentum, eps,
-                                     false),
-                     residual);
-      return relu ? mp::relu(y) : y;
-    }
   }
 
   const DType sdt = stats_dtype(x.dtype());
