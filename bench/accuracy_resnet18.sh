@@ -19,22 +19,26 @@ set -euo pipefail
 
 table() {
   local out=$1; shift
-  echo "| precision | epochs done | test accuracy (last epoch) | best epoch | train loss (last epoch) | skipped steps | mean s per epoch |"
+  echo "| precision | epochs done | test accuracy (last epoch) | best epoch | train loss (last epoch) | skipped steps | images/s (median over steps) |"
   echo "|---|---:|---:|---:|---:|---:|---:|"
   for p in "$@"; do
     local log=$out/$p/log.jsonl
     [ -f "$log" ] || { echo "| $p | 0 | - | - | - | - | - |"; continue; }
-    { grep '"type":"epoch"' "$log" || true; } | awk -v p="$p" '
+    # the step records' throughput (images over the epoch's time so far in that process): its median is
+    # robust to the pauses and restarts that the epochs' own seconds include
+    local ips
+    ips=$({ grep '"type":"step"' "$log" || true; } | sed -n 's/.*"throughput":\([0-9.eE+-]*\).*/\1/p' | sort -g |
+          awk '{ v[NR] = $1 } END { if (NR) printf "%.1f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; else printf "-" }')
+    { grep '"type":"epoch"' "$log" || true; } | awk -v p="$p" -v ips="$ips" '
       { n++
         match($0, /"epoch":[0-9]+/); e = substr($0, RSTART + 8, RLENGTH - 8)
         match($0, /"val_accuracy":[0-9.eE+-]+/); a = substr($0, RSTART + 15, RLENGTH - 15)
         match($0, /"train_loss":[0-9.eE+-]+/); l = substr($0, RSTART + 13, RLENGTH - 13)
         match($0, /"skipped_total":[0-9]+/); k = substr($0, RSTART + 16, RLENGTH - 16)
-        match($0, /"seconds":[0-9.eE+-]+/); s += substr($0, RSTART + 10, RLENGTH - 10)
         if (a + 0 > best) { best = a + 0; be = e } last = a; ll = l; lk = k }
-      END { if (n == 0) { printf "| %s | 0 | - | - | - | - | - |\n", p; exit }
-            printf "| %s | %d | %.2f%% | %.2f%% (epoch %d) | %.4f | %d | %.0f |\n",
-                   p, n, 100 * last, 100 * best, be, ll, lk, s / n }'
+      END { if (n == 0) { printf "| %s | 0 | - | - | - | - | %s |\n", p, ips; exit }
+            printf "| %s | %d | %.2f%% | %.2f%% (epoch %d) | %.4f | %d | %s |\n",
+                   p, n, 100 * last, 100 * best, be, ll, lk, ips }'
   done
 }
 
