@@ -103,12 +103,14 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
 
   const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
   Progress pos;
+  std::map<std::string, std::string> resumed_metadata;
   nn::LSTMState state;
   if (c.resume) {
     const std::string ckpt = checkpoint_path(c);
     MP_CHECK(std::filesystem::exists(ckpt), "--resume: no checkpoint at '", ckpt, "'; run without --resume first");
     LoadedCheckpoint lc = load_checkpoint(ckpt, refs);
     pos = lc.progress;
+    resumed_metadata = lc.metadata;
     if (const Tensor* h = lc.extra.find("lm_state.h")) state.h = h->to(dev);
     if (const Tensor* cc = lc.extra.find("lm_state.c")) state.c = cc->to(dev);
     if (!c.quiet) out << "resuming from " << ckpt << " at epoch " << pos.epoch + 1 << ", batch " << pos.batch << "\n";
@@ -120,7 +122,7 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
     if (state.c.defined()) e.insert("lm_state.c", state.c.detach());
     return e;
   };
-  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out);
+  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
     out << sum.label << ": " << amp::opt_level_name(o.opt_level) << (o.opt_level == amp::OptLevel::O0 ? "" : " ")
         << (o.opt_level == amp::OptLevel::O0 ? "" : dtype_name(o.dtype)) << ", loss scale " << o.loss_scale->str()
@@ -130,7 +132,8 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
 
   for (int64_t epoch = pos.epoch; epoch < c.epochs && !loop.stopped(); ++epoch) {
     const int64_t first = epoch == pos.epoch ? pos.batch : 0;
-    if (first >= steps_per_epoch) continue;
+    // first == steps_per_epoch: checkpointed after the epoch's last step, before its evaluation; the loop
+    // below is empty and the epoch ends as it would have.
     if (first == 0) state = {};  // each epoch starts from a zero state (as the PyTorch example)
     model->train();
     loop.begin_epoch(epoch, first, steps_per_epoch);

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "mp/memory/allocator.hpp"
@@ -17,28 +19,98 @@ std::string fmt(double v, int prec) {
   return buf;
 }
 
+// Note [resumed epoch statistics]
+// A checkpoint taken within an epoch also stores that epoch's running statistics (steps done, their
+// loss sum, images or tokens, training seconds, data wait, the progress bar's loss average) as the
+// JSON metadata "epoch_stats", so that the resumed run's record of that epoch (train loss, time, data
+// wait, throughput) covers the whole epoch as the uninterrupted run's does: the train loss is the same
+// sum in the same order, bit for bit. Values are written as C99 hex floats ("%a"): exact, and NaN or
+// inf (a diverged loss) survive. The run summary's totals still count only this process's work.
+constexpr const char* kEpochStatsKey = "epoch_stats";
+
+std::string hex_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
 
 }  // namespace
 
 TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const Progress& start, int64_t baseline,
-                     std::ostream& out)
+                     std::ostream& out, const std::map<std::string, std::string>& resumed)
     : c_(c), sum_(sum), parts_(std::move(parts)), start_(start), baseline_(baseline), out_(out),
       text_(is_text_task(c)), dev_(run_device(c)), ckpt_(checkpoint_path(c)), meta_{{"config", config_to_json(c)}} {
   if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
   if (!c.log.empty()) log_.emplace(c.log, /*append=*/c.resume);
+  const auto it = resumed.find(kEpochStatsKey);
+  if (it == resumed.end()) return;  // a fresh run, a checkpoint at an epoch's end, or one written before this key
+  const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kEpochStatsKey + "'";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception& e) {
+    MP_FAIL(what, " is not valid JSON (", e.what(), "); the file is damaged: resume from another checkpoint");
+  }
+  auto number = [&](const char* key) {
+    const auto f = j.find(key);
+    MP_CHECK(j.is_object() && f != j.end() && f->is_string(), what, ": expected the hex-float string '", key,
+             "', got ", f == j.end() || !j.is_object() ? std::string("nothing") : f->dump());
+    const std::string text = f->get<std::string>();
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    MP_CHECK(!text.empty() && end == text.c_str() + text.size(), what, ": '", key, "' should be a number, got '",
+             text, "'");
+    return v;
+  };
+  EpochCarry r;
+  const double epoch = number("epoch"), batch = number("batch"), steps = number("steps");
+  MP_CHECK(epoch == static_cast<double>(start_.epoch) && batch == static_cast<double>(start_.batch) &&
+               steps >= 0 && steps <= batch && steps == std::floor(steps),
+           what, ": it describes ", steps, " steps up to epoch ", epoch, ", batch ", batch,
+           " but the checkpoint stands at epoch ", start_.epoch, ", batch ", start_.batch,
+           "; the file is inconsistent: resume from another checkpoint");
+  r.steps = static_cast<int64_t>(steps);
+  r.loss_sum = number("loss_sum");
+  r.units = number("units");
+  r.seconds = number("seconds");
+  r.data_wait = number("data_wait");
+  r.ema.value = number("ema");
+  r.ema.started = number("ema_started") != 0;
+  MP_CHECK(r.units >= 0 && r.seconds >= 0 && r.data_wait >= 0, what, ": units, seconds and data_wait must be ",
+           "non-negative, got ", r.units, ", ", r.seconds, ", ", r.data_wait);
+  resumed_ = r;
 }
 
 void TrainLoop::save(const Progress& p, const nn::StateDict& extra) {
   const auto t0 = Clock::now();
-  save_checkpoint(ckpt_, parts_.refs, p, extra, meta_);
+  std::map<std::string, std::string> md = meta_;
+  if (p.batch > 0) {  // within an epoch: its statistics so far (Note [resumed epoch statistics])
+    const nlohmann::ordered_json j{
+        {"epoch", hex_double(static_cast<double>(p.epoch))},
+        {"batch", hex_double(static_cast<double>(p.batch))},
+        {"steps", hex_double(static_cast<double>(epoch_steps_))},
+        {"loss_sum", hex_double(loss_sum_)},
+        {"units", hex_double(carry_.units + units_)},
+        {"seconds", hex_double(carry_.seconds + seconds_since(t_epoch_) - ckpt_seconds_)},
+        {"data_wait", hex_double(carry_.data_wait + data_wait_)},
+        {"ema", hex_double(ema_.value)},
+        {"ema_started", hex_double(ema_.started ? 1 : 0)}};
+    md[kEpochStatsKey] = j.dump();
+  }
+  save_checkpoint(ckpt_, parts_.refs, p, extra, md);
   ckpt_seconds_ += seconds_since(t0);
 }
 
 void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t steps) {
   epoch_ = epoch;
+  carry_ = {};
+  if (resumed_ && epoch == start_.epoch && first == start_.batch) carry_ = *resumed_;
+  resumed_.reset();
   done_ = 0;
-  loss_sum_ = units_ = ckpt_seconds_ = data_wait_ = 0;
-  ema_ = {};
+  epoch_steps_ = carry_.steps;
+  loss_sum_ = carry_.loss_sum;
+  units_ = ckpt_seconds_ = data_wait_ = 0;
+  ema_ = carry_.ema;
   bar_ = std::make_unique<ProgressBar>(out_, "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(c_.epochs),
                                        steps - first, text_ ? "tok/s" : "img/s", out_is_tty(out_));
   t_epoch_ = Clock::now();
@@ -59,6 +131,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   const double l = loss.item<double>();
   ++sum_.steps;
   ++done_;
+  ++epoch_steps_;
   loss_sum_ += l;
   ema_.add(l);
   sum_.step_losses.push_back(l);
@@ -67,10 +140,11 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   if (!std::isfinite(l) && !scaler.is_enabled()) sum_.diverged = true;
   const int64_t global = start_.global_step + sum_.steps;
   if (log_) {
-    const double elapsed = seconds_since(t_epoch_) - ckpt_seconds_;
+    const double elapsed = carry_.seconds + seconds_since(t_epoch_) - ckpt_seconds_;
     log_->write({{"type", std::string("step")}, {"epoch", epoch_ + 1}, {"step", global}, {"loss", l},
                  {"lr", parts_.optimizer.lr(0)}, {"scale", scaler.get_scale()}, {"skipped", !stepped},
-                 {"throughput", units_ / std::max(elapsed, 1e-9)}, {"data_wait", data_wait},
+                 {"throughput", (carry_.units + units_) / std::max(elapsed, 1e-9)},
+                 {"data_wait", carry_.data_wait + data_wait},
                  {"memory", memory::memory_stats(dev_).allocated - baseline_}});
   }
   if (!c_.quiet) {
@@ -89,10 +163,11 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
 
 bool TrainLoop::end_training(double data_wait) {
   data_wait_ = data_wait;
-  epoch_seconds_ = seconds_since(t_epoch_) - ckpt_seconds_;
+  process_seconds_ = seconds_since(t_epoch_) - ckpt_seconds_;
+  epoch_seconds_ = carry_.seconds + process_seconds_;
   if (!c_.quiet) bar_->finish({{"loss", fmt(ema_.value, text_ ? 3 : 4)}});
   bar_.reset();
-  sum_.train_seconds += epoch_seconds_;
+  sum_.train_seconds += process_seconds_;
   sum_.data_wait_seconds += data_wait;
   total_units_ += units_;
   return !sum_.stopped_early;  // a stopped run continues elsewhere with --resume: no evaluation here
@@ -100,9 +175,11 @@ bool TrainLoop::end_training(double data_wait) {
 
 void TrainLoop::end_epoch(double val_loss, double val_metric, double eval_seconds) {
   sum_.eval_seconds += eval_seconds;
-  const EpochStats es{.epoch = epoch_ + 1, .train_loss = done_ > 0 ? loss_sum_ / static_cast<double>(done_) : 0,
+  const double wait = carry_.data_wait + data_wait_;
+  const EpochStats es{.epoch = epoch_ + 1,
+                      .train_loss = epoch_steps_ > 0 ? loss_sum_ / static_cast<double>(epoch_steps_) : 0,
                       .val_loss = val_loss, .val_metric = val_metric, .seconds = epoch_seconds_,
-                      .data_wait_seconds = data_wait_};
+                      .data_wait_seconds = wait};
   sum_.epochs.push_back(es);
   sum_.val_loss = val_loss;
   sum_.val_metric = val_metric;
@@ -113,12 +190,12 @@ void TrainLoop::end_epoch(double val_loss, double val_metric, double eval_second
            << fmt(val_metric, 2) << ")";
     else
       out_ << ", test loss " << fmt(val_loss, 4) << ", test accuracy " << fmt(100 * val_metric, 2) << "%";
-    out_ << ", " << fmt(epoch_seconds_, 1) << " s (data wait " << fmt(data_wait_, 1) << " s)\n";
+    out_ << ", " << fmt(epoch_seconds_, 1) << " s (data wait " << fmt(wait, 1) << " s)\n";
   }
   if (log_)
     log_->write({{"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
                  {"val_loss", val_loss}, {text_ ? "val_perplexity" : "val_accuracy", val_metric},
-                 {"seconds", epoch_seconds_}, {"data_wait", data_wait_},
+                 {"seconds", epoch_seconds_}, {"data_wait", wait},
                  {"peak_memory", memory::memory_stats(dev_).peak_allocated - baseline_},
                  {"skipped_total", parts_.scaler.skipped_steps()}, {"scale", parts_.scaler.get_scale()}});
   if (!ckpt_.empty()) save({epoch_ + 1, 0, start_.global_step + sum_.steps}, {});

@@ -2,6 +2,7 @@
 // What the image and the text training loops share around their model-specific forward pass.
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,9 +32,11 @@ class TrainLoop {
     std::vector<Tensor> params;  ///< clipped when clip_grad_norm > 0
     CheckpointRefs refs;         ///< what checkpoints save
   };
-  /// `start` is where the run resumes; `baseline` the allocated bytes before the model was built.
+  /// `start` is where the run resumes; `baseline` the allocated bytes before the model was built;
+  /// `resumed` the metadata of the checkpoint it resumes from (empty for a fresh run), which carries the
+  /// statistics of an epoch interrupted mid-way (Note [resumed epoch statistics]).
   TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const Progress& start, int64_t baseline,
-            std::ostream& out);
+            std::ostream& out, const std::map<std::string, std::string>& resumed = {});
 
   /// Start epoch `epoch` (0-based) at batch `first` of `steps` steps.
   void begin_epoch(int64_t epoch, int64_t first, int64_t steps);
@@ -66,9 +69,20 @@ class TrainLoop {
   std::string ckpt_;
   std::map<std::string, std::string> meta_;
   std::optional<RunLog> log_;
-  // the current epoch
-  int64_t epoch_ = 0, done_ = 0;
+  /// The running statistics of an epoch up to a mid-epoch checkpoint.
+  struct EpochCarry {
+    int64_t steps = 0;    ///< steps of the epoch done before
+    double loss_sum = 0;  ///< their losses, summed in step order
+    double units = 0, seconds = 0, data_wait = 0;
+    LossEma ema;
+  };
+  std::optional<EpochCarry> resumed_;  ///< what the checkpoint resumed from carries (start_'s epoch)
+  EpochCarry carry_;                   ///< what the current epoch carries (zero unless resumed mid-epoch)
+  // the current epoch: loss_sum_, epoch_steps_ and ema_ continue the carried values; done_, units_,
+  // data_wait_ and the times count this process's part
+  int64_t epoch_ = 0, done_ = 0, epoch_steps_ = 0;
   double loss_sum_ = 0, units_ = 0, total_units_ = 0, ckpt_seconds_ = 0, epoch_seconds_ = 0, data_wait_ = 0;
+  double process_seconds_ = 0;  ///< this process's training time of the finished epoch
   LossEma ema_;
   Clock::time_point t_epoch_;
   std::unique_ptr<ProgressBar> bar_;

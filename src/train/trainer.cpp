@@ -202,13 +202,16 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
 
   const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
   Progress pos;
+  std::map<std::string, std::string> resumed_metadata;
   if (c.resume) {
     const std::string ckpt = checkpoint_path(c);
     MP_CHECK(std::filesystem::exists(ckpt), "--resume: no checkpoint at '", ckpt, "'; run without --resume first");
-    pos = load_checkpoint(ckpt, refs).progress;
+    LoadedCheckpoint lc = load_checkpoint(ckpt, refs);
+    pos = lc.progress;
+    resumed_metadata = std::move(lc.metadata);
     if (!c.quiet) out << "resuming from " << ckpt << " at epoch " << pos.epoch + 1 << ", batch " << pos.batch << "\n";
   }
-  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out);
+  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
     out << sum.label << ": " << setup.describe() << "; " << c.model << " on " << c.dataset << " ("
         << sets.train->size() << " train / " << sets.test->size() << " test images, " << steps_per_epoch
@@ -216,7 +219,8 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
 
   for (int64_t epoch = pos.epoch; epoch < c.epochs && !loop.stopped(); ++epoch) {
     const int64_t first = epoch == pos.epoch ? pos.batch : 0;
-    if (first >= steps_per_epoch) continue;
+    // first == steps_per_epoch: checkpointed after the epoch's last step, before its evaluation; the loop
+    // below is empty and the epoch ends as it would have.
     model->train();
     loader.reset_wait_seconds();
     loader.start_epoch(epoch, first);

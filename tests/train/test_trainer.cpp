@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "mp/core/error.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/run_log.hpp"
+#include "mp/train/safetensors.hpp"
 #include "mp/train/trainer.hpp"
 #include "test_util.hpp"
 
@@ -141,6 +143,18 @@ void expect_exact_resume(TrainConfig c, int64_t stop, const std::string& name) {
   EXPECT_EQ(second.val_metric, full.val_metric) << name;
   EXPECT_EQ(second.skipped_steps, full.skipped_steps) << name;
   EXPECT_EQ(second.final_loss_scale, full.final_loss_scale) << name;
+  // Every epoch's record, the interrupted one included (its train loss averages the steps of both
+  // processes: Note [resumed epoch statistics]), as in the uninterrupted run.
+  std::vector<mp::train::EpochStats> epochs = first.epochs;
+  epochs.insert(epochs.end(), second.epochs.begin(), second.epochs.end());
+  ASSERT_EQ(epochs.size(), full.epochs.size()) << name;
+  for (size_t i = 0; i < epochs.size(); ++i) {
+    EXPECT_EQ(epochs[i].epoch, full.epochs[i].epoch) << name;
+    EXPECT_EQ(epochs[i].train_loss, full.epochs[i].train_loss) << name << " epoch " << i + 1;
+    EXPECT_EQ(epochs[i].val_loss, full.epochs[i].val_loss) << name << " epoch " << i + 1;
+    EXPECT_EQ(epochs[i].val_metric, full.epochs[i].val_metric) << name << " epoch " << i + 1;
+    EXPECT_GT(epochs[i].seconds, 0) << name << " epoch " << i + 1;
+  }
 }
 
 }  // namespace
@@ -262,6 +276,56 @@ TEST(Trainer, ValidationNamesTheProblem) {
   c.lstm_impl = "basic";
   c.model = "gru";
   EXPECT_NE(message(c).find("applies to --model lstm"), std::string::npos) << message(c);
+}
+
+// A checkpoint stopped mid-epoch carries the epoch's statistics; damaged or inconsistent ones are refused
+// on resume with the file and the key named.
+TEST(Trainer, ResumedEpochStatisticsAreCheckedOnResume) {
+  TrainConfig c = image_config("fp32");
+  c.epochs = 1;
+  c.max_steps_per_epoch = 4;
+  c.stop_after_steps = 3;
+  const fs::path dir = scratch_dir("trainer", "epoch_stats");
+  c.checkpoint_dir = dir.string();
+  std::ostringstream sink;
+  mp::train::train(c, sink);
+  const fs::path f = dir / "checkpoint.safetensors";
+  const mp::train::SafetensorsFile good = mp::train::load_safetensors(f.string());
+  ASSERT_EQ(good.metadata.count("epoch_stats"), 1u);
+  const std::string stats = good.metadata.at("epoch_stats");
+  EXPECT_NE(stats.find("\"steps\""), std::string::npos) << stats;
+  c.stop_after_steps = 0;
+  c.resume = true;
+  auto refused_with = [&](const std::string& value, const std::string& fault) {
+    std::map<std::string, std::string> md = good.metadata;
+    md["epoch_stats"] = value;
+    mp::train::save_safetensors(f.string(), good.tensors, md);
+    try {
+      mp::train::train(c, sink);
+      ADD_FAILURE() << "accepted epoch_stats " << value;
+    } catch (const mp::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(f.string()), std::string::npos) << m;
+      EXPECT_NE(m.find("epoch_stats"), std::string::npos) << m;
+      EXPECT_NE(m.find(fault), std::string::npos) << m;
+    }
+  };
+  refused_with("{\"steps\": ", "not valid JSON");
+  refused_with("[]", "expected the hex-float string 'epoch'");
+  std::string wrong_batch = stats;
+  const size_t at = wrong_batch.find("\"batch\":\"");
+  ASSERT_NE(at, std::string::npos) << stats;
+  wrong_batch.replace(at, std::string("\"batch\":\"").size(), "\"batch\":\"1");  // 0x1.8p+1 -> 10x1.8p+1
+  refused_with(wrong_batch, "should be a number");
+  std::string other_batch = stats;
+  other_batch.replace(at, std::string("\"batch\":\"0x1.8p+1").size(), "\"batch\":\"0x1p+1");  // 3 -> 2
+  refused_with(other_batch, "inconsistent");
+  // The intact statistics resume; the epoch's record counts all 4 steps.
+  mp::train::save_safetensors(f.string(), good.tensors, good.metadata);
+  const RunSummary r = mp::train::train(c, sink);
+  ASSERT_EQ(r.epochs.size(), 1u);
+  EXPECT_EQ(r.step_losses.size(), 1u);
+  EXPECT_TRUE(std::isfinite(r.epochs[0].train_loss));
 }
 
 TEST(Trainer, DamagedCheckpointIsRefusedOnResume) {
