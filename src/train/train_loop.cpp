@@ -163,11 +163,11 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
 
 bool TrainLoop::end_training(double data_wait) {
   data_wait_ = data_wait;
-  process_seconds_ = seconds_since(t_epoch_) - ckpt_seconds_;
-  epoch_seconds_ = carry_.seconds + process_seconds_;
+  const double process_seconds = seconds_since(t_epoch_) - ckpt_seconds_;  // this process's part
+  epoch_seconds_ = carry_.seconds + process_seconds;
   if (!c_.quiet) bar_->finish({{"loss", fmt(ema_.value, text_ ? 3 : 4)}});
   bar_.reset();
-  sum_.train_seconds += process_seconds_;
+  sum_.train_seconds += process_seconds;
   sum_.data_wait_seconds += data_wait;
   total_units_ += units_;
   return !sum_.stopped_early;  // a stopped run continues elsewhere with --resume: no evaluation here

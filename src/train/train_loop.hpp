@@ -82,7 +82,6 @@ class TrainLoop {
   // data_wait_ and the times count this process's part
   int64_t epoch_ = 0, done_ = 0, epoch_steps_ = 0;
   double loss_sum_ = 0, units_ = 0, total_units_ = 0, ckpt_seconds_ = 0, epoch_seconds_ = 0, data_wait_ = 0;
-  double process_seconds_ = 0;  ///< this process's training time of the finished epoch
   LossEma ema_;
   Clock::time_point t_epoch_;
   std::unique_ptr<ProgressBar> bar_;
