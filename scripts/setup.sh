@@ -3,7 +3,9 @@
 set -euo pipefail
 # --bench adds what the side-by-side benchmarks need: Debian's PyTorch and OpenBLAS (without it,
 # Debian's torch runs its f32 matmuls on the reference libblas3, ~50x slower: a straw man).
-pkgs=(build-essential cmake libdnnl-dev libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
+# ocl-icd-opencl-dev: Debian's libdnnl-dev only recommends it, but its dnnl-config.cmake calls
+# find_package(OpenCL) and fails without the OpenCL headers and libOpenCL.so (seen on a fresh machine).
+pkgs=(build-essential cmake libdnnl-dev ocl-icd-opencl-dev libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox)
 if [ "${1:-}" = "--bench" ]; then
   pkgs+=(python3-torch libopenblas0-openmp)
