@@ -58,8 +58,11 @@ PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu) {
     return {DType::bf16, "AMX-BF16 tiles: bf16 matmul/convolution run several times faster than f32 "
                          "(f32 accumulation); bf16 keeps f32's range, so no loss scaling is needed"};
   if (cpu.avx512_bf16)
-    return {DType::bf16, "AVX512-BF16 dot products: bf16 matmul/convolution are faster than f32 and halve "
-                         "activation memory; no loss scaling needed"};
+    // Measured on a Sapphire Rapids VM that hides AMX (bench/RESULTS.md): a ResNet-18 bf16 O2 step ~1.5x
+    // slower than f32, oneDNN 2.6's VDPBF16PS convolutions ~1.8x slower per call than its f32 ones.
+    return {DType::f32, "AVX512-BF16 without AMX: oneDNN's bf16 convolutions measured slower than f32 here "
+                        "(VDPBF16PS has no throughput edge over two f32 FMA ports); bf16 halves activation "
+                        "memory (use it for larger models or batches), f32 is faster"};
   return {DType::f32, "no bf16 compute instructions: bf16/f16 on this CPU only save memory (storage-only, "
                       "computed through f32) and cost conversion time"};
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/conv_gemm.hpp"
 #include "mp/mp.hpp"
 #include "test_util.hpp"
 
@@ -167,32 +168,41 @@ class ChannelsLastConv : public ::testing::TestWithParam<DType> {};
 
 TEST_P(ChannelsLastConv, MatchesNchwForwardAndBackward) {
   const DType dt = GetParam();
-  manual_seed(6);  // the same data whichever tests ran before in this process
-  for (const ConvCase& c : conv_cases()) {
-    SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));
-    const Tensor x0 = rand(c.x, {.dtype = dt}, -1.0, 1.0), w0 = rand(c.w, {.dtype = dt}, -0.5, 0.5);
-    const Tensor b0 = rand({c.w[0]}, {}, -0.5, 0.5);
-    Tensor gy;  // drawn once, on the first run
-    auto run = [&](MemoryFormat f) {
-      const Tensor x = x0.contiguous(f).detach().requires_grad_(), w = w0.clone().requires_grad_();
-      const Tensor b = b0.clone().requires_grad_();
-      const Tensor y = conv2d(x, w, b, c.opt);
-      if (!gy.defined()) gy = rand(y.sizes(), {.dtype = dt}, -1.0, 1.0);
-      sum(mul(y.to(DType::f32), gy.to(DType::f32))).backward();
-      return std::vector<Tensor>{y, x.grad(), w.grad(), b.grad()};
-    };
-    const std::vector<Tensor> ref = run(MemoryFormat::contiguous), cl = run(kCL);
-    EXPECT_EQ(cl[0].suggest_memory_format(), kCL);
-    EXPECT_EQ(cl[1].suggest_memory_format(), kCL);
-    EXPECT_EQ(ref[0].suggest_memory_format(), MemoryFormat::contiguous);
-    const double tol = layout_tol(dt);
-    expect_close(cl[0], ref[0], tol, "y");
-    expect_close(cl[1], ref[1], tol, "dx");
-    // The weight gradient is computed in f32 (f32 sums in another order, and bf16 8x8-or-smaller outputs take
-    // the GEMM path channels-last) and stored in the weight's dtype: one unit of 16-bit rounding, as y. The
-    // bias is f32: its gradient only sums in another order.
-    expect_close(cl[2], ref[2], tol, "dweight");
-    expect_close(cl[3], ref[3], dt == DType::f64 ? 0.0 : 1e-5, "dbias");
+  // bf16's small convolutions both ways on every CPU (Note [GEMM paths need AMX] in src/backend/cpu/conv.cpp).
+  using backend::cpu::ConvGemmPaths;
+  struct Restore {
+    ~Restore() { backend::cpu::set_conv_gemm_paths(ConvGemmPaths::cpu_default); }
+  } restore;
+  for (const ConvGemmPaths paths : {ConvGemmPaths::on, ConvGemmPaths::off}) {
+    backend::cpu::set_conv_gemm_paths(paths);
+    SCOPED_TRACE(paths == ConvGemmPaths::on ? "GEMM paths on" : "GEMM paths off");
+    manual_seed(6);  // the same data whichever tests ran before in this process
+    for (const ConvCase& c : conv_cases()) {
+      SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));
+      const Tensor x0 = rand(c.x, {.dtype = dt}, -1.0, 1.0), w0 = rand(c.w, {.dtype = dt}, -0.5, 0.5);
+      const Tensor b0 = rand({c.w[0]}, {}, -0.5, 0.5);
+      Tensor gy;  // drawn once, on the first run
+      auto run = [&](MemoryFormat f) {
+        const Tensor x = x0.contiguous(f).detach().requires_grad_(), w = w0.clone().requires_grad_();
+        const Tensor b = b0.clone().requires_grad_();
+        const Tensor y = conv2d(x, w, b, c.opt);
+        if (!gy.defined()) gy = rand(y.sizes(), {.dtype = dt}, -1.0, 1.0);
+        sum(mul(y.to(DType::f32), gy.to(DType::f32))).backward();
+        return std::vector<Tensor>{y, x.grad(), w.grad(), b.grad()};
+      };
+      const std::vector<Tensor> ref = run(MemoryFormat::contiguous), cl = run(kCL);
+      EXPECT_EQ(cl[0].suggest_memory_format(), kCL);
+      EXPECT_EQ(cl[1].suggest_memory_format(), kCL);
+      EXPECT_EQ(ref[0].suggest_memory_format(), MemoryFormat::contiguous);
+      const double tol = layout_tol(dt);
+      expect_close(cl[0], ref[0], tol, "y");
+      expect_close(cl[1], ref[1], tol, "dx");
+      // The weight gradient is computed in f32 (f32 sums in another order, and bf16 8x8-or-smaller outputs take
+      // the GEMM path channels-last) and stored in the weight's dtype: one unit of 16-bit rounding, as y. The
+      // bias is f32: its gradient only sums in another order.
+      expect_close(cl[2], ref[2], tol, "dweight");
+      expect_close(cl[3], ref[3], dt == DType::f64 ? 0.0 : 1e-5, "dbias");
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/conv_gemm.hpp"
 #include "mp/mp.hpp"
 
 using namespace mp;
@@ -308,36 +309,46 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
        {2, 8, 8, 7},
        {96, 48, 112, 112}},
   };
-  manual_seed(21);
-  for (const LowPrecisionGeometry& lg : geos) {
-    const Geometry& g = lg.g;
-    SCOPED_TRACE(g.name);
-    Tensor x = randn(g.x), w = randn(g.w), b = randn({g.w[0]});
-    Tensor gy = randn(lg.y);
-    auto run = [&](DType d, bool absolute) {
-      auto cv = [&](const Tensor& t) { return (absolute ? abs(t) : t).to(d).detach().requires_grad_(); };
-      Tensor xi = cv(x), wi = cv(w), bi = cv(b);
-      Tensor y = conv2d(xi, wi, bi, g.opt);
-      EXPECT_EQ(y.dtype(), d);
-      y.backward((absolute ? abs(gy) : gy).to(d));
-      return std::vector<std::vector<float>>{y.to_vector<float>(), xi.grad().to_vector<float>(),
-                                             wi.grad().to_vector<float>(), bi.grad().to_vector<float>()};
-    };
-    const auto lp = run(dt, false), ref = run(DType::f32, false), scale = run(DType::f32, true);
-    for (const LowPrecisionCase& c : kLowPrecisionTable) {
-      const auto &a = lp[c.index], &r = ref[c.index], &s = scale[c.index];
-      ASSERT_EQ(a.size(), r.size()) << c.quantity;
-      const double prod = 2 * u + u * u + 2.0 * static_cast<double>(lg.k[c.index]) * std::ldexp(1.0, -24);
-      double worst = 0.0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double tol = prod * s[i] + u * (std::abs(r[i]) + prod * s[i]);
-        ASSERT_LE(std::abs(a[i] - r[i]), tol) << c.quantity << " in " << dtype_name(dt) << " element " << i
-                                              << ": got " << a[i] << ", f32 gives " << r[i]
-                                              << " (tolerance reason: " << c.reason << ")";
-        worst = std::max(worst, std::abs(a[i] - r[i]) / tol);
+  // Both ways of running the small bf16 convolutions, on every CPU: oneDNN's convolution primitives, and
+  // im2col + one GEMM (by default only where the CPU has AMX: Note [GEMM paths need AMX] in conv.cpp).
+  using backend::cpu::ConvGemmPaths;
+  struct Restore {
+    ~Restore() { backend::cpu::set_conv_gemm_paths(ConvGemmPaths::cpu_default); }
+  } restore;
+  for (const ConvGemmPaths paths : {ConvGemmPaths::on, ConvGemmPaths::off}) {
+    backend::cpu::set_conv_gemm_paths(paths);
+    SCOPED_TRACE(paths == ConvGemmPaths::on ? "GEMM paths on" : "GEMM paths off");
+    manual_seed(21);
+    for (const LowPrecisionGeometry& lg : geos) {
+      const Geometry& g = lg.g;
+      SCOPED_TRACE(g.name);
+      Tensor x = randn(g.x), w = randn(g.w), b = randn({g.w[0]});
+      Tensor gy = randn(lg.y);
+      auto run = [&](DType d, bool absolute) {
+        auto cv = [&](const Tensor& t) { return (absolute ? abs(t) : t).to(d).detach().requires_grad_(); };
+        Tensor xi = cv(x), wi = cv(w), bi = cv(b);
+        Tensor y = conv2d(xi, wi, bi, g.opt);
+        EXPECT_EQ(y.dtype(), d);
+        y.backward((absolute ? abs(gy) : gy).to(d));
+        return std::vector<std::vector<float>>{y.to_vector<float>(), xi.grad().to_vector<float>(),
+                                               wi.grad().to_vector<float>(), bi.grad().to_vector<float>()};
+      };
+      const auto lp = run(dt, false), ref = run(DType::f32, false), scale = run(DType::f32, true);
+      for (const LowPrecisionCase& c : kLowPrecisionTable) {
+        const auto &a = lp[c.index], &r = ref[c.index], &s = scale[c.index];
+        ASSERT_EQ(a.size(), r.size()) << c.quantity;
+        const double prod = 2 * u + u * u + 2.0 * static_cast<double>(lg.k[c.index]) * std::ldexp(1.0, -24);
+        double worst = 0.0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          const double tol = prod * s[i] + u * (std::abs(r[i]) + prod * s[i]);
+          ASSERT_LE(std::abs(a[i] - r[i]), tol) << c.quantity << " in " << dtype_name(dt) << " element " << i
+                                                << ": got " << a[i] << ", f32 gives " << r[i]
+                                                << " (tolerance reason: " << c.reason << ")";
+          worst = std::max(worst, std::abs(a[i] - r[i]) / tol);
+        }
+        // The comparison is not vacuous: the low-precision path does differ from f32 by a visible fraction.
+        EXPECT_GT(worst, 0.01) << c.quantity << ": suspiciously exact for " << dtype_name(dt);
       }
-      // The comparison is not vacuous: the low-precision path does differ from f32 by a visible fraction.
-      EXPECT_GT(worst, 0.01) << c.quantity << ": suspiciously exact for " << dtype_name(dt);
     }
   }
 }

@@ -3,15 +3,19 @@
 // convolution on the CPU: f16 is storage-only here, and the result is rounded to f16 once).
 #include <omp.h>
 
+#include <atomic>
+
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "backend/conv_kernels.hpp"
+#include "backend/cpu/conv_gemm.hpp"
 #include "backend/cpu/loops.hpp"
 #include "backend/cpu/onednn_conv.hpp"
 #include "backend/linalg_kernels.hpp"
 #include "backend/reduce_kernels.hpp"
+#include "mp/core/cpu_features.hpp"
 
 namespace mp::backend::cpu {
 namespace {
@@ -162,12 +166,37 @@ DType compute_dtype(DType dt) { return dt == DType::f16 ? DType::f32 : dt; }
 // when the output has at most kGemmMaxPixels pixels per image. Fixed by shape, never by timing.
 constexpr int64_t kGemmMaxPixels = 16;
 
+// Note [GEMM paths need AMX]
+// The GEMM paths pay for im2col and an extra copy to reach oneDNN's matmul rate, which is worth it on AMX
+// tiles (the rates in the Notes above). Without AMX (AVX512-BF16 only: a VM that hides AMX, Cooper Lake,
+// Zen 4) oneDNN runs both on VDPBF16PS and the matmul has no such edge: on a Sapphire Rapids VM without AMX,
+// ResNet-18 bf16 O2, 28x28x1, batch 128, 2 threads, ms per step (2 rounds, bench/RESULTS.md): 2244, 2250
+// with the paths, 2076, 2059 without. So by default they are on only where the CPU has AMX-BF16; the choice
+// depends on the CPU and the shape, never on timing, so runs on one machine stay bit-reproducible.
+std::atomic<ConvGemmPaths> g_gemm_paths{ConvGemmPaths::cpu_default};
+
+bool gemm_paths_on() {
+  switch (g_gemm_paths.load(std::memory_order_relaxed)) {
+    case ConvGemmPaths::on:
+      return true;
+    case ConvGemmPaths::off:
+      return false;
+    case ConvGemmPaths::cpu_default:
+      break;
+  }
+  return cpu_features().amx_bf16;
+}
+
+// A threshold forced by an environment variable (tuning experiments only), or -1.
+int64_t env_max_pixels(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr ? std::atoll(e) : -1;
+}
+
 int64_t gemm_max_pixels() {
-  static const int64_t max_pixels = [] {
-    const char* e = std::getenv("MP_CONV_GEMM_MAX_PIXELS");  // tuning experiments only
-    return e != nullptr ? std::atoll(e) : kGemmMaxPixels;
-  }();
-  return max_pixels;
+  static const int64_t forced = env_max_pixels("MP_CONV_GEMM_MAX_PIXELS");
+  if (forced >= 0) return forced;
+  return gemm_paths_on() ? kGemmMaxPixels : 0;
 }
 
 bool use_gemm_forward(const Conv2dArgs& a) {
@@ -295,9 +324,11 @@ constexpr int64_t kGemmWgradMaxPixels = 16;
 constexpr int64_t kGemmWgradMaxPixelsNhwc = 64;
 
 bool use_gemm_weight_grad(const Conv2dArgs& a) {
-  static const char* env = std::getenv("MP_CONV_WGRAD_GEMM_MAX_PIXELS");  // tuning experiments only
-  static const int64_t forced = env != nullptr ? std::atoll(env) : -1;
-  const int64_t max_pixels = forced >= 0 ? forced : a.channels_last ? kGemmWgradMaxPixelsNhwc : kGemmWgradMaxPixels;
+  static const int64_t forced = env_max_pixels("MP_CONV_WGRAD_GEMM_MAX_PIXELS");
+  const int64_t max_pixels = forced >= 0        ? forced
+                             : !gemm_paths_on() ? 0
+                             : a.channels_last  ? kGemmWgradMaxPixelsNhwc
+                                                : kGemmWgradMaxPixels;
   return a.src_dtype == DType::bf16 && a.groups == 1 && a.out_h() * a.out_w() <= max_pixels;
 }
 
@@ -450,5 +481,8 @@ MP_REGISTER_KERNEL(conv2d_backward_kernel, DeviceType::cpu, &conv2d_backward_cpu
 MP_REGISTER_KERNEL(conv2d_forward_kernel, DeviceType::cpu, &conv2d_forward_cpu);
 MP_REGISTER_KERNEL(conv2d_backward_data_kernel, DeviceType::cpu, &conv2d_backward_data_cpu);
 MP_REGISTER_KERNEL(conv2d_backward_weights_kernel, DeviceType::cpu, &conv2d_backward_weights_cpu);
+
+void set_conv_gemm_paths(ConvGemmPaths paths) { g_gemm_paths.store(paths, std::memory_order_relaxed); }
+ConvGemmPaths conv_gemm_paths() { return g_gemm_paths.load(std::memory_order_relaxed); }
 
 }  // namespace mp::backend::cpu
