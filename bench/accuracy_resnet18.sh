@@ -7,10 +7,12 @@
 #
 # Recipe: 15 epochs, batch 128, SGD 0.1 momentum 0.9 weight decay 5e-4, 1 epoch of linear warm-up, then
 # cosine; random crop (padding 4) and horizontal flip; test accuracy on the 10,000 test images after
-# every epoch. Environment: EPOCHS (default 15), THREADS (per run, default 1).
+# every epoch. Environment: EPOCHS (default 15), THREADS (per run, default 1), DEVICE (default cpu; cuda
+# runs the same recipe on a GPU; not tried on one yet).
 #
 # The runs are long on a CPU (2-core Sapphire Rapids, one thread each: bf16 ~12 min, fp32 ~34 min per
-# epoch), so they run side by side, one thread each (on two cores this beats running them one after the
+# epoch with AMX; without AMX bf16 is the slower one, ~36 min against fp32's ~23: bench/RESULTS.md), so they
+# run side by side, one thread each (on two cores this beats running them one after the
 # other with two threads: OpenMP barriers make a 2-thread run stall whenever anything else holds a
 # core), checkpoint every 100 steps, and the script resumes each from OUT_DIR/PRECISION/ when run again
 # (e.g. after the machine went away). Resuming is exact on the CPU (tests/train), so an interrupted run
@@ -67,7 +69,7 @@ for p in "$@"; do
   resume=()
   [ -f "$d/checkpoint.safetensors" ] && resume=(--resume)
   OMP_NUM_THREADS=${THREADS:-1} "$bin" train --model resnet18 --dataset fashion-mnist --augment \
-    --epochs "${EPOCHS:-15}" --warmup_epochs 1 --precision "$p" --checkpoint_dir "$d" --checkpoint_every 100 \
+    --epochs "${EPOCHS:-15}" --warmup_epochs 1 --precision "$p" --device "${DEVICE:-cpu}" --checkpoint_dir "$d" --checkpoint_every 100 \
     --log "$d/log.jsonl" --quiet "${resume[@]}" >> "$d/out.log" 2>&1 &
   pids+=($!)
   echo "$p: pid $!, log $d/out.log${resume:+ (resumed)}"
