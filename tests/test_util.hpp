@@ -14,6 +14,8 @@
 #include <system_error>
 #include <vector>
 
+#include "backend/cpu/conv_gemm.hpp"
+
 namespace mp::test {
 
 namespace detail {
@@ -79,6 +81,22 @@ inline ::testing::AssertionResult contains_format(const char* haystack_expr, con
   if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << haystack_expr << " does not contain " << needle_expr << "\n  needle: "
                                        << needle << "\n  message: " << haystack;
+}
+
+/// Runs `body` twice: with bf16's small-convolution GEMM paths forced on, then off (by default they are on only
+/// where the CPU has AMX: Note [GEMM paths need AMX] in src/backend/cpu/conv.cpp), so both are tested on any
+/// CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body` throws.
+template <class Body>
+void for_both_conv_gemm_paths(Body&& body) {
+  using backend::cpu::ConvGemmPaths;
+  struct Restore {
+    ~Restore() { backend::cpu::set_conv_gemm_paths(ConvGemmPaths::cpu_default); }
+  } restore;
+  for (const ConvGemmPaths paths : {ConvGemmPaths::on, ConvGemmPaths::off}) {
+    backend::cpu::set_conv_gemm_paths(paths);
+    SCOPED_TRACE(paths == ConvGemmPaths::on ? "GEMM paths on" : "GEMM paths off");
+    body();
+  }
 }
 
 }  // namespace mp::test

@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/conv_gemm.hpp"
 #include "mp/mp.hpp"
 #include "test_util.hpp"
 
@@ -168,14 +167,8 @@ class ChannelsLastConv : public ::testing::TestWithParam<DType> {};
 
 TEST_P(ChannelsLastConv, MatchesNchwForwardAndBackward) {
   const DType dt = GetParam();
-  // bf16's small convolutions both ways on every CPU (Note [GEMM paths need AMX] in src/backend/cpu/conv.cpp).
-  using backend::cpu::ConvGemmPaths;
-  struct Restore {
-    ~Restore() { backend::cpu::set_conv_gemm_paths(ConvGemmPaths::cpu_default); }
-  } restore;
-  for (const ConvGemmPaths paths : {ConvGemmPaths::on, ConvGemmPaths::off}) {
-    backend::cpu::set_conv_gemm_paths(paths);
-    SCOPED_TRACE(paths == ConvGemmPaths::on ? "GEMM paths on" : "GEMM paths off");
+  // The small bf16 convolutions both ways on every CPU: oneDNN's convolution primitives and im2col + one GEMM.
+  test::for_both_conv_gemm_paths([&] {
     manual_seed(6);  // the same data whichever tests ran before in this process
     for (const ConvCase& c : conv_cases()) {
       SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));
@@ -203,7 +196,7 @@ TEST_P(ChannelsLastConv, MatchesNchwForwardAndBackward) {
       expect_close(cl[2], ref[2], tol, "dweight");
       expect_close(cl[3], ref[3], dt == DType::f64 ? 0.0 : 1e-5, "dbias");
     }
-  }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ChannelsLastConv, ::testing::Values(DType::f32, DType::bf16, DType::f64, DType::f16),

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/conv_gemm.hpp"
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using autograd::gradcheck;
@@ -309,15 +309,8 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
        {2, 8, 8, 7},
        {96, 48, 112, 112}},
   };
-  // Both ways of running the small bf16 convolutions, on every CPU: oneDNN's convolution primitives, and
-  // im2col + one GEMM (by default only where the CPU has AMX: Note [GEMM paths need AMX] in conv.cpp).
-  using backend::cpu::ConvGemmPaths;
-  struct Restore {
-    ~Restore() { backend::cpu::set_conv_gemm_paths(ConvGemmPaths::cpu_default); }
-  } restore;
-  for (const ConvGemmPaths paths : {ConvGemmPaths::on, ConvGemmPaths::off}) {
-    backend::cpu::set_conv_gemm_paths(paths);
-    SCOPED_TRACE(paths == ConvGemmPaths::on ? "GEMM paths on" : "GEMM paths off");
+  // The small bf16 convolutions both ways on every CPU: oneDNN's convolution primitives and im2col + one GEMM.
+  test::for_both_conv_gemm_paths([&] {
     manual_seed(21);
     for (const LowPrecisionGeometry& lg : geos) {
       const Geometry& g = lg.g;
@@ -350,7 +343,7 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
         EXPECT_GT(worst, 0.01) << c.quantity << ": suspiciously exact for " << dtype_name(dt);
       }
     }
-  }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(LowPrecision, Conv2dLowPrecision, ::testing::Values(DType::bf16, DType::f16),

@@ -483,6 +483,5 @@ MP_REGISTER_KERNEL(conv2d_backward_data_kernel, DeviceType::cpu, &conv2d_backwar
 MP_REGISTER_KERNEL(conv2d_backward_weights_kernel, DeviceType::cpu, &conv2d_backward_weights_cpu);
 
 void set_conv_gemm_paths(ConvGemmPaths paths) { g_gemm_paths.store(paths, std::memory_order_relaxed); }
-ConvGemmPaths conv_gemm_paths() { return g_gemm_paths.load(std::memory_order_relaxed); }
 
 }  // namespace mp::backend::cpu

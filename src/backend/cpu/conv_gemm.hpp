@@ -13,6 +13,5 @@ enum class ConvGemmPaths {
 /// Sets the policy for convolutions that start after the call. The environment variables
 /// MP_CONV_GEMM_MAX_PIXELS / MP_CONV_WGRAD_GEMM_MAX_PIXELS (tuning experiments) override it.
 void set_conv_gemm_paths(ConvGemmPaths paths);
-ConvGemmPaths conv_gemm_paths();
 
 }  // namespace mp::backend::cpu
