@@ -60,7 +60,7 @@ PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu) {
   if (cpu.avx512_bf16)
     // Measured on a Sapphire Rapids VM that hides AMX (bench/RESULTS.md): a ResNet-18 bf16 O2 step ~1.5x
     // slower than f32, oneDNN 2.6's VDPBF16PS convolutions ~1.8x slower per call than its f32 ones.
-    return {DType::f32, "AVX512-BF16 without AMX: oneDNN's bf16 convolutions measured slower than f32 here "
+    return {DType::f32, "AVX512-BF16 without AMX: oneDNN's bf16 convolutions measured slower than f32 on such a CPU "
                         "(VDPBF16PS has no throughput edge over two f32 FMA ports); bf16 halves activation "
                         "memory (use it for larger models or batches), f32 is faster"};
   return {DType::f32, "no bf16 compute instructions: bf16/f16 on this CPU only save memory (storage-only, "

@@ -4,7 +4,6 @@
 #include <omp.h>
 
 #include <atomic>
-
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -168,8 +167,8 @@ constexpr int64_t kGemmMaxPixels = 16;
 
 // Note [GEMM paths need AMX]
 // The GEMM paths pay for im2col and an extra copy to reach oneDNN's matmul rate, which is worth it on AMX
-// tiles (the rates in the Notes above). Without AMX (AVX512-BF16 only: a VM that hides AMX, Cooper Lake,
-// Zen 4) oneDNN runs both on VDPBF16PS and the matmul has no such edge: on a Sapphire Rapids VM without AMX,
+// tiles (the rates in the Notes above). Without AMX (AVX512-BF16 only, e.g. a VM that hides AMX) oneDNN
+// runs both on VDPBF16PS and the matmul has no such edge: on a Sapphire Rapids VM without AMX,
 // ResNet-18 bf16 O2, 28x28x1, batch 128, 2 threads, ms per step (2 rounds, bench/RESULTS.md): 2244, 2250
 // with the paths, 2076, 2059 without. So by default they are on only where the CPU has AMX-BF16; the choice
 // depends on the CPU and the shape, never on timing, so runs on one machine stay bit-reproducible.
