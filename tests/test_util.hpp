@@ -14,7 +14,7 @@
 #include <system_error>
 #include <vector>
 
-#include "backend/cpu/conv_gemm.hpp"
+#include "backend/cpu/conv_policy.hpp"
 
 namespace mp::test {
 
@@ -83,18 +83,19 @@ inline ::testing::AssertionResult contains_format(const char* haystack_expr, con
                                        << needle << "\n  message: " << haystack;
 }
 
-/// Runs `body` twice: with bf16's small-convolution GEMM paths forced on, then off (by default they are on only
-/// where the CPU has AMX: Note [GEMM paths need AMX] in src/backend/cpu/conv.cpp), so both are tested on any
-/// CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body` throws.
+/// Runs `body` once per way a bf16 convolution can run on the CPU: oneDNN's bf16 primitives with the
+/// small-convolution GEMM paths, without them, and through f32 (by default the CPU picks one: Notes [GEMM paths
+/// need AMX] and [bf16 convolutions through f32 without AMX] in src/backend/cpu/conv.cpp), so all are tested on
+/// any CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body` throws.
 template <class Body>
-void for_both_conv_gemm_paths(Body&& body) {
-  using backend::cpu::ConvGemmPaths;
+void for_each_conv_bf16_path(Body&& body) {
+  using backend::cpu::ConvBf16Path;
   struct Restore {
-    ~Restore() { backend::cpu::set_conv_gemm_paths(ConvGemmPaths::cpu_default); }
+    ~Restore() { backend::cpu::set_conv_bf16_path(ConvBf16Path::cpu_default); }
   } restore;
-  for (const ConvGemmPaths paths : {ConvGemmPaths::on, ConvGemmPaths::off}) {
-    backend::cpu::set_conv_gemm_paths(paths);
-    SCOPED_TRACE(paths == ConvGemmPaths::on ? "GEMM paths on" : "GEMM paths off");
+  for (const ConvBf16Path path : {ConvBf16Path::native_gemm, ConvBf16Path::native, ConvBf16Path::via_f32}) {
+    backend::cpu::set_conv_bf16_path(path);
+    SCOPED_TRACE(std::string("bf16 convolution path ") + backend::cpu::conv_bf16_path_name(path));
     body();
   }
 }

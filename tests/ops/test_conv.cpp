@@ -309,8 +309,8 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
        {2, 8, 8, 7},
        {96, 48, 112, 112}},
   };
-  // The small bf16 convolutions both ways on every CPU: oneDNN's convolution primitives and im2col + one GEMM.
-  test::for_both_conv_gemm_paths([&] {
+  // bf16 convolutions every way on every CPU: oneDNN's bf16 primitives, im2col + one GEMM, through f32.
+  test::for_each_conv_bf16_path([&] {
     manual_seed(21);
     for (const LowPrecisionGeometry& lg : geos) {
       const Geometry& g = lg.g;
