@@ -11,7 +11,7 @@
 # runs the same recipe on a GPU; not tried on one yet).
 #
 # The runs are long on a CPU (2-core Sapphire Rapids, one thread each: bf16 ~12 min, fp32 ~34 min per
-# epoch with AMX; without AMX bf16 is the slower one, ~36 min against fp32's ~23: bench/RESULTS.md), so they
+# epoch with AMX; without AMX both ~23 min, bf16 computing through f32 there: bench/RESULTS.md), so they
 # run side by side, one thread each (on two cores this beats running them one after the
 # other with two threads: OpenMP barriers make a 2-thread run stall whenever anything else holds a
 # core), checkpoint every 100 steps, and the script resumes each from OUT_DIR/PRECISION/ when run again

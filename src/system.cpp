@@ -2,7 +2,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include "backend/cpu/conv_policy.hpp"
+#include "backend/cpu/bf16_policy.hpp"
 #include "backend/cpu/onednn_matmul.hpp"
 #include "backend/cuda/runtime.hpp"
 #include "mp/core/error.hpp"
@@ -24,7 +24,7 @@ SystemInfo system_info() {
   };
   s.onednn_f32_matmul_impl = impl(DType::f32);
   s.onednn_bf16_matmul_impl = impl(DType::bf16);
-  s.conv_bf16_path = backend::cpu::conv_bf16_path_name(backend::cpu::conv_bf16_path());
+  s.bf16_path = backend::cpu::bf16_path_name(backend::cpu::bf16_path());
 #if defined(MP_HAVE_CUDA)
   s.cuda_built = true;
   namespace cu = backend::cuda;
@@ -61,12 +61,12 @@ PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu) {
                          "(f32 accumulation); bf16 keeps f32's range, so no loss scaling is needed"};
   if (cpu.avx512_bf16)
     // Measured on a Sapphire Rapids VM that hides AMX (bench/RESULTS.md): oneDNN 2.6's VDPBF16PS
-    // convolutions ~1.8x slower per call than its f32 ones, so bf16 convolutions run through f32 there (Note
-    // [bf16 convolutions through f32 without AMX]); a ResNet-18 bf16 O2 step then takes 1.03-1.06x f32's time
+    // convolutions ~1.8x slower per call than its f32 ones, so bf16 convolutions and matmuls run through f32
+    // there (Note [bf16 through f32 without AMX]); a ResNet-18 bf16 O2 step then takes 1.02-1.06x f32's time
     // with 34% less peak memory.
     return {DType::f32, "AVX512-BF16 without AMX: VDPBF16PS has no throughput edge over two f32 FMA ports, so "
-                        "bf16 convolutions run through f32 here, at about f32's speed; bf16 saves activation "
-                        "memory (use it for larger models or batches), f32 is as fast and more precise"};
+                        "bf16 matmuls and convolutions run through f32 here, at about f32's speed; bf16 saves "
+                        "activation memory (use it for larger models or batches), f32 is as fast and more precise"};
   return {DType::f32, "no bf16 compute instructions: bf16/f16 on this CPU only save memory (storage-only, "
                       "computed through f32) and cost conversion time"};
 }

@@ -14,7 +14,7 @@
 #include <system_error>
 #include <vector>
 
-#include "backend/cpu/conv_policy.hpp"
+#include "backend/cpu/bf16_policy.hpp"
 
 namespace mp::test {
 
@@ -83,19 +83,19 @@ inline ::testing::AssertionResult contains_format(const char* haystack_expr, con
                                        << needle << "\n  message: " << haystack;
 }
 
-/// Runs `body` once per way a bf16 convolution can run on the CPU: oneDNN's bf16 primitives with the
-/// small-convolution GEMM paths, without them, and through f32 (by default the CPU picks one: Notes [GEMM paths
-/// need AMX] and [bf16 convolutions through f32 without AMX] in src/backend/cpu/conv.cpp), so all are tested on
-/// any CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body` throws.
+/// Runs `body` once per way a bf16 matmul or convolution can run on the CPU: oneDNN's bf16 primitives with the
+/// small-convolution GEMM paths, without them, and through f32 (by default the CPU picks one: Note [bf16 through
+/// f32 without AMX] in src/backend/cpu/bf16_policy.cpp, Note [GEMM paths need AMX] in conv.cpp), so all are
+/// tested on any CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body` throws.
 template <class Body>
-void for_each_conv_bf16_path(Body&& body) {
-  using backend::cpu::ConvBf16Path;
+void for_each_bf16_path(Body&& body) {
+  using backend::cpu::Bf16Path;
   struct Restore {
-    ~Restore() { backend::cpu::set_conv_bf16_path(ConvBf16Path::cpu_default); }
+    ~Restore() { backend::cpu::set_bf16_path(Bf16Path::cpu_default); }
   } restore;
-  for (const ConvBf16Path path : {ConvBf16Path::native_gemm, ConvBf16Path::native, ConvBf16Path::via_f32}) {
-    backend::cpu::set_conv_bf16_path(path);
-    SCOPED_TRACE(std::string("bf16 convolution path ") + backend::cpu::conv_bf16_path_name(path));
+  for (const Bf16Path path : {Bf16Path::native_gemm, Bf16Path::native, Bf16Path::via_f32}) {
+    backend::cpu::set_bf16_path(path);
+    SCOPED_TRACE(std::string("bf16 path ") + backend::cpu::bf16_path_name(path));
     body();
   }
 }

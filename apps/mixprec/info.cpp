@@ -16,9 +16,9 @@ void add_info_command(CLI::App& app) {
                 yn(s.cpu.avx512_bf16), yn(s.cpu.amx_bf16), yn(s.cpu.f16c), yn(s.cpu.avx512_fp16));
     std::printf("  oneDNN %s: f32 matmul kernel '%s', bf16 matmul kernel '%s'\n", s.onednn_version.c_str(),
                 s.onednn_f32_matmul_impl.c_str(), s.onednn_bf16_matmul_impl.c_str());
-    std::printf("  bf16 convolutions: %s\n", s.conv_bf16_path == "via_f32"
-                                                  ? "through f32 (oneDNN's f32 kernels; the default without AMX)"
-                                                  : (s.conv_bf16_path + " (oneDNN's bf16 kernels)").c_str());
+    std::printf("  bf16 matmul/convolution: %s\n", s.bf16_path == "via_f32"
+                                                        ? "through f32 (oneDNN's f32 kernels; the default without AMX)"
+                                                        : (s.bf16_path + " (oneDNN's bf16 kernels)").c_str());
     const mp::PrecisionAdvice cpu = mp::cpu_precision_advice(s.cpu);
     std::printf("  advised precision: %s — %s\n", mp::dtype_name(cpu.dtype), cpu.reason.c_str());
     std::printf("  f16 on the CPU is storage-only (oneDNN 2.6 has no f16 matmul/convolution here).\n\n");

@@ -24,7 +24,7 @@ struct SystemInfo {
   std::string onednn_version;          ///< e.g. "2.6.3"
   std::string onednn_bf16_matmul_impl;  ///< kernel oneDNN picks for a bf16 matmul, e.g. "brg:avx512_core_amx"
   std::string onednn_f32_matmul_impl;   ///< kernel oneDNN picks for an f32 matmul
-  std::string conv_bf16_path;           ///< how bf16 convolutions run: "native_gemm", "native" or "via_f32"
+  std::string bf16_path;                ///< how bf16 matmuls/convolutions run: "native_gemm", "native", "via_f32"
   bool cuda_built = false;             ///< the CUDA backend is compiled in
   std::string cuda_status;             ///< "n device(s)" and the CUDA versions, or why there is none
   std::vector<GpuInfo> gpus;           ///< visible GPUs

@@ -168,7 +168,7 @@ class ChannelsLastConv : public ::testing::TestWithParam<DType> {};
 TEST_P(ChannelsLastConv, MatchesNchwForwardAndBackward) {
   const DType dt = GetParam();
   // bf16 convolutions every way on every CPU: oneDNN's bf16 primitives, im2col + one GEMM, through f32.
-  test::for_each_conv_bf16_path([&] {
+  test::for_each_bf16_path([&] {
     manual_seed(6);  // the same data whichever tests ran before in this process
     for (const ConvCase& c : conv_cases()) {
       SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));

@@ -310,7 +310,7 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
        {96, 48, 112, 112}},
   };
   // bf16 convolutions every way on every CPU: oneDNN's bf16 primitives, im2col + one GEMM, through f32.
-  test::for_each_conv_bf16_path([&] {
+  test::for_each_bf16_path([&] {
     manual_seed(21);
     for (const LowPrecisionGeometry& lg : geos) {
       const Geometry& g = lg.g;

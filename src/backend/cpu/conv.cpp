@@ -1,17 +1,15 @@
 // CPU conv2d: oneDNN for f32 and bf16 (f32 accumulation; AMX-BF16 where the CPU has it, bf16 through f32
-// where it has not: Note [bf16 convolutions through f32 without AMX]), plain OpenMP loops in double for f64
+// where it has not: Note [bf16 through f32 without AMX] in bf16_policy.cpp), plain OpenMP loops in double for f64
 // (gradient checks: correctness over speed), and f16 through f32 (oneDNN 2.6 has no f16 convolution on the
 // CPU: f16 is storage-only here, and the result is rounded to f16 once).
 #include <omp.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "backend/conv_kernels.hpp"
-#include "backend/cpu/conv_policy.hpp"
+#include "backend/cpu/bf16_policy.hpp"
 #include "backend/cpu/loops.hpp"
 #include "backend/cpu/onednn_conv.hpp"
 #include "backend/linalg_kernels.hpp"
@@ -152,30 +150,11 @@ void check_out(const Tensor& t, const char* what, MemoryFormat f = MemoryFormat:
   MP_ASSERT(t.is_contiguous(f), "conv2d kernel: ", what, " must be ", memory_format_name(f), ", got ", t.describe());
 }
 
-// Note [bf16 convolutions through f32 without AMX]
-// Without AMX (AVX512-BF16 only, e.g. a VM that hides AMX) oneDNN 2.6's bf16 convolution kernels run on
-// VDPBF16PS and are ~1.8-1.9x slower per call than its f32 kernels (bench/RESULTS.md, "A machine without
-// AMX"): VDPBF16PS does 32 multiply-adds per instruction but issues on one port, f32 FMAs 16 on two. There
-// bf16 convolutions widen their operands to f32, run oneDNN's f32 primitives and round the result to bf16
-// once, as f16 does. The arithmetic is the same class as the bf16 kernels': a bf16 value is exact in f32, the
-// product of two is exact in f32 (8 + 8 significand bits), sums are f32; only the order of the sums and the
-// kernels' denormal handling differ. Weight gradients are f32 either way. Activations stay bf16 in memory (the
-// saving remains); the widening copies cost memory traffic, small next to the convolutions. The choice depends
-// on the CPU only (ConvBf16Path::cpu_default), never on timing, so runs on one machine stay bit-reproducible.
-std::atomic<ConvBf16Path> g_bf16_path{ConvBf16Path::cpu_default};
-
-ConvBf16Path parse_bf16_path_env() {
-  const char* e = std::getenv("MP_CONV_BF16");
-  if (e == nullptr || *e == '\0') return ConvBf16Path::cpu_default;
-  for (const ConvBf16Path p : {ConvBf16Path::native_gemm, ConvBf16Path::native, ConvBf16Path::via_f32})
-    if (std::string(e) == conv_bf16_path_name(p)) return p;
-  MP_FAIL("MP_CONV_BF16: expected native_gemm, native or via_f32, got '", e, "'; unset it for the CPU's default");
-}
-
-// Compute dtype of the oneDNN path: f16 runs through f32 (storage-only f16), bf16 where conv_bf16_path() says.
+// Compute dtype of the oneDNN path: f16 runs through f32 (storage-only f16), bf16 where bf16_path() says (Note
+// [bf16 through f32 without AMX] in bf16_policy.cpp).
 DType compute_dtype(DType dt) {
   if (dt == DType::f16) return DType::f32;
-  if (dt == DType::bf16 && conv_bf16_path() == ConvBf16Path::via_f32) return DType::f32;
+  if (dt == DType::bf16 && bf16_path() == Bf16Path::via_f32) return DType::f32;
   return dt;
 }
 
@@ -198,8 +177,9 @@ constexpr int64_t kGemmMaxPixels = 16;
 // ResNet-18 bf16 O2, 28x28x1, batch 128, 2 threads, ms per step (2 rounds, bench/RESULTS.md): 2244, 2250
 // with the paths, 2076, 2059 without. So by default they are on only where the CPU has AMX-BF16; the choice
 // depends on the CPU and the shape, never on timing, so runs on one machine stay bit-reproducible.
-// (Without AMX the default is now the f32 path above, which has no GEMM paths; native_gemm forces them.)
-bool gemm_paths_on() { return conv_bf16_path() == ConvBf16Path::native_gemm; }
+// (Without AMX the default is now Bf16Path::via_f32, Note [bf16 through f32 without AMX] in bf16_policy.cpp,
+// which has no GEMM paths; Bf16Path::native_gemm forces them.)
+bool gemm_paths_on() { return bf16_path() == Bf16Path::native_gemm; }
 
 // A threshold forced by an environment variable (tuning experiments only), or -1.
 int64_t env_max_pixels(const char* name) {
@@ -495,29 +475,5 @@ MP_REGISTER_KERNEL(conv2d_backward_kernel, DeviceType::cpu, &conv2d_backward_cpu
 MP_REGISTER_KERNEL(conv2d_forward_kernel, DeviceType::cpu, &conv2d_forward_cpu);
 MP_REGISTER_KERNEL(conv2d_backward_data_kernel, DeviceType::cpu, &conv2d_backward_data_cpu);
 MP_REGISTER_KERNEL(conv2d_backward_weights_kernel, DeviceType::cpu, &conv2d_backward_weights_cpu);
-
-const char* conv_bf16_path_name(ConvBf16Path path) {
-  switch (path) {
-    case ConvBf16Path::cpu_default:
-      return "cpu_default";
-    case ConvBf16Path::native_gemm:
-      return "native_gemm";
-    case ConvBf16Path::native:
-      return "native";
-    case ConvBf16Path::via_f32:
-      return "via_f32";
-  }
-  return "?";
-}
-
-void set_conv_bf16_path(ConvBf16Path path) { g_bf16_path.store(path, std::memory_order_relaxed); }
-
-ConvBf16Path conv_bf16_path() {
-  const ConvBf16Path set = g_bf16_path.load(std::memory_order_relaxed);
-  if (set != ConvBf16Path::cpu_default) return set;
-  static const ConvBf16Path from_env = parse_bf16_path_env();
-  if (from_env != ConvBf16Path::cpu_default) return from_env;
-  return cpu_features().amx_bf16 ? ConvBf16Path::native_gemm : ConvBf16Path::via_f32;
-}
 
 }  // namespace mp::backend::cpu

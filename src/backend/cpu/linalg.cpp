@@ -1,7 +1,9 @@
-// CPU matmul: oneDNN for f32 and bf16 (AMX on Sapphire Rapids), a blocked loop for f64 (gradient
-// checks), and f16 through f32 (oneDNN 2.6 has no f16 GEMM on CPU: f16 is storage-only here).
+// CPU matmul: oneDNN for f32 and bf16 (AMX on Sapphire Rapids; through f32 without AMX: Note [bf16 through f32
+// without AMX] in bf16_policy.cpp), a blocked loop for f64 (gradient checks), and f16 through f32 (oneDNN 2.6
+// has no f16 GEMM on CPU: f16 is storage-only here).
 #include <omp.h>
 
+#include "backend/cpu/bf16_policy.hpp"
 #include "backend/cpu/onednn_matmul.hpp"
 #include "backend/linalg_kernels.hpp"
 
@@ -38,8 +40,8 @@ void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
   const bool relu = epilogue == MatmulEpilogue::relu;
   MP_ASSERT(!(relu && accumulate), "matmul: a ReLU epilogue cannot be combined with accumulation");
   if (a.dtype() == DType::f64) return matmul_f64(out, a, b, bias, accumulate, relu);
-  if (a.dtype() == DType::f16) {
-    // Storage-only f16: compute through f32 and round the result once.
+  if (a.dtype() == DType::f16 || (a.dtype() == DType::bf16 && bf16_path() == Bf16Path::via_f32)) {
+    // Storage-only f16, or bf16 without AMX: compute through f32 and round the result once.
     Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32);
     Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
     if (out.dtype() == DType::f32) return matmul_cpu(out, a32, b32, bias32, accumulate, epilogue);
