@@ -17,4 +17,11 @@ using MatmulKernel = void(const Tensor& out, const Tensor& a, const Tensor& b, c
                           MatmulEpilogue epilogue);
 inline constinit KernelSlot<MatmulKernel> matmul_kernel{"matmul"};
 
+/// The dtype a device's matmul kernel multiplies `dt` operands in: `dt` itself, or f32 where the kernel widens
+/// 16-bit operands and rounds the result once (the CPU: f16 always, bf16 without AMX). A caller that multiplies
+/// by the same operand many times (the LSTM's recurrent weight) widens it once instead, with the same result.
+/// Optional: a device without one computes in `dt`.
+using MatmulComputeDtype = DType(DType dt);
+inline constinit KernelSlot<MatmulComputeDtype> matmul_compute_dtype{"matmul_compute_dtype"};
+
 }  // namespace mp::backend

@@ -101,6 +101,8 @@ class KernelSlot {
 #endif
     return KernelCall<Fn>(f, op_, d);
   }
+  /// The raw function for device type d, or nullptr when none is registered (optional hooks).
+  Fn* find(DeviceType d) const { return fns_[static_cast<int>(d)]; }
   /// Op family name.
   const char* op() const { return op_; }
 

@@ -3,6 +3,7 @@
 #include "mp/amp/autocast.hpp"
 #include "mp/ops/rnn.hpp"
 
+#include "backend/linalg_kernels.hpp"
 #include "backend/rnn_kernels.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/ops/linalg.hpp"
@@ -127,6 +128,13 @@ std::pair<Tensor, Tensor> lstm_cell(const Tensor& x, const Tensor& h, const Tens
 // f32 cell states cs = [c0, c_1..c_T]; the backward walks t = T-1..0 with the gate kernel and one
 // [B, 4H] x [4H, H] GEMM per step, writing dG_t into one [T, B, 4H] buffer, which is then both the
 // gradient of gx and the left operand of the single weight-gradient GEMM.
+//
+// Where the device's matmul computes 16-bit operands through f32 (backend::matmul_compute_dtype: the CPU for
+// f16, and for bf16 without AMX), each per-step GEMM would widen the whole recurrent weight again: 2T
+// copies of a [4H, H] matrix per layer (the word LM, bf16 on such a CPU: most of the 113 ms of casts in a
+// 382 ms step, bench/RESULTS.md). So w_hh (and b_hh) are widened once per pass, the small per-step operand is
+// widened and the f32 result rounded to the gates' dtype: bit for bit the kernel's own widening (exact
+// widening into the same layouts, the same f32 GEMM, one rounding; tests/ops/test_rnn.cpp checks both).
 std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor& h0_in, const Tensor& c0_in,
                                               const Tensor& w_hh_in, const Tensor& b_hh_in) {
   constexpr const char* op = "lstm_layer";
@@ -170,14 +178,19 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
   Tensor hs = empty({T + 1, B, H}, {.dtype = dt, .device = dev});
   Tensor cs = empty({T + 1, B, H}, {.dtype = state_dt, .device = dev});
   std::vector<Tensor> gates(static_cast<size_t>(T));
+  auto* const compute_dtype = backend::matmul_compute_dtype.find(dev.type);
+  const DType mm = compute_dtype != nullptr ? compute_dtype(dt) : dt;
   const Tensor w = w_hh.detach(), b = b_hh.defined() ? b_hh.detach() : Tensor();
+  // Widened once (above): w^T as the contiguous [H, 4H] the kernel's own widening of linear's w^T operand makes,
+  // so the f32 GEMM sees the same layout (linear passes wt.t().t() = wt).
+  const Tensor wt = mm == dt ? Tensor() : w.t().to(mm), bm = mm == dt || !b.defined() ? b : b.to(mm);
   {
     autograd::NoGradGuard ng;
     hs.select(0, 0).copy_(h0);
     cs.select(0, 0).copy_(c0_in);
     const Tensor gxd = gx.detach();
     for (int64_t t = 0; t < T; ++t) {
-      Tensor g = linear(hs.select(0, t), w, b);
+      Tensor g = mm == dt ? linear(hs.select(0, t), w, b) : linear(hs.select(0, t).to(mm), wt.t(), bm).to(dt);
       add_(g, gxd.select(0, t));
       backend::lstm_gates_forward_kernel.get(dev)(hs.select(0, t + 1), cs.select(0, t + 1), g, cs.select(0, t));
       gates[static_cast<size_t>(t)] = std::move(g);
@@ -194,9 +207,10 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
     cT = cT.detach();
     const bool with_bias = b_hh.defined();
     autograd::record("LstmLayerBackward", inputs, {y, hT, cT},
-                     [hs, cs, gates = std::move(gates), w, with_bias, T, B, H](const std::vector<Tensor>& g) {
+                     [hs, cs, gates = std::move(gates), w, mm, with_bias, T, B, H](const std::vector<Tensor>& g) {
       const Device d = hs.device();
       const DType gdt = gates[0].dtype();
+      const Tensor wm = w.to(mm);  // widened once for the T data-gradient GEMMs (w itself when mm is w's dtype)
       Tensor dG = empty({T, B, 4 * H}, {.dtype = gdt, .device = d});
       // Two ping-pong buffers of our own (never written through g[2], which may be the caller's).
       Tensor dc_a = empty({B, H}, {.dtype = cs.dtype(), .device = d});
@@ -210,7 +224,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
         backend::lstm_gates_backward_kernel.get(d)(dgt, dc_b, dh, dc_a, gates[static_cast<size_t>(t)],
                                                    cs.select(0, t));
         std::swap(dc_a, dc_b);
-        dh_rec = matmul(dgt, w);
+        dh_rec = wm.dtype() == gdt ? matmul(dgt, wm) : matmul(dgt.to(wm.dtype()), wm).to(gdt);
       }
       const Tensor dG2 = dG.view({T * B, 4 * H});
       Tensor dw = matmul(dG2.t(), hs.narrow(0, 0, T).reshape({T * B, H}));

@@ -364,6 +364,45 @@ TEST(LstmLayer, Bf16KeepsF32CellStateAndTracksF32) {
   EXPECT_LE(excess(c, c32, 36.0 / 512, 0.0), 0.0);
 }
 
+TEST(LstmLayer, WideningTheWeightOnceIsTheKernelsOwnWidening) {
+  // Where the matmul computes bf16 through f32 (Note [bf16 through f32 without AMX]), lstm_layer widens the
+  // recurrent weight once per pass and rounds each f32 product itself (Note [lstm_layer]). That is bit for bit
+  // what the kernel does when it widens the operands itself, for the forward's linear and the backward's matmul.
+  manual_seed(19);
+  const int64_t B = 20, H = 650;  // the word LM's sizes (oneDNN picks its kernels by shape)
+  const Tensor h = randn({B, H}).to(DType::bf16), w = randn({4 * H, H}).to(DType::bf16);
+  const Tensor b = randn({4 * H}).to(DType::bf16), dg = randn({B, 4 * H}).to(DType::bf16);
+  backend::cpu::set_bf16_path(backend::cpu::Bf16Path::via_f32);
+  const Tensor f = linear(h, w, b), fw = linear(h.to(DType::f32), w.t().to(DType::f32).t(), b.to(DType::f32)).to(DType::bf16);
+  const Tensor d = matmul(dg, w), dw = matmul(dg.to(DType::f32), w.to(DType::f32)).to(DType::bf16);
+  backend::cpu::set_bf16_path(backend::cpu::Bf16Path::cpu_default);
+  EXPECT_EQ(f.to_vector<float>(), fw.to_vector<float>());
+  EXPECT_EQ(d.to_vector<float>(), dw.to_vector<float>());
+}
+
+TEST(LstmLayer, Bf16ForwardMatchesAStepByStepReferenceOnEveryPath) {
+  // The fused layer's forward against the same steps as separate ops with the same rounding points (the gates'
+  // GEMM rounded to bf16, gx added in bf16, h stored in bf16, c in f32), on each CPU bf16 path: equal.
+  const int64_t T = 7, B = 3, H = 20;
+  manual_seed(17);
+  const Tensor gx = rand({T, B, 4 * H}, {}, -2, 2).to(DType::bf16), h0 = rand({B, H}, {}, -1, 1).to(DType::bf16);
+  const Tensor c0 = rand({B, H}, {}, -1, 1), w = rand({4 * H, H}, {}, -0.4, 0.4).to(DType::bf16);
+  const Tensor b = rand({4 * H}, {}, -0.5, 0.5).to(DType::bf16);
+  test::for_each_bf16_path([&] {
+    auto [y, hT, cT] = lstm_layer(gx, h0, c0, w, b);
+    Tensor h = h0, c = c0;
+    std::vector<Tensor> ys;
+    for (int64_t t = 0; t < T; ++t) {
+      auto [h1, c1] = lstm_gates(add(linear(h, w, b), gx.select(0, t)), c);
+      h = h1.to(DType::bf16);
+      c = c1;
+      ys.push_back(h);
+    }
+    EXPECT_EQ(y.to_vector<float>(), stack(ys, 0).to_vector<float>());
+    EXPECT_EQ(cT.to_vector<float>(), c.to_vector<float>());
+  });
+}
+
 TEST(LstmLayer, AutocastRunsGemmsInBf16AndKeepsStateF32) {
   const int64_t T = 3, B = 2, H = 4;
   Tensor gx = rand({T, B, 4 * H}), h0 = zeros({B, H}), c0 = zeros({B, H});
