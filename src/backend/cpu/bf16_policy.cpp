@@ -59,4 +59,8 @@ Bf16Path bf16_path() {
   return cpu_features().amx_bf16 ? Bf16Path::native_gemm : Bf16Path::via_f32;
 }
 
+DType compute_dtype(DType dt) {
+  return dt == DType::f16 || (dt == DType::bf16 && bf16_path() == Bf16Path::via_f32) ? DType::f32 : dt;
+}
+
 }  // namespace mp::backend::cpu

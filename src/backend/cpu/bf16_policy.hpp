@@ -2,6 +2,7 @@
 // How bf16 matmuls and convolutions compute on the CPU (Note [bf16 through f32 without AMX] in
 // bf16_policy.cpp; Notes [small convolutions as one GEMM], [bf16 weight gradient as one GEMM] and [GEMM paths
 // need AMX] in conv.cpp).
+#include "mp/core/dtype.hpp"
 
 namespace mp::backend::cpu {
 
@@ -21,5 +22,9 @@ void set_bf16_path(Bf16Path path);
 
 /// The path bf16 matmuls and convolutions take now (cpu_default and the environment resolved).
 Bf16Path bf16_path();
+
+/// The dtype oneDNN multiplies `dt` operands in on this CPU: f32 for f16 (storage-only on the CPU) and for bf16
+/// on the via_f32 path, `dt` otherwise. The matmul and convolution kernels widen to it and round once.
+DType compute_dtype(DType dt);
 
 }  // namespace mp::backend::cpu

@@ -150,14 +150,6 @@ void check_out(const Tensor& t, const char* what, MemoryFormat f = MemoryFormat:
   MP_ASSERT(t.is_contiguous(f), "conv2d kernel: ", what, " must be ", memory_format_name(f), ", got ", t.describe());
 }
 
-// Compute dtype of the oneDNN path: f16 runs through f32 (storage-only f16), bf16 where bf16_path() says (Note
-// [bf16 through f32 without AMX] in bf16_policy.cpp).
-DType compute_dtype(DType dt) {
-  if (dt == DType::f16) return DType::f32;
-  if (dt == DType::bf16 && bf16_path() == Bf16Path::via_f32) return DType::f32;
-  return dt;
-}
-
 // Note [small convolutions as one GEMM]
 // On ResNet's last stage (4x4 outputs, 512 channels, batch 32) oneDNN 2.6's AMX forward kernel runs at ~0.28
 // TFLOP/s (8.6 ms per call, 2 threads): with 16 pixels per image and padding on every border most of its

@@ -34,17 +34,13 @@ void matmul_f64(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
     }
 }
 
-DType matmul_compute_dtype_cpu(DType dt) {
-  return dt == DType::f16 || (dt == DType::bf16 && bf16_path() == Bf16Path::via_f32) ? DType::f32 : dt;
-}
-
 void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
                 MatmulEpilogue epilogue) {
   MP_ASSERT(a.dim() == 3 && b.dim() == 3 && out.dim() == 3, "matmul kernel wants 3-D operands");
   const bool relu = epilogue == MatmulEpilogue::relu;
   MP_ASSERT(!(relu && accumulate), "matmul: a ReLU epilogue cannot be combined with accumulation");
   if (a.dtype() == DType::f64) return matmul_f64(out, a, b, bias, accumulate, relu);
-  if (matmul_compute_dtype_cpu(a.dtype()) != a.dtype()) {
+  if (compute_dtype(a.dtype()) != a.dtype()) {
     // Storage-only f16, or bf16 without AMX: compute through f32 and round the result once.
     Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32);
     Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
@@ -84,6 +80,6 @@ void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
 }  // namespace
 
 MP_REGISTER_KERNEL(matmul_kernel, DeviceType::cpu, &matmul_cpu);
-MP_REGISTER_KERNEL(matmul_compute_dtype, DeviceType::cpu, &matmul_compute_dtype_cpu);
+MP_REGISTER_KERNEL(matmul_compute_dtype, DeviceType::cpu, &compute_dtype);
 
 }  // namespace mp::backend::cpu
