@@ -31,16 +31,18 @@ table() {
     local ips
     ips=$({ grep '"type":"step"' "$log" || true; } | sed -n 's/.*"throughput":\([0-9.eE+-]*\).*/\1/p' | sort -g |
           awk '{ v[NR] = $1 } END { if (NR) printf "%.1f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; else printf "-" }')
+    # one record per epoch, the last one written (an epoch that an older mixprec redid after a resume is
+    # logged twice: Note [a resumed run's log] in src/train/run_log.cpp)
     { grep '"type":"epoch"' "$log" || true; } | awk -v p="$p" -v ips="$ips" '
-      { n++
-        match($0, /"epoch":[0-9]+/); e = substr($0, RSTART + 8, RLENGTH - 8)
-        match($0, /"val_accuracy":[0-9.eE+-]+/); a = substr($0, RSTART + 15, RLENGTH - 15)
-        match($0, /"train_loss":[0-9.eE+-]+/); l = substr($0, RSTART + 13, RLENGTH - 13)
-        match($0, /"skipped_total":[0-9]+/); k = substr($0, RSTART + 16, RLENGTH - 16)
-        if (a + 0 > best) { best = a + 0; be = e } last = a; ll = l; lk = k }
-      END { if (n == 0) { printf "| %s | 0 | - | - | - | - | %s |\n", p, ips; exit }
+      { match($0, /"epoch":[0-9]+/); e = substr($0, RSTART + 8, RLENGTH - 8) + 0
+        match($0, /"val_accuracy":[0-9.eE+-]+/); a[e] = substr($0, RSTART + 15, RLENGTH - 15) + 0
+        match($0, /"train_loss":[0-9.eE+-]+/); l[e] = substr($0, RSTART + 13, RLENGTH - 13)
+        match($0, /"skipped_total":[0-9]+/); k[e] = substr($0, RSTART + 16, RLENGTH - 16)
+        if (e > last) last = e }
+      END { n = 0; for (e in a) { n++; if (a[e] > best) { best = a[e]; be = e } }
+            if (n == 0) { printf "| %s | 0 | - | - | - | - | %s |\n", p, ips; exit }
             printf "| %s | %d | %.2f%% | %.2f%% (epoch %d) | %.4f | %d | %s |\n",
-                   p, n, 100 * last, 100 * best, be, ll, lk, ips }'
+                   p, n, 100 * a[last], 100 * best, be, l[last], k[last], ips }'
   done
 }
 

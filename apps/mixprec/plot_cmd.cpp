@@ -33,8 +33,18 @@ void add_plot_command(CLI::App& app) {
   cmd->callback([a] {
     std::vector<mp::train::Series> loss, scale, val;
     std::string val_name;
+    // Each curve is named by its file's stem, or by its folder where stems repeat (run1/log.jsonl, run2/log.jsonl).
+    auto stem = [](const std::string& path) { return std::filesystem::path(path).stem().string(); };
+    auto label = [&](const std::string& path) {
+      for (const std::string& other : a->logs)
+        if (other != path && stem(other) == stem(path)) {
+          const std::string folder = std::filesystem::absolute(path).parent_path().filename().string();
+          return folder.empty() ? path : folder;
+        }
+      return stem(path);
+    };
     for (const std::string& path : a->logs) {
-      const std::string title = std::filesystem::path(path).stem().string();
+      const std::string title = label(path);
       mp::train::Series l{title, {}, {}}, s{title, {}, {}}, v{title, {}, {}};
       for (const auto& rec : mp::train::read_run_log(path)) {
         auto type = rec.find("type");
@@ -42,14 +52,19 @@ void add_plot_command(CLI::App& app) {
         const auto* t = std::get_if<std::string>(&type->second);
         if (t == nullptr) continue;
         auto get = [&](const char* k) { auto it = rec.find(k); return it == rec.end() ? NAN : as_double(it->second); };
+        // A resumed run of an older mixprec appended the steps it did again after the log's last checkpoint
+        // (Note [a resumed run's log] in src/train/run_log.cpp): the replay supersedes them.
+        auto add = [](mp::train::Series& series, double x, double y) {
+          while (!series.x.empty() && series.x.back() >= x) series.x.pop_back(), series.y.pop_back();
+          series.x.push_back(x), series.y.push_back(y);
+        };
         if (*t == "step") {
-          l.x.push_back(get("step")), l.y.push_back(get("loss"));
-          s.x.push_back(get("step")), s.y.push_back(get("scale"));
+          add(l, get("step"), get("loss"));
+          add(s, get("step"), get("scale"));
         } else if (*t == "epoch") {
           const bool acc = rec.count("val_accuracy") != 0;
           val_name = acc ? "test accuracy (%)" : "validation perplexity";
-          v.x.push_back(get("epoch"));
-          v.y.push_back(acc ? 100 * get("val_accuracy") : get("val_perplexity"));
+          add(v, get("epoch"), acc ? 100 * get("val_accuracy") : get("val_perplexity"));
         }
       }
       MP_CHECK(!l.x.empty(), "plot: '", path, "' has no step records; expected a run log written by mixprec train --log");

@@ -18,6 +18,13 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+void cut_at(const std::string& path, int64_t end, const char* why) {
+  if (::truncate(path.c_str(), static_cast<off_t>(end)) != 0) {
+    const int err = errno;
+    MP_FAIL("RunLog: cannot cut ", why, " off '", path, "': ", std::strerror(err), "; check the permissions");
+  }
+}
+
 /// Cut a last line that has no newline (a record torn by a crash) off an existing log.
 void drop_torn_tail(const std::string& path) {
   std::error_code ec;
@@ -49,9 +56,39 @@ void drop_torn_tail(const std::string& path) {
     }
   }
   in.close();
-  if (::truncate(path.c_str(), static_cast<off_t>(end)) != 0) {
-    const int err = errno;
-    MP_FAIL("RunLog: cannot cut the torn last record off '", path, "': ", std::strerror(err));
+  cut_at(path, end, "the torn last record");
+}
+
+// Note [a resumed run's log]
+// A run killed after its last checkpoint has logged steps (and perhaps an epoch's end) that the resumed run
+// does again. Appending would list those steps twice, with a jump back in the loss curve (TensorBoard calls
+// such events orphaned and purges them). So a resumed log is cut at its first record past the checkpoint: a
+// "step" record whose step exceeds the checkpoint's global step, or an "epoch" record whose epoch (1-based)
+// exceeds the epochs it had finished. The file is chronological, so everything after that record is a replay
+// too. Records of other kinds are kept.
+void drop_replayed_records(const std::string& path, RunLog::ResumePoint from) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  std::ifstream in(path, std::ios::binary);
+  MP_CHECK(in.good(), "RunLog: cannot read '", path, "': ", std::strerror(errno), "; check the path and permissions");
+  std::string line;
+  int64_t offset = 0;
+  while (std::getline(in, line)) {
+    const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object()) {
+      const auto type = j.find("type");
+      auto past = [&](const char* key, int64_t limit) {
+        const auto v = j.find(key);
+        return v != j.end() && v->is_number_integer() && v->get<int64_t>() > limit;
+      };
+      if (type != j.end() && type->is_string() &&
+          ((*type == "step" && past("step", from.global_step)) ||
+           (*type == "epoch" && past("epoch", from.epochs_done)))) {
+        in.close();
+        return cut_at(path, offset, "the records written after the checkpoint");
+      }
+    }
+    offset += static_cast<int64_t>(line.size()) + 1;
   }
 }
 
@@ -60,10 +97,21 @@ void drop_torn_tail(const std::string& path) {
 RunLog::RunLog(const std::string& path, bool append) : path_(path) {
   MP_CHECK(!path.empty(), "RunLog: expected a file path, got an empty string");
   if (append) drop_torn_tail(path);
-  out_.open(path, std::ios::binary | (append ? std::ios::app : std::ios::trunc));
+  open(append);
+}
+
+RunLog::RunLog(const std::string& path, ResumePoint from) : path_(path) {
+  MP_CHECK(!path.empty(), "RunLog: expected a file path, got an empty string");
+  drop_torn_tail(path);
+  drop_replayed_records(path, from);
+  open(/*append=*/true);
+}
+
+void RunLog::open(bool append) {
+  out_.open(path_, std::ios::binary | (append ? std::ios::app : std::ios::trunc));
   if (!out_) {
     const int err = errno;
-    MP_FAIL("RunLog: cannot open '", path, "' for ", append ? "appending" : "writing", ": ", std::strerror(err),
+    MP_FAIL("RunLog: cannot open '", path_, "' for ", append ? "appending" : "writing", ": ", std::strerror(err),
             "; check that the folder exists and is writable");
   }
 }

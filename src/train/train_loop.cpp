@@ -41,7 +41,10 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
     : c_(c), sum_(sum), parts_(std::move(parts)), start_(start), baseline_(baseline), out_(out),
       text_(is_text_task(c)), dev_(run_device(c)), ckpt_(checkpoint_path(c)), meta_{{"config", config_to_json(c)}} {
   if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
-  if (!c.log.empty()) log_.emplace(c.log, /*append=*/c.resume);
+  if (!c.log.empty() && c.resume)  // Note [a resumed run's log]
+    log_.emplace(c.log, RunLog::ResumePoint{.global_step = start.global_step, .epochs_done = start.epoch});
+  else if (!c.log.empty())
+    log_.emplace(c.log, /*append=*/false);
   const auto it = resumed.find(kEpochStatsKey);
   if (it == resumed.end()) return;  // a fresh run, a checkpoint at an epoch's end, or one written before this key
   const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kEpochStatsKey + "'";

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "test_util.hpp"
@@ -110,6 +111,25 @@ TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
     r = run("plot " + (dir / "run.jsonl").string() + " --out " + (dir / "plots").string());
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_TRUE(fs::exists(dir / "plots" / "loss.png"));
+    // Two runs' logs with one file name are told apart by their folders, and steps that a resumed run of
+    // an older mixprec logged twice are plotted once (the replay wins).
+    for (const char* run_dir : {"run-a", "run-b"}) {
+      fs::create_directories(dir / run_dir);
+      std::ofstream(dir / run_dir / "log.jsonl")
+          << "{\"type\":\"step\",\"step\":1,\"loss\":2.0,\"scale\":1}\n"
+          << "{\"type\":\"step\",\"step\":2,\"loss\":1.5,\"scale\":1}\n"
+          << "{\"type\":\"step\",\"step\":2,\"loss\":1.25,\"scale\":1}\n";
+    }
+    r = run("plot " + (dir / "run-a" / "log.jsonl").string() + " " + (dir / "run-b" / "log.jsonl").string() +
+            " --out " + (dir / "plots2").string());
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::stringstream gp, dat;
+    gp << std::ifstream(dir / "plots2" / "loss.gp").rdbuf();
+    dat << std::ifstream(dir / "plots2" / "loss.dat").rdbuf();
+    EXPECT_CONTAINS(gp.str(), "title 'run-a'");
+    EXPECT_CONTAINS(gp.str(), "title 'run-b'");
+    EXPECT_EQ(dat.str().find("1.5"), std::string::npos) << dat.str();
+    EXPECT_CONTAINS(dat.str(), "1.25");
   }
 }
 

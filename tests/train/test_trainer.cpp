@@ -278,6 +278,42 @@ TEST(Trainer, ValidationNamesTheProblem) {
   EXPECT_NE(message(c).find("applies to --model lstm"), std::string::npos) << message(c);
 }
 
+// A run killed after its last checkpoint has logged steps that the resumed run does again: the resumed log
+// lists each step and epoch once, in order, with the uninterrupted run's losses (Note [a resumed run's log]).
+TEST(Trainer, ResumedLogDropsTheRecordsAfterTheCheckpoint) {
+  TrainConfig c = image_config("fp32");  // 12 steps per epoch, 2 epochs
+  const fs::path dir = scratch_dir("trainer", "resume_log");
+  std::ostringstream sink;
+  c.log = (dir / "full.jsonl").string();
+  mp::train::train(c, sink);
+  auto steps_and_epochs = [](const std::string& path) {
+    std::vector<std::pair<std::string, double>> r;  // ("step", loss) and ("epoch", test accuracy), in file order
+    for (const auto& rec : mp::train::read_run_log(path)) {
+      const std::string type = std::get<std::string>(rec.at("type"));
+      r.emplace_back(type + " " + std::to_string(std::get<int64_t>(rec.at(type == "step" ? "step" : "epoch"))),
+                     std::get<double>(rec.at(type == "step" ? "loss" : "val_accuracy")));
+    }
+    return r;
+  };
+  const auto full = steps_and_epochs(c.log);
+  ASSERT_EQ(full.size(), 24u + 2u);
+
+  c.log = (dir / "resumed.jsonl").string();
+  c.checkpoint_dir = (dir / "ckpt").string();
+  const fs::path ckpt = dir / "ckpt" / "checkpoint.safetensors", kept = dir / "step10.safetensors";
+  c.stop_after_steps = 10;
+  mp::train::train(c, sink);  // steps 1-10, checkpoint at step 10
+  fs::copy_file(ckpt, kept, fs::copy_options::overwrite_existing);
+  c.resume = true;
+  c.stop_after_steps = 5;
+  mp::train::train(c, sink);  // steps 11-15 and the end of epoch 1 logged; then "killed": the last checkpoint
+  fs::copy_file(kept, ckpt, fs::copy_options::overwrite_existing);  // the process died after step 10's
+  ASSERT_EQ(steps_and_epochs(c.log).size(), 15u + 1u);
+  c.stop_after_steps = 0;
+  mp::train::train(c, sink);  // resumes at step 10: steps 11-24 and both epochs' ends again
+  EXPECT_EQ(steps_and_epochs(c.log), full);
+}
+
 // A checkpoint stopped mid-epoch carries the epoch's statistics; damaged or inconsistent ones are refused
 // on resume with the file and the key named.
 TEST(Trainer, ResumedEpochStatisticsAreCheckedOnResume) {

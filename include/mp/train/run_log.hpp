@@ -23,12 +23,24 @@ class RunLog {
  public:
   /// Open `path` (created when absent); throws naming the path and strerror on failure.
   RunLog(const std::string& path, bool append);
+  /// Where a resumed run continues: records after it are cut off an appended log.
+  struct ResumePoint {
+    int64_t global_step = 0;  ///< optimizer steps the checkpoint has done: later "step" records are replayed
+    int64_t epochs_done = 0;  ///< whole epochs the checkpoint has done: later "epoch" records are replayed
+  };
+  /// Open `path` to continue a run resumed from a checkpoint at `from`: the log is appended, and the records
+  /// the previous process wrote after that checkpoint (the steps, and maybe an epoch's end, that the resumed
+  /// run does again) are cut off first, from the first such record on, so each step and epoch appears once
+  /// (Note [a resumed run's log] in run_log.cpp).
+  RunLog(const std::string& path, ResumePoint from);
   /// Append one record and flush it to the file.
   void write(const std::vector<std::pair<std::string, LogValue>>& fields);
   /// The file path.
   const std::string& path() const { return path_; }
 
  private:
+  void open(bool append);
+
   std::string path_;
   std::ofstream out_;
 };
