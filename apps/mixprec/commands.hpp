@@ -10,6 +10,9 @@
 
 namespace mixprec {
 
+/// The process's exit status when a command returns normally (main returns it; 0 unless a command sets it).
+inline int exit_code = 0;
+
 /// `mixprec info`: CPU features, GPUs, library versions, and the advised precision per device.
 void add_info_command(CLI::App& app);
 /// `mixprec demo`: a short training run in f32 and bf16 on a synthetic task (no dataset needed).

@@ -31,5 +31,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mixprec: error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return mixprec::exit_code;
 }

@@ -1,5 +1,9 @@
 // `mixprec train` and `mixprec eval`.
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <memory>
 
@@ -11,25 +15,72 @@ namespace mixprec {
 using mp::train::format_bytes;
 using mp::train::format_duration;
 
+namespace {
+
+// Note [stopping a training run with a signal]
+// SIGINT (Ctrl-C) or SIGTERM (what batch schedulers send before they kill a job) asks train() to stop after
+// the current step and checkpoint there (mp::train::request_stop), so `--resume` continues exactly instead of
+// losing the steps since the last periodic checkpoint. A second signal ends the process at once (the
+// default action): the checkpoint on disk is then the last complete one, never a torn file (checkpoints
+// are written to a temporary file and renamed).
+volatile std::sig_atomic_t g_signal = 0;
+
+void on_stop_signal(int sig) {
+  if (g_signal != 0) {  // the second one: the default action
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_signal = sig;
+  mp::train::request_stop();
+  static const char msg[] = "\nmixprec: stopping after this step (send the signal again to stop at once)\n";
+  const ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)ignored;
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (const int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace
+
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train an image classifier or a word language model in any precision");
   auto c = std::make_shared<mp::train::TrainConfig>();
   add_config_options(cmd, *c);
   cmd->callback([c] {
+    install_stop_handlers();  // Note [stopping a training run with a signal]
     const mp::train::RunSummary s = mp::train::train(*c, std::cout);
-    std::printf("\n%s summary: %s\n", s.label.c_str(), s.diverged ? "DIVERGED (loss became inf/NaN)" : "finished");
+    const std::string how = s.diverged       ? "DIVERGED (loss became inf/NaN)"
+                            : s.interrupted   ? std::string("stopped by ") + ::strsignal(g_signal) + " after " +
+                                                  std::to_string(s.steps) + " steps"
+                            : s.stopped_early ? "stopped after " + std::to_string(s.steps) + " steps (--stop_after_steps)"
+                                              : std::string("finished");
+    std::printf("\n%s summary: %s\n", s.label.c_str(), how.c_str());
     std::printf("  training time %s (%.1f %s), data wait %s, evaluation %s\n", format_duration(s.train_seconds).c_str(),
                 s.throughput, s.throughput_unit.c_str(), format_duration(s.data_wait_seconds).c_str(),
                 format_duration(s.eval_seconds).c_str());
     std::printf("  peak memory %s, steps %lld, skipped steps %lld, final loss scale %g\n",
                 format_bytes(s.peak_bytes).c_str(), static_cast<long long>(s.steps),
                 static_cast<long long>(s.skipped_steps), s.final_loss_scale);
-    if (s.metric_name == "accuracy")
+    if (s.stopped_early && s.epochs.empty())
+      std::printf("  no evaluation (the run stopped before it finished an epoch)\n");
+    else if (s.metric_name == "accuracy")
       std::printf("  test loss %.4f, test accuracy %.2f%%\n", s.val_loss, 100 * s.val_metric);
     else
       std::printf("  valid loss %.4f, valid perplexity %.2f\n", s.val_loss, s.val_metric);
     if (!c->checkpoint_dir.empty()) std::printf("  checkpoint: %s/checkpoint.safetensors\n", c->checkpoint_dir.c_str());
     if (!c->log.empty()) std::printf("  run log: %s\n", c->log.c_str());
+    if (s.stopped_early)
+      std::printf(c->checkpoint_dir.empty() ? "  no --checkpoint_dir: nothing was saved to continue from\n"
+                                            : "  the checkpoint holds the position: run the same command with --resume "
+                                              "to continue\n");
+    std::fflush(stdout);
+    if (s.interrupted) exit_code = 128 + g_signal;  // as a shell reports a process ended by the signal
   });
 }
 

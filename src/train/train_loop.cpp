@@ -1,5 +1,6 @@
 #include "train/train_loop.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,17 @@
 
 #include "mp/memory/allocator.hpp"
 #include "mp/optim/clip_grad.hpp"
+
+namespace mp::train {
+namespace {
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "request_stop() must be async-signal-safe");
+}  // namespace
+
+void request_stop() noexcept { g_stop_requested.store(true, std::memory_order_relaxed); }
+void clear_stop_request() noexcept { g_stop_requested.store(false, std::memory_order_relaxed); }
+
+}  // namespace mp::train
 
 namespace mp::train::detail {
 namespace {
@@ -157,7 +169,9 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     bar_->update(done_, units_, fields);
   }
   const Progress here{epoch_, batch + 1, global};
-  const bool stop = c_.stop_after_steps > 0 && sum_.steps >= c_.stop_after_steps;
+  const bool requested = g_stop_requested.load(std::memory_order_relaxed);
+  if (requested) sum_.interrupted = true;
+  const bool stop = requested || (c_.stop_after_steps > 0 && sum_.steps >= c_.stop_after_steps);
   if (!ckpt_.empty() && (stop || (c_.checkpoint_every > 0 && global % c_.checkpoint_every == 0)))
     save(here, extra ? extra() : nn::StateDict{});
   if (stop) sum_.stopped_early = true;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "mp/train/run_log.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -131,6 +132,50 @@ TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
     EXPECT_EQ(dat.str().find("1.5"), std::string::npos) << dat.str();
     EXPECT_CONTAINS(dat.str(), "1.25");
   }
+}
+
+// Note [stopping a training run with a signal] in apps/mixprec/train_cmd.cpp: SIGTERM mid-run stops after the
+// step, checkpoints there and exits 128 + 15; --resume then finishes the run, its log listing each step once.
+TEST(Cli, SigtermStopsAfterTheStepWithACheckpointThatResumes) {
+  const fs::path dir = scratch_dir("cli", "sigterm");
+  const fs::path log = dir / "run.jsonl";
+  const std::string train = std::string(MP_CLI_PATH) + " train --dataset text --data_dir " + corpus().string() +
+                            " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --epochs 100" +
+                            " --max_steps_per_epoch 20 --quiet --checkpoint_dir " + dir.string() + " --log " + log.string();
+  // Start it, wait (at most ~60 s) until it has logged 5 steps, then SIGTERM; the script prints the exit status.
+  const fs::path script = dir / "stop.sh";
+  std::ofstream(script) << train << " > " << (dir / "out.txt").string() << " 2>&1 &\n"
+                        << "pid=$!; i=0\n"
+                        << "while [ \"$(cat " << log.string() << " 2>/dev/null | grep -c '\"type\":\"step\"')\" -lt 5 ] && "
+                        << "[ $i -lt 3000 ]; do sleep 0.02; i=$((i + 1)); done\n"
+                        << "kill -TERM $pid; wait $pid; echo rc=$?\n";
+  FILE* p = ::popen(("sh " + script.string()).c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string shell_out;
+  std::array<char, 256> buf{};
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) shell_out.append(buf.data(), n);
+  ::pclose(p);
+  std::stringstream out;
+  out << std::ifstream(dir / "out.txt").rdbuf();
+  EXPECT_CONTAINS(shell_out, "rc=143");
+  EXPECT_CONTAINS(out.str(), "stopping after this step");
+  EXPECT_CONTAINS(out.str(), "summary: stopped by");
+  EXPECT_CONTAINS(out.str(), "--resume");
+  ASSERT_TRUE(fs::exists(dir / "checkpoint.safetensors")) << out.str();
+
+  const Result r = run(train.substr(std::string(MP_CLI_PATH).size() + 1) + " --resume");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "summary: finished");
+  std::vector<int64_t> steps, epochs;
+  for (const auto& rec : mp::train::read_run_log(log.string())) {
+    const std::string type = std::get<std::string>(rec.at("type"));
+    (type == "step" ? steps : epochs).push_back(std::get<int64_t>(rec.at(type == "step" ? "step" : "epoch")));
+  }
+  ASSERT_EQ(steps.size(), 2000u);  // 100 epochs of 20 steps: it cannot end before the signal comes
+  for (size_t i = 0; i < steps.size(); ++i) ASSERT_EQ(steps[i], static_cast<int64_t>(i + 1));
+  ASSERT_EQ(epochs.size(), 100u);
+  for (size_t i = 0; i < epochs.size(); ++i) ASSERT_EQ(epochs[i], static_cast<int64_t>(i + 1));
 }
 
 TEST(Cli, BenchStepPrintsJsonAndRefusesBadFlags) {

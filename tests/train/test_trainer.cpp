@@ -314,6 +314,32 @@ TEST(Trainer, ResumedLogDropsTheRecordsAfterTheCheckpoint) {
   EXPECT_EQ(steps_and_epochs(c.log), full);
 }
 
+// request_stop() (the CLI's SIGINT/SIGTERM handler calls it) ends a run after its current step with a
+// checkpoint, as stop_after_steps does; the request stands until cleared.
+TEST(Trainer, RequestStopEndsTheRunAfterTheStepWithACheckpoint) {
+  TrainConfig c = image_config("fp32");
+  const fs::path dir = scratch_dir("trainer", "request_stop");
+  c.checkpoint_dir = dir.string();
+  std::ostringstream sink;
+  struct Clear {
+    ~Clear() { mp::train::clear_stop_request(); }
+  } clear;
+  mp::train::request_stop();
+  const RunSummary s = mp::train::train(c, sink);
+  EXPECT_TRUE(s.interrupted);
+  EXPECT_TRUE(s.stopped_early);
+  EXPECT_EQ(s.steps, 1);
+  EXPECT_TRUE(s.epochs.empty());  // no evaluation
+  const mp::train::SafetensorsFile f = mp::train::load_safetensors((dir / "checkpoint.safetensors").string());
+  EXPECT_EQ(f.metadata.count("epoch_stats"), 1u);  // the position within epoch 1
+  mp::train::clear_stop_request();
+  c.resume = true;
+  const RunSummary rest = mp::train::train(c, sink);
+  EXPECT_FALSE(rest.interrupted);
+  EXPECT_EQ(rest.steps, 2 * 12 - 1);
+  EXPECT_EQ(rest.epochs.size(), 2u);
+}
+
 // A checkpoint stopped mid-epoch carries the epoch's statistics; damaged or inconsistent ones are refused
 // on resume with the file and the key named.
 TEST(Trainer, ResumedEpochStatisticsAreCheckedOnResume) {

@@ -150,8 +150,18 @@ struct RunSummary {
   std::vector<EpochStats> epochs;      ///< per epoch run in this process
   std::vector<double> step_losses;     ///< every step's loss, in order (for curves)
   bool diverged = false;               ///< a loss became NaN/inf (O3 may); training stopped early
-  bool stopped_early = false;          ///< stop_after_steps ended the run (a checkpoint holds the position)
+  bool stopped_early = false;          ///< stop_after_steps or request_stop() ended the run (a checkpoint
+                                       ///< holds the position when there is a checkpoint directory)
+  bool interrupted = false;            ///< request_stop() ended it (the CLI's SIGINT/SIGTERM handler)
 };
+
+/// Ask a running train() to stop after its current step, checkpointing there as stop_after_steps does (when it
+/// has a checkpoint directory), so that `--resume` continues exactly. Async-signal-safe (it sets a lock-free
+/// atomic flag): `mixprec train` calls it from its SIGINT/SIGTERM handler. The request stands until
+/// clear_stop_request(); every train() that runs meanwhile stops after its first step.
+void request_stop() noexcept;
+/// Withdraw a request_stop().
+void clear_stop_request() noexcept;
 
 /// Run training as configured, printing progress to `out` (unless quiet). Throws mp::Error for bad
 /// configs, missing data or damaged checkpoints.
