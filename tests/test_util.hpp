@@ -83,6 +83,14 @@ inline ::testing::AssertionResult contains_format(const char* haystack_expr, con
                                        << needle << "\n  message: " << haystack;
 }
 
+/// Sets the CPU's bf16 path for a scope; restores the CPU's default when it ends, also by an exception.
+struct ScopedBf16Path {
+  explicit ScopedBf16Path(backend::cpu::Bf16Path path) { backend::cpu::set_bf16_path(path); }
+  ~ScopedBf16Path() { backend::cpu::set_bf16_path(backend::cpu::Bf16Path::cpu_default); }
+  ScopedBf16Path(const ScopedBf16Path&) = delete;
+  ScopedBf16Path& operator=(const ScopedBf16Path&) = delete;
+};
+
 /// Runs `body` once per way a bf16 matmul or convolution can run on the CPU: oneDNN's bf16 primitives with the
 /// small-convolution GEMM paths, without them, and through f32 (by default the CPU picks one: Note [bf16 through
 /// f32 without AMX] in src/backend/cpu/bf16_policy.cpp, Note [GEMM paths need AMX] in conv.cpp), so all are
@@ -90,9 +98,7 @@ inline ::testing::AssertionResult contains_format(const char* haystack_expr, con
 template <class Body>
 void for_each_bf16_path(Body&& body) {
   using backend::cpu::Bf16Path;
-  struct Restore {
-    ~Restore() { backend::cpu::set_bf16_path(Bf16Path::cpu_default); }
-  } restore;
+  const ScopedBf16Path restore(Bf16Path::cpu_default);
   for (const Bf16Path path : {Bf16Path::native_gemm, Bf16Path::native, Bf16Path::via_f32}) {
     backend::cpu::set_bf16_path(path);
     SCOPED_TRACE(std::string("bf16 path ") + backend::cpu::bf16_path_name(path));

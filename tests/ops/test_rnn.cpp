@@ -372,10 +372,7 @@ TEST(LstmLayer, WideningTheWeightOnceIsTheKernelsOwnWidening) {
   const int64_t B = 20, H = 650;  // the word LM's sizes (oneDNN picks its kernels by shape)
   const Tensor h = randn({B, H}).to(DType::bf16), w = randn({4 * H, H}).to(DType::bf16);
   const Tensor b = randn({4 * H}).to(DType::bf16), dg = randn({B, 4 * H}).to(DType::bf16);
-  backend::cpu::set_bf16_path(backend::cpu::Bf16Path::via_f32);
-  struct Restore {
-    ~Restore() { backend::cpu::set_bf16_path(backend::cpu::Bf16Path::cpu_default); }
-  } restore;
+  const test::ScopedBf16Path via_f32(backend::cpu::Bf16Path::via_f32);
   const Tensor f = linear(h, w, b), fw = linear(h.to(DType::f32), w.t().to(DType::f32).t(), b.to(DType::f32)).to(DType::bf16);
   const Tensor d = matmul(dg, w), dw = matmul(dg.to(DType::f32), w.to(DType::f32)).to(DType::bf16);
   EXPECT_EQ(f.to_vector<float>(), fw.to_vector<float>());
