@@ -15,6 +15,28 @@ GradScalerOptions grad_scaler_defaults(DType dtype) {
   return o;
 }
 
+// Note [gradient accumulation in f32]
+// Accumulating N micro-batches into a bf16 gradient rounds the running sum to 8 significant bits N-1
+// times: each partial sum loses up to 2^-9 of its value, and small micro-batch contributions added to a
+// large sum vanish entirely once they fall below half its last place (f16: 11 bits, the same story).
+// PyTorch's autocast avoids this by keeping f32 parameters, hence f32 gradients, and pays for them in
+// memory all the time. Here the 16-bit gradient of the first
+// micro-batch is widened to f32 (exact) and the engine's AccumulateGrad adds every later micro-batch
+// into that f32 buffer (add_ computes in the promoted type, f32), so the sum is rounded once, when the
+// optimizer's fused step applies it to the f32 master. The cost is an f32 gradient per 16-bit parameter
+// while a step accumulates (the optimizer step itself reads any floating gradient dtype, as for the f16
+// gradients unscale_ widens), nothing when there is one micro-batch per step.
+void accumulate_grads_in_f32(const std::vector<Tensor>& params) {
+  autograd::NoGradGuard ng;
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (!g.defined() || (g.dtype() != DType::f16 && g.dtype() != DType::bf16)) continue;
+    Tensor wide = empty(g.sizes(), {.dtype = DType::f32, .device = g.device(), .memory_format = g.suggest_memory_format()});
+    wide.copy_(g);
+    p.set_grad(wide);
+  }
+}
+
 GradScaler::GradScaler(const GradScalerOptions& o) : options_(o), scale_(o.init_scale), hysteresis_tracker_(o.hysteresis) {
   MP_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "GradScaler: init_scale must be positive and finite, got ",
            o.init_scale);

@@ -96,6 +96,7 @@ void validate(const TrainConfig& c) {
   MP_CHECK(c.dropout >= 0 && c.dropout < 1, "--dropout must be in [0, 1), got ", c.dropout);
   check_positive("epochs", c.epochs);
   check_positive("batch_size", c.batch_size);
+  check_positive("grad_accum", c.grad_accum);
   check_positive("eval_batch_size", c.eval_batch_size);
   check_non_negative("max_steps_per_epoch", c.max_steps_per_epoch);
   check_non_negative("train_subset", c.train_subset);

@@ -98,7 +98,11 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
   const std::vector<Tensor> params = model->parameters();
 
   const int64_t windows = (train_data.size(0) - 1 + c.bptt - 1) / c.bptt;
-  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, windows) : windows;
+  const int64_t n = c.grad_accum;  // windows per optimizer step (Note [gradient accumulation])
+  MP_CHECK(windows >= n, "train: the training text gives ", windows, " windows of --bptt ", c.bptt,
+           ", fewer than one optimizer step of --grad_accum ", n, "; lower --grad_accum or --bptt");
+  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, windows / n) : windows / n;
+  const int64_t batches = steps_per_epoch * n;  // the windows each epoch uses
   std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
 
   const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
@@ -128,22 +132,22 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
         << (o.opt_level == amp::OptLevel::O0 ? "" : dtype_name(o.dtype)) << ", loss scale " << o.loss_scale->str()
         << "; " << c.num_layers << "x" << c.hidden_size << " " << c.model << " word LM on " << corpus.name << " ("
         << corpus.train.numel() << " train / " << corpus.valid.numel() << " valid tokens, vocabulary "
-        << corpus.vocab.size() << ", " << steps_per_epoch << " steps per epoch)\n";
+        << corpus.vocab.size() << ", " << steps_per_epoch << " steps per epoch"
+        << (n == 1 ? std::string() : " of " + std::to_string(n) + " windows") << ")\n";
 
   for (int64_t epoch = pos.epoch; epoch < c.epochs && !loop.stopped(); ++epoch) {
     const int64_t first = epoch == pos.epoch ? pos.batch : 0;
-    // first == steps_per_epoch: checkpointed after the epoch's last step, before its evaluation; the loop
+    // first == batches: checkpointed after the epoch's last step, before its evaluation; the loop
     // below is empty and the epoch ends as it would have.
     if (first == 0) state = {};  // each epoch starts from a zero state (as the PyTorch example)
     model->train();
-    loop.begin_epoch(epoch, first, steps_per_epoch);
+    loop.begin_epoch(epoch, first, batches);
     double wait = 0;
-    for (int64_t b = first; b < steps_per_epoch; ++b) {
+    for (int64_t b = first; b < batches; ++b) {
       const auto t_data = Clock::now();
       data::Batch batch = data::bptt_batch(train_data, b * c.bptt, c.bptt);
       wait += seconds_since(t_data);
       state = models::WordLM::detach(state);
-      opt->zero_grad();
       Tensor logits;
       {
         ForwardScope scope(o);

@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <set>
 
 #include "mp/memory/allocator.hpp"
+#include "mp/ops/ops.hpp"
 #include "mp/optim/clip_grad.hpp"
 
 namespace mp::train {
@@ -40,6 +42,21 @@ std::string fmt(double v, int prec) {
 // inf (a diverged loss) survive. The run summary's totals still count only this process's work.
 constexpr const char* kEpochStatsKey = "epoch_stats";
 
+// Note [gradient accumulation]
+// With --grad_accum N an optimizer step takes N consecutive batches: each batch's loss is divided by N
+// and backpropagated (scaled, when loss scaling is on), the gradients add up, and after the N-th batch
+// the step runs once (unscale, clip, inf/NaN check, optimizer, scale update, schedule) and the gradients
+// are cleared. The mean loss then equals that of one batch of N x batch_size examples, so the learning
+// rate needs no change; batch statistics (batch norm) are still those of each batch, as in any
+// accumulation. The loss scale is the same for all N batches (update() runs once per step), and an
+// inf/NaN in any batch's gradient reaches the sum and skips the whole step. 16-bit gradients (O2/O3)
+// are widened to f32 after the first batch (Note [gradient accumulation in f32]). Steps, the schedule,
+// max_steps_per_epoch, checkpoint_every and stop_after_steps count optimizer steps; an epoch uses
+// floor(batches / N) of them, so up to N - 1 batches at its end are left out, as drop_last leaves out
+// a partial batch. Checkpoints are taken between optimizer steps only (their batch position is a
+// multiple of N), so the resumed run continues exactly; resuming one with another N is refused unless
+// the position is also a multiple of the new N.
+
 std::string hex_double(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", v);
@@ -53,6 +70,7 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
     : c_(c), sum_(sum), parts_(std::move(parts)), start_(start), baseline_(baseline), out_(out),
       text_(is_text_task(c)), dev_(run_device(c)), ckpt_(checkpoint_path(c)), meta_{{"config", config_to_json(c)}} {
   if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
+  if (c.resume) check_resumed_config(resumed);
   if (!c.log.empty() && c.resume)  // Note [a resumed run's log]
     log_.emplace(c.log, RunLog::ResumePoint{.global_step = start.global_step, .epochs_done = start.epoch});
   else if (!c.log.empty())
@@ -96,6 +114,41 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
   resumed_ = r;
 }
 
+void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& resumed) {
+  std::optional<TrainConfig> saved;
+  if (const auto it = resumed.find("config"); it != resumed.end()) {
+    try {
+      saved = config_from_json(it->second);
+    } catch (const Error& e) {
+      out_ << "warning: the training config stored in '" << ckpt_ << "' does not parse (" << e.what()
+           << "); cannot tell which settings differ from it\n";
+    }
+  }
+  const int64_t n = c_.grad_accum;
+  MP_CHECK(start_.batch % n == 0, "--resume: checkpoint '", ckpt_, "' stands after batch ", start_.batch,
+           " of epoch ", start_.epoch + 1, ", which is inside an optimizer step of --grad_accum ", n, " batches",
+           saved ? "; it was written with --grad_accum " + std::to_string(saved->grad_accum) : std::string(),
+           ": resume with the --grad_accum it was written with");
+  if (!saved) return;
+  // Settings that change what the run computes; the others (paths, workers, logging, checkpoint
+  // cadence, evaluation batch) may change freely between processes.
+  static const std::set<std::string> kFree{"data_dir",   "num_workers",      "eval_batch_size", "checkpoint_dir",
+                                           "checkpoint_every", "resume", "stop_after_steps", "log",
+                                           "label",      "quiet"};
+  const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
+  const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
+  std::string changed;
+  for (auto it = now.begin(); it != now.end(); ++it) {
+    if (kFree.count(it.key()) != 0) continue;
+    const auto w = was.find(it.key());
+    if (w == was.end() || *w == it.value()) continue;
+    changed += (changed.empty() ? "" : ", ") + it.key() + " " + w->dump() + " -> " + it.value().dump();
+  }
+  if (!changed.empty())
+    out_ << "warning: resuming with settings that differ from the checkpoint's run (" << changed
+         << "): training continues from the checkpoint but will not retrace that run\n";
+}
+
 void TrainLoop::save(const Progress& p, const nn::StateDict& extra) {
   const auto t0 = Clock::now();
   std::map<std::string, std::string> md = meta_;
@@ -116,7 +169,7 @@ void TrainLoop::save(const Progress& p, const nn::StateDict& extra) {
   ckpt_seconds_ += seconds_since(t0);
 }
 
-void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t steps) {
+void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t batches) {
   epoch_ = epoch;
   carry_ = {};
   if (resumed_ && epoch == start_.epoch && first == start_.batch) carry_ = *resumed_;
@@ -126,24 +179,43 @@ void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t steps) {
   loss_sum_ = carry_.loss_sum;
   units_ = ckpt_seconds_ = data_wait_ = 0;
   ema_ = carry_.ema;
+  micro_ = 0;
+  micro_units_ = 0;
+  micro_losses_.clear();
+  MP_ASSERT(first % c_.grad_accum == 0 && batches % c_.grad_accum == 0, "begin_epoch: batches ", first, "..", batches,
+            " are not whole optimizer steps of ", c_.grad_accum);
   bar_ = std::make_unique<ProgressBar>(out_, "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(c_.epochs),
-                                       steps - first, text_ ? "tok/s" : "img/s", out_is_tty(out_));
+                                       (batches - first) / c_.grad_accum, text_ ? "tok/s" : "img/s", out_is_tty(out_));
   t_epoch_ = Clock::now();
 }
 
 bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double data_wait,
                      const std::function<nn::StateDict()>& extra) {
   amp::GradScaler& scaler = parts_.scaler;
-  scaler.scale(loss).backward();
+  const int64_t n = c_.grad_accum;  // Note [gradient accumulation]
+  scaler.scale(n == 1 ? loss : mul(loss, 1.0 / static_cast<double>(n))).backward();
+  micro_losses_.push_back(loss.detach());  // read after the step: no device sync before it is queued
+  micro_units_ += units;
+  if (++micro_ < n) {
+    if (micro_ == 1) amp::accumulate_grads_in_f32(parts_.params);
+    return true;
+  }
   if (c_.clip_grad_norm > 0) {
     scaler.unscale_(parts_.optimizer);
     optim::clip_grad_norm_(parts_.params, c_.clip_grad_norm);
   }
   const bool stepped = scaler.step(parts_.optimizer);
+  parts_.optimizer.zero_grad();
   scaler.update();
   if (stepped) parts_.scheduler.step();  // a skipped step does not advance the schedule
 
-  const double l = loss.item<double>();
+  double l = 0;  // the mean loss of the step's batches
+  for (const Tensor& b : micro_losses_) l += b.item<double>();
+  l /= static_cast<double>(n);
+  units = micro_units_;
+  micro_ = 0;
+  micro_units_ = 0;
+  micro_losses_.clear();
   ++sum_.steps;
   ++done_;
   ++epoch_steps_;
@@ -179,6 +251,12 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
 }
 
 bool TrainLoop::end_training(double data_wait) {
+  if (micro_ > 0) {  // the data ended inside an optimizer step (not in whole-step epochs): drop it
+    parts_.optimizer.zero_grad();
+    micro_ = 0;
+    micro_units_ = 0;
+    micro_losses_.clear();
+  }
   data_wait_ = data_wait;
   const double process_seconds = seconds_since(t_epoch_) - ckpt_seconds_;  // this process's part
   epoch_seconds_ = carry_.seconds + process_seconds;

@@ -18,10 +18,12 @@
 
 namespace mp::train::detail {
 
-/// The optimizer step with loss scaling, clipping and the LR schedule; per-step records (loss curve,
-/// run log, progress bar); periodic and stop-after checkpoints; per-epoch records and checkpoints;
-/// and the summary's totals. Usage per epoch: begin_epoch, step() per batch while it returns true,
-/// end_training; then, if it returned true, evaluate and end_epoch.
+/// The optimizer step with loss scaling, gradient accumulation, clipping and the LR schedule; per-step
+/// records (loss curve, run log, progress bar); periodic and stop-after checkpoints; per-epoch records
+/// and checkpoints; and the summary's totals. Usage per epoch: begin_epoch, step() per batch while it
+/// returns true, end_training; then, if it returned true, evaluate and end_epoch. A "step" is an
+/// optimizer step of c.grad_accum batches (Note [gradient accumulation]); batch indices and checkpoint
+/// positions count batches.
 class TrainLoop {
  public:
   /// The live objects of a run.
@@ -34,16 +36,18 @@ class TrainLoop {
   };
   /// `start` is where the run resumes; `baseline` the allocated bytes before the model was built;
   /// `resumed` the metadata of the checkpoint it resumes from (empty for a fresh run), which carries the
-  /// statistics of an epoch interrupted mid-way (Note [resumed epoch statistics]).
+  /// statistics of an epoch interrupted mid-way (Note [resumed epoch statistics]) and the config it was
+  /// written with (a resume inside an optimizer step is refused; other changed settings are reported).
   TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const Progress& start, int64_t baseline,
             std::ostream& out, const std::map<std::string, std::string>& resumed = {});
 
-  /// Start epoch `epoch` (0-based) at batch `first` of `steps` steps.
-  void begin_epoch(int64_t epoch, int64_t first, int64_t steps);
-  /// Backward of `loss` (scaled), clip, optimizer step (skipped on inf/NaN), scale update, schedule
-  /// step; then the step's records. `batch` is the batch index within the epoch, `units` its images or
-  /// tokens, `data_wait` the epoch's data wait so far; `extra` supplies run-specific checkpoint tensors.
-  /// Returns false when the epoch must stop (diverged, or stop_after_steps reached).
+  /// Start epoch `epoch` (0-based) at batch `first` of `batches` (a multiple of c.grad_accum).
+  void begin_epoch(int64_t epoch, int64_t first, int64_t batches);
+  /// Backward of `loss` / grad_accum (scaled). On the last batch of an optimizer step: clip, optimizer
+  /// step (skipped on inf/NaN), zero the gradients, scale update, schedule step; then the step's records.
+  /// `batch` is the batch index within the epoch, `units` its images or tokens, `data_wait` the epoch's
+  /// data wait so far; `extra` supplies run-specific checkpoint tensors. Returns false when the epoch
+  /// must stop (diverged, or stop_after_steps reached).
   bool step(const Tensor& loss, int64_t batch, double units, double data_wait,
             const std::function<nn::StateDict()>& extra = {});
   /// Close the epoch's training part; returns whether to evaluate (false when the run stops early).
@@ -57,6 +61,7 @@ class TrainLoop {
 
  private:
   void save(const Progress& p, const nn::StateDict& extra);
+  void check_resumed_config(const std::map<std::string, std::string>& resumed);
 
   const TrainConfig& c_;
   RunSummary& sum_;
@@ -81,6 +86,10 @@ class TrainLoop {
   // the current epoch: loss_sum_, epoch_steps_ and ema_ continue the carried values; done_, units_,
   // data_wait_ and the times count this process's part
   int64_t epoch_ = 0, done_ = 0, epoch_steps_ = 0;
+  // the optimizer step being accumulated: batches backpropagated, their losses and images or tokens
+  int64_t micro_ = 0;
+  std::vector<Tensor> micro_losses_;
+  double micro_units_ = 0;
   double loss_sum_ = 0, units_ = 0, total_units_ = 0, ckpt_seconds_ = 0, epoch_seconds_ = 0, data_wait_ = 0;
   LossEma ema_;
   Clock::time_point t_epoch_;

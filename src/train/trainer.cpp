@@ -194,10 +194,14 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
 
   data::DataLoader loader(sets.train, {.batch_size = c.batch_size, .shuffle = true, .drop_last = true,
                                        .num_workers = c.num_workers, .prefetch = 4, .seed = c.seed});
-  MP_CHECK(loader.num_batches() > 0, "train: the training split has ", sets.train->size(),
-           " images, fewer than one batch of ", c.batch_size, "; lower --batch_size");
-  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, loader.num_batches())
-                                                            : loader.num_batches();
+  const int64_t n = c.grad_accum;  // batches per optimizer step (Note [gradient accumulation])
+  MP_CHECK(loader.num_batches() >= n, "train: the training split has ", sets.train->size(), " images, fewer than ",
+           n == 1 ? "one batch of " + std::to_string(c.batch_size)
+                  : "one optimizer step of " + std::to_string(n) + " batches of " + std::to_string(c.batch_size),
+           "; lower --batch_size", n == 1 ? "" : " or --grad_accum");
+  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, loader.num_batches() / n)
+                                                            : loader.num_batches() / n;
+  const int64_t batches = steps_per_epoch * n;  // the batches each epoch uses
   std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
 
   const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
@@ -215,20 +219,21 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
   if (!c.quiet)
     out << sum.label << ": " << setup.describe() << "; " << c.model << " on " << c.dataset << " ("
         << sets.train->size() << " train / " << sets.test->size() << " test images, " << steps_per_epoch
-        << " steps per epoch)\n";
+        << " steps per epoch"
+        << (n == 1 ? std::string() : " of " + std::to_string(n) + " x " + std::to_string(c.batch_size) + " images")
+        << ")\n";
 
   for (int64_t epoch = pos.epoch; epoch < c.epochs && !loop.stopped(); ++epoch) {
     const int64_t first = epoch == pos.epoch ? pos.batch : 0;
-    // first == steps_per_epoch: checkpointed after the epoch's last step, before its evaluation; the loop
+    // first == batches: checkpointed after the epoch's last step, before its evaluation; the loop
     // below is empty and the epoch ends as it would have.
     model->train();
     loader.reset_wait_seconds();
     loader.start_epoch(epoch, first);
-    loop.begin_epoch(epoch, first, steps_per_epoch);
-    for (int64_t b = first; b < steps_per_epoch; ++b) {
+    loop.begin_epoch(epoch, first, batches);
+    for (int64_t b = first; b < batches; ++b) {
       std::optional<data::Batch> batch = loader.next();
       if (!batch) break;
-      opt->zero_grad();
       Tensor loss = cross_entropy(setup.model(batch->input.to(dev)), batch->target.to(dev));
       if (!loop.step(loss, b, static_cast<double>(batch->target.size(0)), loader.wait_seconds())) break;
     }

@@ -471,6 +471,68 @@ TEST(GradScaler, GradientAccumulationMatchesTheF32Reference) {
   }
 }
 
+TEST(GradScaler, SixteenBitGradientsAccumulateInF32) {
+  // Note [gradient accumulation in f32]. A 16-bit parameter's gradient over 8 micro-batches: the first
+  // contributes 1, the other 7 each contribute a quarter of the 16-bit ulp of 1 (2^-9 for bf16, 2^-12
+  // for f16), below half an ulp: in 16-bit every addition rounds back to 1, in f32 the sum is exact.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const double small = dt == DType::bf16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
+    const double want = 1.0 + 7 * small;
+    for (bool widen : {true, false}) {
+      Tensor p = leaf(ones({16}, {.dtype = dt}));
+      for (int k = 0; k < 8; ++k) {
+        sum(mul(p, full({16}, k == 0 ? 1.0 : small, {.dtype = dt}))).backward();
+        if (k == 0 && widen) amp::accumulate_grads_in_f32({p});
+      }
+      if (widen) {
+        ASSERT_EQ(p.grad().dtype(), DType::f32) << dtype_name(dt);
+        for (double v : p.grad().to_vector<double>()) ASSERT_EQ(v, want) << dtype_name(dt);
+      } else {  // what the widening prevents (the test above can fail)
+        ASSERT_EQ(p.grad().dtype(), dt);
+        for (double v : p.grad().to_vector<double>()) ASSERT_EQ(v, 1.0) << dtype_name(dt);
+      }
+    }
+  }
+  // f32 gradients and parameters without one are left alone.
+  Tensor f = leaf(ones({4})), none = leaf(ones({4}, {.dtype = DType::bf16}));
+  sum(f).backward();
+  const Tensor before = f.grad();
+  amp::accumulate_grads_in_f32({f, none});
+  EXPECT_EQ(f.grad().raw_data(), before.raw_data());
+  EXPECT_FALSE(none.grad().defined());
+}
+
+TEST(GradScaler, AccumulatedBf16StepEqualsTheF32GradientSum) {
+  // O2 with SGD and f32 masters: 4 micro-batches accumulated in f32 then one step, against the same
+  // step taken from the f32 sum of the 16-bit micro-batch gradients computed separately.
+  manual_seed(21);
+  const Tensor w0 = randn({32}).to(DType::bf16);
+  std::vector<Tensor> xs;
+  for (int i = 0; i < 4; ++i) xs.push_back(randn({32}).to(DType::bf16));
+  // Reference: each micro-batch's gradient alone (x_i / 4 in bf16), summed in f32.
+  Tensor g_sum = zeros({32});
+  for (const Tensor& x : xs) {
+    Tensor p = leaf(w0.clone());
+    (sum(mul(p, x)) * 0.25).backward();
+    add_(g_sum, p.grad().to(DType::f32));
+  }
+  Tensor p = leaf(w0.clone());
+  optim::SGD opt({p}, {.lr = 0.5});
+  opt.set_master_weights(true);
+  for (int i = 0; i < 4; ++i) {
+    (sum(mul(p, xs[i])) * 0.25).backward();
+    if (i == 0) amp::accumulate_grads_in_f32({p});
+  }
+  GradScaler scaler(amp::grad_scaler_defaults(DType::bf16));
+  ASSERT_TRUE(scaler.step(opt));
+  const std::vector<double> got = p.detach().to_vector<double>(), w = w0.to_vector<double>(),
+                            g = g_sum.to_vector<double>();
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float master = static_cast<float>(w[i]) - 0.5f * static_cast<float>(g[i]);
+    EXPECT_EQ(got[i], scalar_tensor(master).to(DType::bf16).item<double>()) << i;
+  }
+}
+
 namespace {
 
 // Total L2 norm of the gradients (what clip_grad_norm_ computes), in f64.

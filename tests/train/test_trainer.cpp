@@ -196,6 +196,79 @@ TEST(Trainer, ExactResumeWordLmOnTheLibraryLstm) {
   expect_exact_resume(c, 9, "lm_onednn");
 }
 
+// Note [gradient accumulation]: N batches of B per optimizer step take the same steps as one batch of
+// N x B (a model without batch statistics, no augmentation: the loader's epoch permutation does not
+// depend on the batch size). Not bit for bit: the f32 gradient sums run in another order, so the losses
+// agree to ~1e-6 relative, and the tolerance is 1e-4 to leave room for 24 steps of SGD compounding that.
+TEST(Trainer, AccumulatedBatchesMatchOneLargerBatch) {
+  TrainConfig c = image_config("fp32");
+  c.model = "mlp";
+  c.augment = false;
+  c.optimizer = "sgd";
+  c.lr = 0.05;
+  std::ostringstream sink;
+  const RunSummary big = mp::train::train(c, sink);
+  ASSERT_EQ(big.step_losses.size(), 24u);
+  for (int64_t n : {2, 4}) {
+    TrainConfig a = c;
+    a.batch_size = c.batch_size / n;
+    a.grad_accum = n;
+    const RunSummary acc = mp::train::train(a, sink);
+    EXPECT_EQ(acc.steps, big.steps) << n;
+    ASSERT_EQ(acc.step_losses.size(), big.step_losses.size()) << n;
+    for (size_t i = 0; i < big.step_losses.size(); ++i)
+      EXPECT_NEAR(acc.step_losses[i], big.step_losses[i], 1e-4 * std::abs(big.step_losses[i])) << n << " step " << i;
+    EXPECT_NEAR(acc.val_metric, big.val_metric, 1.0 / 128) << n;  // at most one test image of 128 flips
+  }
+  // Without accumulation the small batches take 4x the steps and another trajectory (the test can fail).
+  TrainConfig small = c;
+  small.batch_size = c.batch_size / 4;
+  EXPECT_EQ(mp::train::train(small, sink).steps, 4 * big.steps);
+}
+
+TEST(Trainer, ExactResumeWithGradientAccumulation) {
+  TrainConfig c = image_config("bf16");  // O2: the 16-bit gradients accumulate in f32
+  c.batch_size = 16;
+  c.grad_accum = 2;
+  expect_exact_resume(c, 5, "img_bf16_accum");
+  TrainConfig t = text_config("fp32");
+  t.grad_accum = 3;
+  expect_exact_resume(t, 4, "lm_fp32_accum");
+}
+
+// A checkpoint's position is a batch count; resuming it with a --grad_accum that puts that position inside
+// an optimizer step is refused naming the one it was written with. Other changed settings are reported.
+TEST(Trainer, ResumeChecksTheCheckpointsSettings) {
+  TrainConfig c = image_config("fp32");
+  c.batch_size = 16;
+  c.grad_accum = 2;
+  c.stop_after_steps = 3;  // stands after batch 6 of epoch 1
+  c.checkpoint_dir = scratch_dir("trainer", "resume_settings").string();
+  std::ostringstream sink;
+  mp::train::train(c, sink);
+  c.stop_after_steps = 0;
+  c.resume = true;
+  c.grad_accum = 4;
+  const std::string m = mp::test::error_of([&] { mp::train::train(c, sink); });
+  EXPECT_NE(m.find("after batch 6 of epoch 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("written with --grad_accum 2"), std::string::npos) << m;
+  c.grad_accum = 3;  // 6 batches are 2 steps of 3: allowed, and reported with the other change
+  c.lr = 1e-3;
+  c.num_workers = 0;  // not reported: the data do not depend on it
+  c.stop_after_steps = 1;
+  std::ostringstream out;
+  const RunSummary r = mp::train::train(c, out);
+  EXPECT_EQ(r.steps, 1);
+  EXPECT_NE(out.str().find("grad_accum 2 -> 3"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("lr 0.003 -> 0.001"), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("num_workers"), std::string::npos) << out.str();
+  // An unchanged resume says nothing.
+  std::ostringstream quiet;
+  c.stop_after_steps = 0;
+  mp::train::train(c, quiet);
+  EXPECT_EQ(quiet.str().find("warning"), std::string::npos) << quiet.str();
+}
+
 TEST(Trainer, WordLmLearnsAndEvaluatesCheckpoint) {
   TrainConfig c = text_config("bf16");
   c.epochs = 3;
@@ -276,6 +349,14 @@ TEST(Trainer, ValidationNamesTheProblem) {
   c.lstm_impl = "basic";
   c.model = "gru";
   EXPECT_NE(message(c).find("applies to --model lstm"), std::string::npos) << message(c);
+  c = image_config("fp32");
+  c.grad_accum = 0;
+  EXPECT_NE(message(c).find("--grad_accum must be positive, got 0"), std::string::npos) << message(c);
+  // More batches per step than an epoch has: refused when the run starts (384 images = 12 batches of 32).
+  c.grad_accum = 13;
+  std::ostringstream sink;
+  const std::string m = mp::test::error_of([&] { mp::train::train(c, sink); });
+  EXPECT_NE(m.find("fewer than one optimizer step of 13 batches of 32"), std::string::npos) << m;
 }
 
 // A run killed after its last checkpoint has logged steps that the resumed run does again: the resumed log

@@ -28,12 +28,20 @@ struct GradScalerOptions {
 /// exponent range, so gradients do not underflow).
 GradScalerOptions grad_scaler_defaults(DType dtype);
 
+/// Gradient accumulation with 16-bit parameters (O2/O3): replace each f16/bf16 gradient of `params` by
+/// an f32 copy (exact), so that the next micro-batches' backward passes add into f32 (the engine adds
+/// into the gradient it finds, in that gradient's dtype) and the sum is rounded once, by the optimizer
+/// step, instead of once per micro-batch (Note [gradient accumulation in f32]). Call it after the
+/// first micro-batch's backward of each optimizer step; the scaler and the optimizers read f32
+/// gradients of 16-bit parameters. Other gradients and absent ones are left alone.
+void accumulate_grads_in_f32(const std::vector<Tensor>& params);
+
 /// Dynamic or static loss scaling:
 ///   scaler.scale(loss).backward();  // optional: scaler.unscale_(opt); clip_grad_norm_(...);
 ///   if (scaler.step(opt)) scheduler.step();  // skipped on inf/NaN
 ///   scaler.update();
 /// For gradient accumulation, scale and backward every micro-batch and call unscale_/step/update
-/// once per optimizer step. Note [GradScaler fused step]: step() without a prior unscale_() checks
+/// once per optimizer step (with 16-bit parameters, see accumulate_grads_in_f32). Note [GradScaler fused step]: step() without a prior unscale_() checks
 /// the gradients for inf/NaN in one read-only multi-tensor pass and then lets the optimizer's fused
 /// pass unscale them while it updates (one write pass instead of two).
 class GradScaler {

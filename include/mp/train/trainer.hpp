@@ -22,8 +22,9 @@ struct TrainConfig {
   bool augment = true;                     ///< images: random crop with padding + horizontal flip
   // ---- schedule ----
   int64_t epochs = 1;                      ///< passes over the training data
-  int64_t batch_size = 128;                ///< examples (images, or token streams for text) per step
-  int64_t max_steps_per_epoch = 0;         ///< stop each epoch after this many steps (0 = all; for quick runs)
+  int64_t batch_size = 128;                ///< examples (images, or token streams for text) per batch
+  int64_t grad_accum = 1;                  ///< batches whose gradients are summed per optimizer step
+  int64_t max_steps_per_epoch = 0;         ///< stop each epoch after this many optimizer steps (0 = all)
   std::string optimizer = "sgd";           ///< sgd, adam or adamw
   double lr = 0;                           ///< 0 = the task's default (images: sgd 0.1, adam 1e-3; text: sgd 20, adam 1e-3)
   double momentum = -1;                    ///< sgd momentum (-1 = task default: images 0.9, text 0)
@@ -71,7 +72,10 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("train_subset", c.train_subset, "use only the first N training examples (0 = all)");
   f("augment", c.augment, "images: random crop with padding and horizontal flip");
   f("epochs", c.epochs, "passes over the training data");
-  f("batch_size", c.batch_size, "examples per step (text: parallel token streams)");
+  f("batch_size", c.batch_size, "examples per batch (text: parallel token streams)");
+  f("grad_accum", c.grad_accum,
+    "batches per optimizer step, their gradients summed (in f32 for 16-bit weights): an effective batch of "
+    "batch_size x N in the memory of one batch");
   f("max_steps_per_epoch", c.max_steps_per_epoch, "stop each epoch after N steps (0 = all)");
   f("optimizer", c.optimizer, "sgd, adam or adamw");
   f("lr", c.lr, "learning rate (0 = task default: images sgd 0.1 / adam 1e-3; text sgd 20 / adam 1e-3)");
@@ -140,7 +144,7 @@ struct RunSummary {
   double eval_seconds = 0;             ///< evaluation passes
   double data_wait_seconds = 0;        ///< time the training loop waited for data
   int64_t peak_bytes = 0;              ///< peak tensor memory of the run above what was live before the model
-  int64_t steps = 0;                   ///< optimizer steps attempted (this process)
+  int64_t steps = 0;                   ///< optimizer steps attempted (this process; grad_accum batches each)
   int64_t skipped_steps = 0;           ///< steps skipped for inf/NaN gradients (whole run)
   double final_loss_scale = 1;         ///< loss scale at the end (1 when scaling is off)
   double val_loss = 0;                 ///< last evaluation
