@@ -4,7 +4,8 @@
 // deliberately overflowing step that both must skip), and the word LM (2 LSTM layers, dropout, gradient
 // clipping) in the same three precisions. Also: Module::to(Device) keeps names, order, values and
 // flags; optimizer state lives on the device; a checkpoint written from the device loads on the CPU
-// (and back on the device) with every tensor intact, and training continues identically.
+// (and back on the device) with every tensor intact, and training continues identically; 16-bit
+// gradients accumulate in f32 over micro-batches as on the CPU.
 //
 // Loss tolerances (relative, per step). f32: each op's result differs between the devices by a few f32
 // ulps or by the accumulation order of its reductions (<= 2 sqrt(K) u ~ 1e-6 relative for the K <= 600
@@ -277,6 +278,69 @@ TEST(CudaTrain, WordLmTwoLstmLayersInF32Bf16O2AndF16O2) {
                            2 * p.loss_rtol, "see the file comment; x2 for the 2 x 8 recurrent steps per window"));
     // The runs fall from ln 40 = 3.69 to ~2.98 in 8 windows.
     EXPECT_LT(losses[1].back(), 0.9 * losses[1].front()) << p.name << ": the device run does not learn";
+  }
+}
+
+// Note [gradient accumulation in f32] on the device: 16-bit gradients widened after the first micro-batch
+// take the later ones in f32 (the engine's add_ of a 16-bit gradient into an f32 one), then an O2 step of
+// 2 micro-batches per step (f16 with dynamic loss scaling) matches the CPU's.
+TEST(CudaTrain, SixteenBitGradientsAccumulateInF32) {
+  MP_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    // 1 then 7 contributions of a quarter of the 16-bit ulp of 1: lost in 16-bit, exact in f32.
+    const double small = dt == DType::bf16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
+    Tensor p = full({1000}, 1.0, {.dtype = dt, .device = dev()});
+    p.requires_grad_(true);
+    for (int k = 0; k < 8; ++k) {
+      sum(mul(p, full({1000}, k == 0 ? 1.0 : small, {.dtype = dt, .device = dev()}))).backward();
+      if (k == 0) amp::accumulate_grads_in_f32({p});
+    }
+    const Tensor g = p.grad();
+    ASSERT_EQ(g.dtype(), DType::f32) << dtype_name(dt);
+    EXPECT_EQ(g.device(), dev());
+    EXPECT_TRUE(identical(std::string("accumulated ") + dtype_name(dt) + " gradient", g.to(kCPU),
+                          full({1000}, 1.0 + 7 * small)));
+  }
+  const Tensor x = normal({48, 64}, 0, 1);
+  const Tensor y = argmax(matmul(x, normal({64, 5}, 0, 1)), 1);
+  for (const Precision& prec : precisions()) {
+    if (prec.level == OptLevel::O0) continue;
+    const std::string tag = std::string("MLP, 2 micro-batches per step, ") + prec.name;
+    std::vector<double> losses[2];
+    std::shared_ptr<models::MLP> trained[2];
+    for (int d = 0; d < 2; ++d) {
+      guarded(tag + (d ? " device" : " cpu"), [&] {
+        manual_seed(6);
+        auto model = std::make_shared<models::MLP>(models::MLPOptions{.in_features = 64, .hidden = {48}, .num_classes = 5});
+        if (d == 1) model->to(dev());
+        optim::SGD opt(model->parameters(), {.lr = 0.2, .momentum = 0.9});
+        amp::AmpSetup s = amp::initialize(model, opt, amp_options(prec));
+        const std::vector<Tensor> params = model->parameters();
+        for (int step = 0; step < 4; ++step) {
+          double l = 0;
+          for (int m = 0; m < 2; ++m) {
+            const Tensor xb = x.narrow(0, 24 * m, 24), yb = y.narrow(0, 24 * m, 24);
+            const Tensor loss = cross_entropy(s.model(d == 1 ? on_dev(xb) : xb), d == 1 ? on_dev(yb) : yb);
+            s.scaler.scale(mul(loss, 0.5)).backward();
+            if (m == 0) amp::accumulate_grads_in_f32(params);
+            l += loss.item<double>() / 2;
+          }
+          for (const Tensor& prm : params) EXPECT_EQ(prm.grad().dtype(), DType::f32) << tag;
+          s.scaler.step(opt);
+          opt.zero_grad();
+          s.scaler.update();
+          losses[d].push_back(l);
+        }
+        trained[d] = model;
+      });
+    }
+    if (losses[0].size() != 4 || losses[1].size() != 4) continue;  // a failure was reported above
+    print_losses(tag, losses[0], losses[1]);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_TRUE(near_rel(tag + " loss at step " + std::to_string(i), losses[1][i], losses[0][i], prec.loss_rtol,
+                           "see the file comment"));
+    compare_modules(tag + " final", *trained[1], *trained[0],
+                    Tol{.ulps = 2, .normwise = 2 * unit_roundoff(prec.dtype), .why = "16-bit weights: rounded masters"});
   }
 }
 
