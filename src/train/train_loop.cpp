@@ -179,7 +179,6 @@ void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t batches) {
   loss_sum_ = carry_.loss_sum;
   units_ = ckpt_seconds_ = data_wait_ = 0;
   ema_ = carry_.ema;
-  micro_ = 0;
   micro_units_ = 0;
   micro_losses_.clear();
   MP_ASSERT(first % c_.grad_accum == 0 && batches % c_.grad_accum == 0, "begin_epoch: batches ", first, "..", batches,
@@ -196,8 +195,9 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   scaler.scale(n == 1 ? loss : mul(loss, 1.0 / static_cast<double>(n))).backward();
   micro_losses_.push_back(loss.detach());  // read after the step: no device sync before it is queued
   micro_units_ += units;
-  if (++micro_ < n) {
-    if (micro_ == 1) amp::accumulate_grads_in_f32(parts_.params);
+  const auto batches = static_cast<int64_t>(micro_losses_.size());
+  if (batches < n) {
+    if (batches == 1) amp::accumulate_grads_in_f32(parts_.params);
     return true;
   }
   if (c_.clip_grad_norm > 0) {
@@ -213,7 +213,6 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   for (const Tensor& b : micro_losses_) l += b.item<double>();
   l /= static_cast<double>(n);
   units = micro_units_;
-  micro_ = 0;
   micro_units_ = 0;
   micro_losses_.clear();
   ++sum_.steps;
@@ -251,9 +250,8 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
 }
 
 bool TrainLoop::end_training(double data_wait) {
-  if (micro_ > 0) {  // the data ended inside an optimizer step (not in whole-step epochs): drop it
+  if (!micro_losses_.empty()) {  // the data ended inside an optimizer step (not in whole-step epochs): drop it
     parts_.optimizer.zero_grad();
-    micro_ = 0;
     micro_units_ = 0;
     micro_losses_.clear();
   }

@@ -86,8 +86,8 @@ class TrainLoop {
   // the current epoch: loss_sum_, epoch_steps_ and ema_ continue the carried values; done_, units_,
   // data_wait_ and the times count this process's part
   int64_t epoch_ = 0, done_ = 0, epoch_steps_ = 0;
-  // the optimizer step being accumulated: batches backpropagated, their losses and images or tokens
-  int64_t micro_ = 0;
+  // the optimizer step being accumulated: the losses of its batches backpropagated so far, their images
+  // or tokens
   std::vector<Tensor> micro_losses_;
   double micro_units_ = 0;
   double loss_sum_ = 0, units_ = 0, total_units_ = 0, ckpt_seconds_ = 0, epoch_seconds_ = 0, data_wait_ = 0;
