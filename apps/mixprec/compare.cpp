@@ -26,14 +26,26 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// "fp32", "bf16", "bf16:O1", "fp16:O3" -> (precision, opt level).
-std::pair<std::string, std::string> parse_run(const std::string& item) {
-  const auto colon = item.find(':');
-  const std::string prec = item.substr(0, colon);
-  const std::string level = colon == std::string::npos ? "" : item.substr(colon + 1);
-  MP_CHECK(prec == "fp32" || prec == "fp16" || prec == "bf16", "--runs: unknown precision '", prec, "' in '", item,
-           "'; expected fp32, fp16 or bf16, optionally with an opt level (bf16:O1)");
-  return {prec, level};
+// "fp32", "bf16", "bf16:O1", "fp16:O3", "bf16:O3+sr" -> (precision, opt level, stochastic rounding).
+struct RunItem {
+  std::string precision, opt_level;
+  bool stochastic_rounding = false;
+};
+RunItem parse_run(const std::string& item) {
+  std::string rest = item;
+  RunItem r;
+  if (const auto plus = rest.find('+'); plus != std::string::npos) {
+    MP_CHECK(rest.substr(plus) == "+sr", "--runs: unknown suffix '", rest.substr(plus), "' in '", item,
+             "'; the only one is +sr (stochastic rounding, with O3: bf16:O3+sr)");
+    r.stochastic_rounding = true;
+    rest = rest.substr(0, plus);
+  }
+  const auto colon = rest.find(':');
+  r.precision = rest.substr(0, colon);
+  r.opt_level = colon == std::string::npos ? "" : rest.substr(colon + 1);
+  MP_CHECK(r.precision == "fp32" || r.precision == "fp16" || r.precision == "bf16", "--runs: unknown precision '",
+           r.precision, "' in '", item, "'; expected fp32, fp16 or bf16, optionally with an opt level (bf16:O1)");
+  return r;
 }
 
 // Mean of each consecutive window of `w` values (curves stay readable at thousands of steps).
@@ -56,7 +68,10 @@ tr::Series smoothed(const std::string& title, const std::vector<double>& v, size
 
 tr::TrainConfig compare_run_config(const tr::TrainConfig& base, const std::string& item, const std::string& report) {
   tr::TrainConfig c = base;
-  std::tie(c.precision, c.opt_level) = parse_run(item);
+  const RunItem r = parse_run(item);
+  c.precision = r.precision;
+  c.opt_level = r.opt_level;
+  c.stochastic_rounding = r.stochastic_rounding;
   if (!report.empty()) {
     std::string stem = item;
     for (char& ch : stem)
@@ -148,8 +163,11 @@ void add_compare_command(CLI::App& app) {
     std::string report = "report";
   };
   auto a = std::make_shared<Args>();
-  add_config_options(cmd, a->config, {"precision", "opt_level", "label", "log", "checkpoint_dir", "resume"});
-  cmd->add_option("--runs", a->runs, "precisions to compare, optionally with opt levels: fp32 bf16 bf16:O1 fp16:O2")
+  add_config_options(cmd, a->config,
+                     {"precision", "opt_level", "stochastic_rounding", "label", "log", "checkpoint_dir", "resume"});
+  cmd->add_option("--runs", a->runs,
+                  "precisions to compare, optionally with opt levels and, for O3, stochastic rounding (+sr): fp32 "
+                  "bf16 bf16:O1 fp16:O2 bf16:O3+sr")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--report", a->report, "folder for compare.md, compare.json, run logs and plots ('' = none)")

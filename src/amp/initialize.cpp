@@ -75,6 +75,10 @@ AmpOptions resolve(const AmpOptions& in) {
       if (!o.master_weights) o.master_weights = false;
       break;
   }
+  MP_CHECK(!o.stochastic_rounding || ((o.opt_level == OptLevel::O2 || o.opt_level == OptLevel::O3) && !*o.master_weights),
+           "amp: stochastic rounding applies to 16-bit weights without f32 masters (O3, or O2 with master_weights ",
+           "off); ", opt_level_name(o.opt_level), *o.master_weights ? " keeps f32 masters" : " keeps f32 weights",
+           ", which need none: drop stochastic rounding or use O3");
   switch (o.loss_scale->kind) {
     case LossScale::Kind::dynamic:
       o.scaler.enabled = true;
@@ -119,6 +123,7 @@ std::string AmpSetup::describe() const {
   if (o.opt_level == OptLevel::O2 || o.opt_level == OptLevel::O3)
     os << (*o.keep_batchnorm_fp32 ? ", batch norm f32" : ", batch norm 16-bit");
   if (*o.master_weights) os << ", f32 master weights";
+  if (o.stochastic_rounding) os << ", stochastic rounding";
   os << ", loss scale " << o.loss_scale->str();
   return os.str();
 }
@@ -153,6 +158,7 @@ AmpOptions prepare(nn::Module& model, optim::Optimizer& optimizer, const AmpOpti
     }
   }
   optimizer.set_master_weights(*o.master_weights);
+  optimizer.set_stochastic_rounding(o.stochastic_rounding, o.rounding_seed);
   return o;
 }
 

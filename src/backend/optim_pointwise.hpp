@@ -11,13 +11,16 @@
 // extends this without touching the formulas:
 //   * loss-scale unscaling is already here: g is multiplied by grad_scale_inv first (1 = none);
 //   * an FP32 master copy is a second source/destination of w in the loop: load w from the master
-//     instead of the parameter, store the result to the master and (rounded) to the parameter.
+//     instead of the parameter, store the result to the master and (rounded) to the parameter;
+//   * a 16-bit parameter without a master may be rounded stochastically when stored (`rounding`,
+//     Note [stochastic rounding] in mp/core/stochastic_round.hpp); the formulas do not change.
 // Formulas and their order follow PyTorch's single-tensor (foreach=False) implementations, so a
 // step in f32 matches torch.optim to f32 rounding.
 #include <cmath>
 #include <cstdint>
 
 #include "mp/core/macros.hpp"
+#include "mp/core/stochastic_round.hpp"
 
 namespace mp::backend {
 
@@ -30,6 +33,7 @@ struct SgdStepParams {
   bool nesterov = false;
   bool first_step = false;      ///< the momentum buffer is new: buf = g (PyTorch clones the gradient)
   double grad_scale_inv = 1.0;  ///< g *= grad_scale_inv before anything else (loss-scale unscaling)
+  RoundingStream rounding;      ///< on: a 16-bit parameter without master is rounded stochastically
 };
 
 /// Hyper-parameters of one Adam/AdamW update (PyTorch's torch.optim.Adam / AdamW).
@@ -43,6 +47,7 @@ struct AdamStepParams {
   bool amsgrad = false;
   int64_t step = 1;             ///< step count after this update (for bias correction)
   double grad_scale_inv = 1.0;  ///< g *= grad_scale_inv before anything else
+  RoundingStream rounding;      ///< on: a 16-bit parameter without master is rounded stochastically
 };
 
 /// SGD with momentum/dampening/nesterov/weight decay:

@@ -52,9 +52,11 @@ namespace detail {
 template <class Options>
 void AdamBase<Options>::step() {
   autograd::NoGradGuard ng;
+  size_t t = 0;  // p's index in parameters()
   for (const auto& group : this->groups_) {
     const Options& o = group.options;
     for (const Tensor& p : group.params) {
+      const size_t index = t++;
       const Tensor g = this->grad_for_step(p, this->name_);
       if (!g.defined()) continue;
       ParamState& st = this->state_for(p);
@@ -71,7 +73,8 @@ void AdamBase<Options>::step() {
                                        .decoupled_weight_decay = decoupled_,
                                        .amsgrad = o.amsgrad,
                                        .step = st.step,
-                                       .grad_scale_inv = this->grad_scale_inv()};
+                                       .grad_scale_inv = this->grad_scale_inv(),
+                                       .rounding = this->rounding_for(st.step, index)};
       this->update_in_place(p,
                             [&](const Tensor& w) { backend::adam_step_kernel.get(w.device())(w, master, g, m, v, vmax, hp); });
     }

@@ -34,9 +34,11 @@ void validate_options(const SGDOptions& o) {
 
 void SGD::step() {
   autograd::NoGradGuard ng;
+  size_t t = 0;  // p's index in parameters()
   for (const auto& group : groups_) {
     const SGDOptions& o = group.options;
     for (const Tensor& p : group.params) {
+      const size_t index = t++;
       const Tensor g = grad_for_step(p, "SGD");
       if (!g.defined()) continue;
       ParamState& st = state_for(p);
@@ -50,6 +52,7 @@ void SGD::step() {
       if (o.momentum != 0.0) buf = state_buffer(st, p, "momentum_buffer", &hp.first_step);
       const Tensor master = master_for_step(st, p);
       ++st.step;
+      hp.rounding = rounding_for(st.step, index);
       update_in_place(p, [&](const Tensor& w) { backend::sgd_step_kernel.get(w.device())(w, master, g, buf, hp); });
     }
   }

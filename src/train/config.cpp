@@ -122,6 +122,11 @@ void validate(const TrainConfig& c) {
              " does not fit --precision ", c.precision, ": O0 is fp32, O1-O3 need fp16 or bf16");
   }
   if (!c.loss_scale.empty()) (void)amp::LossScale::parse(c.loss_scale);
+  MP_CHECK(!c.stochastic_rounding || (c.precision != "fp32" && !c.opt_level.empty() &&
+                                      amp::opt_level_from_string(c.opt_level) == amp::OptLevel::O3),
+           "--stochastic_rounding needs --opt_level O3 with --precision fp16 or bf16 (16-bit weights without f32 ",
+           "masters), got --precision ", c.precision, " --opt_level ", c.opt_level.empty() ? "(default)" : c.opt_level,
+           "; O2 keeps f32 masters, which need no stochastic rounding");
   (void)run_device(c);
   (void)float32_matmul_precision_from_string(c.matmul_precision);
   MP_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint_dir (the folder holding ",
@@ -134,7 +139,7 @@ std::string run_label(const TrainConfig& c) {
   if (!c.label.empty()) return c.label;
   if (c.precision == "fp32") return "fp32";
   const std::string level = c.opt_level.empty() ? "O2" : amp::opt_level_name(amp::opt_level_from_string(c.opt_level));
-  return c.precision + " " + level;
+  return c.precision + " " + level + (c.stochastic_rounding ? " SR" : "");
 }
 
 }  // namespace mp::train

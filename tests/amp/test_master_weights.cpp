@@ -9,8 +9,13 @@
 // (bf16) and at d equal to those half-ulps (ties go to the even mantissa, which is 1.0's).
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "mp/mp.hpp"
@@ -135,6 +140,103 @@ TEST(MasterWeights, AdamSmallStepsAccumulateOnlyWithMasters) {
     for (double v : values(opt.master(p))) EXPECT_NEAR(v, 1.0 + 40 * lr, 1e-5);
     EXPECT_TRUE(bitwise_equal(p.detach(), opt.master(p).to(DType::f16)));
   }
+}
+
+// ----------------------------------------------- stochastic rounding instead of masters (O3)
+
+namespace {
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+// 64 SGD steps of +2^log2_update on n 16-bit ones without masters, rounding stochastically (seed 9).
+Tensor sr_run(const SmallCase& c, int64_t n, uint64_t seed = 9) {
+  Tensor p = ones_param(n, c.dtype);
+  optim::SGD opt({p}, {.lr = std::ldexp(1.0, c.log2_update)});
+  opt.set_stochastic_rounding(true, seed);
+  for (int k = 0; k < 64; ++k) {
+    p.set_grad(full({n}, -1.0, {.dtype = c.dtype}));
+    opt.step();
+  }
+  return p.detach();
+}
+
+}  // namespace
+
+TEST(MasterWeights, UpdatesBelowHalfAnUlpSurviveInExpectationWithStochasticRounding) {
+  // Note [stochastic rounding]. The updates that nearest-even rounding loses entirely (the tests above)
+  // move each weight by their sum on average: 64 x 2^-9 = 0.125 in bf16 (a quarter ulp per step), 64 x
+  // 2^-12 = 2^-6 in f16. Each step adds a rounding error of mean 0 and variance <= ulp^2 / 4, so a weight's
+  // 64-step sum has standard deviation <= 4 ulp, and the mean of 4096 weights <= ulp / 16: bf16 4.9e-4,
+  // f16 6.1e-5. The test allows 10 standard deviations (deterministic anyway: the seed is fixed).
+  for (const SmallCase& c : {kBf16, kF16}) {
+    const double want = 1.0 + 64 * std::ldexp(1.0, c.log2_update);
+    const double ulp = c.dtype == DType::bf16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+    const std::vector<double> w = values(sr_run(c, 4096));
+    EXPECT_NEAR(mean(w), want, 10 * ulp / 16) << dtype_name(c.dtype);
+    // The weights spread over several 16-bit values around the expectation, none below 1.
+    std::set<double> distinct(w.begin(), w.end());
+    EXPECT_GE(distinct.size(), 3u) << dtype_name(c.dtype);
+    EXPECT_GE(*distinct.begin(), 1.0);
+  }
+}
+
+TEST(MasterWeights, StochasticRoundingIsReproducibleAndIgnoredWithMasters) {
+  // The same seed gives the same bits, with one thread or several (the random words depend on the
+  // element's index only); another seed gives other bits.
+  const int64_t n = int64_t{1} << 18;  // large enough for the parallel loop
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Tensor one = sr_run(kBf16, n);
+  omp_set_num_threads(std::max(2, threads));
+  const Tensor many = sr_run(kBf16, n);
+  omp_set_num_threads(threads);
+  EXPECT_TRUE(bitwise_equal(one, many));
+  EXPECT_FALSE(bitwise_equal(one, sr_run(kBf16, n, 10)));
+  // With f32 masters the parameter is the master rounded to nearest even, stochastic rounding or not.
+  Tensor p = ones_param(64, DType::bf16);
+  optim::SGD opt({p}, {.lr = std::ldexp(1.0, -9)});
+  opt.set_master_weights(true);
+  opt.set_stochastic_rounding(true, 9);
+  for (int k = 0; k < 5; ++k) {
+    p.set_grad(full({64}, -1.0, {.dtype = DType::bf16}));
+    opt.step();
+  }
+  EXPECT_TRUE(bitwise_equal(p.detach(), opt.master(p).to(DType::bf16)));
+}
+
+TEST(MasterWeights, AdamWithStochasticRoundingMovesBf16WeightsWithoutMasters) {
+  // Adam's steps of ~lr = 2^-10 (an eighth of bf16's ulp at 1): lost with nearest-even rounding
+  // (AdamSmallStepsAccumulateOnlyWithMasters), kept on average with stochastic rounding.
+  const double lr = std::ldexp(1.0, -10);
+  Tensor p = ones_param(4096, DType::bf16);
+  optim::Adam opt({p}, {.lr = lr});
+  opt.set_stochastic_rounding(true, 3);
+  const Tensor g = full({4096}, -0.5, {.dtype = DType::bf16});
+  for (int k = 0; k < 40; ++k) {
+    p.set_grad(g.clone());
+    opt.step();
+  }
+  // 40 steps of lr (to 1e-7 relative, as above); the mean of 4096 weights is within 10 x ulp / 2^4.
+  EXPECT_NEAR(mean(values(p)), 1.0 + 40 * lr, 10 * std::ldexp(1.0, -7) / 16);
+}
+
+TEST(MasterWeights, AmpOptionsChecksStochasticRounding) {
+  auto model = std::make_shared<nn::Linear>(4, 3);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  try {
+    amp::initialize(model, opt, {.opt_level = amp::OptLevel::O2, .dtype = DType::bf16, .stochastic_rounding = true});
+    FAIL() << "O2 with stochastic rounding was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use O3"), std::string::npos) << e.what();
+  }
+  amp::AmpSetup s = amp::initialize(model, opt, {.opt_level = amp::OptLevel::O3, .dtype = DType::bf16,
+                                                 .stochastic_rounding = true, .rounding_seed = 5});
+  EXPECT_TRUE(opt.stochastic_rounding());
+  EXPECT_NE(s.describe().find("stochastic rounding"), std::string::npos) << s.describe();
 }
 
 // ------------------------------------------------------------------------- optimizer plumbing

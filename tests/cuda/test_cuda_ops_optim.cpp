@@ -178,6 +178,49 @@ TEST(CudaOptim, AdamAndAdamWStepsMatchTheCpu) {
   }
 }
 
+// Note [stochastic rounding]: 16-bit parameters without masters, rounded with the same random words per
+// element on both devices (SGD and Adam; the vector path and the element-wise tail). The f32 values
+// before rounding may differ by the FMA contraction's few f32 ulps (see above), which moves the
+// outcome of an element's draw only when the draw falls within those ulps of its threshold: a chance
+// of ~2^-13 or less per element and step. So the parameters agree within one 16-bit ulp per step and
+// almost all elements bit for bit, while independent draws would disagree on about a third of them.
+TEST(CudaOptim, StochasticRoundingMatchesTheCpu) {
+  MP_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (bool adam : {false, true}) {
+      const std::string what = std::string(adam ? "Adam" : "SGD") + ", " + dtype_name(dt) + " params, stochastic rounding";
+      guarded(what, [&] {
+        const Twins t = make_params(dt);
+        std::unique_ptr<optim::Optimizer> copt, dopt;
+        if (adam) {
+          copt = std::make_unique<optim::Adam>(t.cpu, optim::AdamOptions{.lr = 1e-3});
+          dopt = std::make_unique<optim::Adam>(t.dev, optim::AdamOptions{.lr = 1e-3});
+        } else {
+          copt = std::make_unique<optim::SGD>(t.cpu, optim::SGDOptions{.lr = 1e-3, .momentum = 0.9});
+          dopt = std::make_unique<optim::SGD>(t.dev, optim::SGDOptions{.lr = 1e-3, .momentum = 0.9});
+        }
+        copt->set_stochastic_rounding(true, 77);
+        dopt->set_stochastic_rounding(true, 77);
+        for (int step = 1; step <= 3; ++step) {
+          set_grads(t, dt);
+          copt->step();
+          dopt->step();
+          int64_t n = 0, same = 0;
+          for (size_t i = 0; i < t.cpu.size(); ++i) {
+            const std::string w = what + " step " + std::to_string(step) + " param " + std::to_string(i);
+            EXPECT_TRUE(close(w, t.dev[i], t.cpu[i], param_tol(dt, false, step)));
+            const std::vector<double> c = t.cpu[i].to_vector<double>(), d = t.dev[i].to(kCPU).to_vector<double>();
+            for (size_t j = 0; j < c.size(); ++j) same += c[j] == d[j];
+            n += static_cast<int64_t>(c.size());
+          }
+          EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n))
+              << what << " step " << step << ": " << n - same << " of " << n << " elements rounded differently";
+        }
+      });
+    }
+  }
+}
+
 // =============================================================================== loss scaling
 
 TEST(CudaAmp, UnscaleMatchesTheCpuAndFindsInfNaNAnywhere) {

@@ -226,6 +226,22 @@ TEST(Trainer, AccumulatedBatchesMatchOneLargerBatch) {
   EXPECT_EQ(mp::train::train(small, sink).steps, 4 * big.steps);
 }
 
+TEST(Trainer, ExactResumeWithStochasticRounding) {
+  // O3 bf16 without masters, rounded stochastically: the random bits follow from (seed, step, tensor,
+  // element), so the resumed run draws what the uninterrupted one did.
+  TrainConfig c = image_config("bf16");
+  c.opt_level = "O3";
+  c.stochastic_rounding = true;
+  expect_exact_resume(c, 7, "img_bf16_o3_sr");
+  // ... and the rounding is in effect: the third step's loss differs from nearest-even rounding's.
+  c.epochs = 1;
+  c.max_steps_per_epoch = 3;
+  std::ostringstream sink;
+  const double with = mp::train::train(c, sink).step_losses.back();
+  c.stochastic_rounding = false;
+  EXPECT_NE(mp::train::train(c, sink).step_losses.back(), with);
+}
+
 TEST(Trainer, ExactResumeWithGradientAccumulation) {
   TrainConfig c = image_config("bf16");  // O2: the 16-bit gradients accumulate in f32
   c.batch_size = 16;
@@ -349,6 +365,9 @@ TEST(Trainer, ValidationNamesTheProblem) {
   c.lstm_impl = "basic";
   c.model = "gru";
   EXPECT_NE(message(c).find("applies to --model lstm"), std::string::npos) << message(c);
+  c = image_config("bf16");
+  c.stochastic_rounding = true;  // O2 (the default) keeps f32 masters
+  EXPECT_NE(message(c).find("--stochastic_rounding needs --opt_level O3"), std::string::npos) << message(c);
   c = image_config("fp32");
   c.grad_accum = 0;
   EXPECT_NE(message(c).find("--grad_accum must be positive, got 0"), std::string::npos) << message(c);

@@ -37,6 +37,10 @@ struct AmpOptions {
   std::optional<LossScale> loss_scale;       ///< default: dynamic for f16 O1/O2, none for bf16, none for O0/O3
   std::optional<bool> keep_batchnorm_fp32;   ///< default: true for O2, false for O3 (O0/O1 keep every weight f32)
   std::optional<bool> master_weights;        ///< default: true for O2
+  /// Round the 16-bit weights that have no master (O3, or master_weights off) stochastically after each
+  /// update (Note [stochastic rounding]); needs such weights. The Philox stream is `rounding_seed`.
+  bool stochastic_rounding = false;
+  uint64_t rounding_seed = 0;                ///< seed of the stochastic rounding's random bits
   GradScalerOptions scaler;                  ///< growth/backoff/interval/hysteresis of the dynamic scale
 };
 

@@ -139,9 +139,9 @@ MP_HD MP_FORCE_INLINE float philox_to_normal(uint32_t w0, uint32_t w1, bool seco
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   const double u1 = (static_cast<double>(w0) + 1.0) * kTwoPow32Inv;  // (0, 1]
   const double u2 = static_cast<double>(w1) * kTwoPow32Inv;          // [0, 1)
-  const double r = sqrt(-2.0 * log(u1));
+  const double r = ::sqrt(-2.0 * ::log(u1));
   const double t = kTwoPi * u2;
-  return static_cast<float>(second ? r * sin(t) : r * cos(t));
+  return static_cast<float>(second ? r * ::sin(t) : r * ::cos(t));
 }
 
 /// Element i of a uniform [0, 1) tensor drawn at (seed, offset); same value on every device.

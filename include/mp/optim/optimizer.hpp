@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "mp/core/stochastic_round.hpp"
 #include "mp/nn/state_dict.hpp"
 #include "mp/tensor/tensor.hpp"
 
@@ -83,6 +84,17 @@ class Optimizer {
   void set_master_weights(bool on) { master_weights_ = on; }
   /// Whether 16-bit parameters get f32 masters.
   bool master_weights() const { return master_weights_; }
+  /// Round the 16-bit parameters that have no f32 master (O3) stochastically after each update, so
+  /// updates below half an ulp survive in expectation (Note [stochastic rounding]). The random bits come
+  /// from the Philox stream `seed`: element i of the t-th parameter (in the order of parameters()) at its
+  /// step s uses draw i of sub-stream (s, t), so a run is reproducible and a resume continues it exactly.
+  /// Not part of state dicts: set it again after loading one (amp::initialize does).
+  void set_stochastic_rounding(bool on, uint64_t seed = 0) {
+    rounding_on_ = on;
+    rounding_seed_ = seed;
+  }
+  /// Whether 16-bit parameters without masters are rounded stochastically.
+  bool stochastic_rounding() const { return rounding_on_; }
   /// The f32 master of p (undefined when p has none yet).
   Tensor master(const Tensor& p) const;
   /// Use `master` (f32, p's shape) as p's master weights from now on (amp::initialize hands in the
@@ -112,6 +124,11 @@ class Optimizer {
   /// The f32 master of p for this step when master weights are on and p is 16-bit (created from p's
   /// value on first use), else an undefined tensor.
   Tensor master_for_step(ParamState& st, const Tensor& p);
+  /// The rounding of the t-th parameter's update at step `step` (off unless set_stochastic_rounding).
+  RoundingStream rounding_for(int64_t step, size_t t) const {
+    return {.on = rounding_on_, .seed = rounding_seed_, .step = static_cast<uint32_t>(step),
+            .tensor = static_cast<uint32_t>(t)};
+  }
   /// Move the state of `from` to `to` (for replace_parameter).
   void move_state(const Tensor& from, const Tensor& to);
   /// Check a parameter about to join a group: defined, floating, a leaf, not already present.
@@ -126,6 +143,8 @@ class Optimizer {
   std::unordered_map<const TensorImpl*, ParamState> state_;
   bool master_weights_ = false;
   double grad_scale_inv_ = 1.0;
+  bool rounding_on_ = false;
+  uint64_t rounding_seed_ = 0;
 };
 
 /// The state dtype of a parameter: f64 for f64 parameters, f32 otherwise.

@@ -37,6 +37,7 @@ struct TrainConfig {
   std::string precision = "fp32";          ///< fp32, fp16 or bf16
   std::string opt_level;                   ///< O0..O3; empty = O0 for fp32, O2 for fp16/bf16
   std::string loss_scale;                  ///< dynamic, none or a number; empty = the opt level's default
+  bool stochastic_rounding = false;        ///< O3: round the 16-bit weights' updates stochastically
   // ---- word LM ----
   int64_t bptt = 35;                       ///< truncated back-propagation window (tokens)
   int64_t embed_size = 200;                ///< word embedding size
@@ -88,6 +89,9 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("precision", c.precision, "fp32, fp16 or bf16");
   f("opt_level", c.opt_level, "O0, O1, O2 or O3 (default: O0 for fp32, O2 for fp16/bf16)");
   f("loss_scale", c.loss_scale, "dynamic, none or a number (default: dynamic for fp16, none for bf16)");
+  f("stochastic_rounding", c.stochastic_rounding,
+    "O3: round the 16-bit weights stochastically after each update, so updates below half an ulp survive "
+    "in expectation (there are no f32 masters to keep them)");
   f("bptt", c.bptt, "word LM: truncated back-propagation window in tokens");
   f("embed_size", c.embed_size, "word LM: embedding size");
   f("hidden_size", c.hidden_size, "word LM: recurrent state size");
@@ -122,7 +126,7 @@ void validate(const TrainConfig& c);
 bool is_text_task(const TrainConfig& c);
 /// The device of the config (throws naming --device when it does not parse or, for cuda, does not exist).
 Device run_device(const TrainConfig& c);
-/// "fp32", "bf16 O2", ... (the label of a run in tables).
+/// "fp32", "bf16 O2", "bf16 O3 SR" (stochastic rounding), ... (the label of a run in tables).
 std::string run_label(const TrainConfig& c);
 
 /// Per-epoch statistics.

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cpu/loops.hpp"
 #include "backend/optim_kernels.hpp"
@@ -42,12 +43,15 @@ struct WeightIO {
   DType param_dtype;
   int64_t param_size;
   C* master;  // null: no master
-  WeightIO(const Tensor& p, const Tensor& m)
+  RoundingStream rounding;  // on only for a 16-bit parameter without master (Note [stochastic rounding])
+  WeightIO(const Tensor& p, const Tensor& m, const RoundingStream& r)
       : param(static_cast<char*>(p.raw_data())),
         param_dtype(p.dtype()),
         param_size(static_cast<int64_t>(dtype_size(p.dtype()))),
         master(m.defined() ? static_cast<C*>(m.raw_data()) : nullptr) {
     if (m.defined()) check_state<C>(p, m, "optimizer step: master weights");
+    rounding = r;
+    rounding.on = r.on && master == nullptr && (param_dtype == DType::f16 || param_dtype == DType::bf16);
   }
   // Current weights of block [j0, j0+len) as C (a pointer into param/master or into buf).
   const C* load(int64_t j0, int64_t len, C* buf) const {
@@ -61,7 +65,23 @@ struct WeightIO {
   }
   // Publish the new weights of the block to the parameter when they were not written there directly.
   void store(int64_t j0, int64_t len, const C* vals) const {
+    if (rounding.on) {
+      if constexpr (std::is_same_v<C, float>) {
+        if (param_dtype == DType::bf16) return store_stochastic<BFloat16>(j0, len, vals);
+        return store_stochastic<Half>(j0, len, vals);
+      }
+    }
     if (master != nullptr || param_dtype != dtype_of<C>()) store_block<C>(param + j0 * param_size, 1, param_dtype, len, vals);
+  }
+  // Element i = j0 + j takes word i % 4 of the stream's block i / 4 (j0 is a multiple of kBlock, so of 4).
+  template <class T>
+  void store_stochastic(int64_t j0, int64_t len, const float* vals) const {
+    static_assert(kBlock % 4 == 0, "a block must start on a Philox block boundary");
+    auto* out = reinterpret_cast<uint16_t*>(param) + j0;
+    for (int64_t j = 0; j < len; j += 4) {
+      const U32x4 r = rounding_block(rounding, static_cast<uint64_t>(j0 + j) / 4);
+      for (int64_t k = 0; k < 4 && j + k < len; ++k) out[j + k] = stochastic_round<T>(vals[j + k], r.v[k]).bits();
+    }
   }
 };
 
@@ -81,7 +101,7 @@ void sgd_step_impl(const Tensor& param, const Tensor& master, const Tensor& grad
   const SgdStepFn<C> f(p);
   MP_ASSERT(!f.use_momentum || momentum_buffer.defined(), "sgd_step: momentum needs a momentum buffer");
   if (momentum_buffer.defined()) check_state<C>(param, momentum_buffer, "sgd_step: momentum_buffer");
-  const WeightIO<C> io(param, master);
+  const WeightIO<C> io(param, master, p.rounding);
   const char* pg = static_cast<const char*>(grad.raw_data());
   C* pb = momentum_buffer.defined() ? static_cast<C*>(momentum_buffer.raw_data()) : nullptr;
   const DType gdt = grad.dtype();
@@ -116,7 +136,7 @@ void adam_step_impl(const Tensor& param, const Tensor& master, const Tensor& gra
   check_state<C>(param, exp_avg_sq, "adam_step: exp_avg_sq");
   MP_ASSERT(!p.amsgrad || max_exp_avg_sq.defined(), "adam_step: amsgrad needs max_exp_avg_sq");
   if (p.amsgrad) check_state<C>(param, max_exp_avg_sq, "adam_step: max_exp_avg_sq");
-  const WeightIO<C> io(param, master);
+  const WeightIO<C> io(param, master, p.rounding);
   const char* pg = static_cast<const char*>(grad.raw_data());
   C* pm = static_cast<C*>(exp_avg.raw_data());
   C* pv = static_cast<C*>(exp_avg_sq.raw_data());

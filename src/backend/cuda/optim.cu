@@ -7,7 +7,8 @@
 //
 // Each thread handles V consecutive elements per grid-stride step (V = 16 bytes of C) with vector
 // loads and stores when every operand is aligned to its vector, else one element per step.
-// Instantiated per (C, parameter dtype, gradient dtype).
+// Instantiated per (C, parameter dtype, gradient dtype). A 16-bit parameter without master may be
+// rounded stochastically (Note [stochastic rounding]), with the same random bits per element as the CPU.
 #include <type_traits>
 
 #include "backend/cuda/loops.cuh"
@@ -39,6 +40,7 @@ struct StepOperands {
   C* s1;  // Adam: exp_avg_sq
   C* s2;  // Adam: max_exp_avg_sq (amsgrad)
   int64_t n;
+  RoundingStream rounding;  // on only for a 16-bit parameter without master (Note [stochastic rounding])
 };
 
 // Update elements [i, i + V) with step(w, g, s0, s1, s2) -> new w; the state pointers that are null
@@ -73,6 +75,17 @@ __device__ MP_FORCE_INLINE void update(const StepOperands<C, TP, TG>& o, int64_t
     store_n<V>(o.param + i, w);
   } else {
     TP pw[V];
+    if constexpr (std::is_same_v<C, float> && (std::is_same_v<TP, Half> || std::is_same_v<TP, BFloat16>)) {
+      if (o.rounding.on) {
+        // element i + j takes word (i + j) % 4 of block (i + j) / 4 (V is 4 or 1, i a multiple of V)
+        static_assert(V == 4 || V == 1);
+        const U32x4 r = rounding_block(o.rounding, static_cast<uint64_t>(i) / 4);
+#pragma unroll
+        for (int j = 0; j < V; ++j) pw[j] = stochastic_round<TP>(w[j], r.v[V == 4 ? j : i % 4]);
+        store_n<V>(o.param + i, pw);
+        return;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < V; ++j) pw[j] = device_cast<TP>(w[j]);
     store_n<V>(o.param + i, pw);
@@ -117,7 +130,7 @@ void check_state(const Tensor& param, const Tensor& s, const char* what) {
 // Launch the step for parameter type TP and the gradient's dtype.
 template <class C, class TP, class Step>
 void launch_step(const Tensor& param, const Tensor& master, const Tensor& grad, C* s0, C* s1, C* s2,
-                 const Step& step) {
+                 const RoundingStream& rounding, const Step& step) {
   constexpr int V = kVecBytes / static_cast<int>(sizeof(C));
   const int64_t n = param.numel();
   if (n == 0) return;
@@ -125,7 +138,8 @@ void launch_step(const Tensor& param, const Tensor& master, const Tensor& grad, 
   visit_floating(grad.dtype(), "optimizer step", [&]<class TG>() {
     StepOperands<C, TP, TG> o{static_cast<TP*>(param.raw_data()),
                               master.defined() ? static_cast<C*>(master.raw_data()) : nullptr,
-                              static_cast<const TG*>(grad.raw_data()), s0, s1, s2, n};
+                              static_cast<const TG*>(grad.raw_data()), s0, s1, s2, n, rounding};
+    o.rounding.on = rounding.on && !master.defined() && (std::is_same_v<TP, Half> || std::is_same_v<TP, BFloat16>);
     const bool vectorized = is_aligned(o.param, V * sizeof(TP)) && is_aligned(o.grad, V * sizeof(TG)) &&
                             is_aligned(o.master, V * sizeof(C)) && is_aligned(s0, V * sizeof(C)) &&
                             is_aligned(s1, V * sizeof(C)) && is_aligned(s2, V * sizeof(C));
@@ -167,7 +181,9 @@ void sgd_step_impl(const Tensor& param, const Tensor& master, const Tensor& grad
   if (master.defined()) check_state<C>(param, master, "optimizer step: master weights");
   // Without momentum the buffer is neither read nor written (the CPU writes back the unchanged values).
   C* buf = momentum_buffer.defined() && step.f.use_momentum ? static_cast<C*>(momentum_buffer.raw_data()) : nullptr;
-  visit_param<C>(param, [&]<class TP>() { launch_step<C, TP>(param, master, grad, buf, nullptr, nullptr, step); });
+  visit_param<C>(param, [&]<class TP>() {
+    launch_step<C, TP>(param, master, grad, buf, nullptr, nullptr, p.rounding, step);
+  });
 }
 
 template <class C>
@@ -182,7 +198,7 @@ void adam_step_impl(const Tensor& param, const Tensor& master, const Tensor& gra
   C* vmax = p.amsgrad ? static_cast<C*>(max_exp_avg_sq.raw_data()) : nullptr;
   visit_param<C>(param, [&]<class TP>() {
     launch_step<C, TP>(param, master, grad, static_cast<C*>(exp_avg.raw_data()), static_cast<C*>(exp_avg_sq.raw_data()),
-                       vmax, step);
+                       vmax, p.rounding, step);
   });
 }
 
