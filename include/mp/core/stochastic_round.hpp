@@ -9,8 +9,9 @@ namespace mp {
 
 // Note [stochastic rounding]
 // A 16-bit weight updated without an f32 master (O3) loses every update smaller than half its ulp
-// (2^-9 of the weight in bf16, 2^-12 in f16): rounding to nearest sends w + u back to w, step after step,
-// and training stalls once the updates are small (late in a schedule, or with a small learning rate).
+// (2^-8 of the weight's power of two in bf16, 2^-11 in f16): rounding to nearest sends w + u back to w
+// step after step, and training stalls once the updates are small (late in a schedule, or with a small
+// learning rate).
 // Stochastic rounding keeps such updates in expectation: x between the neighbouring 16-bit values
 // lo < x < hi (by magnitude) becomes hi with probability (|x| - |lo|) / (|hi| - |lo|), else lo, so
 // E[round(x)] = x and a long run of small updates moves the weight by their sum on average (Gupta et al.
