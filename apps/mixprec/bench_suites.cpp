@@ -5,7 +5,8 @@
 //                 (oneDNN's on the CPU, cuDNN's on CUDA)
 //   lstm-sweep    word LM over layers x batch x cells: TFLOP/s end to end and in matmuls alone
 //   resnets       ResNet-18..152, fp32 vs mixed: step time, time scaled to fp32, largest batch in a budget
-//   opt-levels    a Wide-ResNet trained at O0..O3 in bf16 and fp16: time, memory, accuracy
+//   opt-levels    a Wide-ResNet trained at O0..O3 in bf16 and fp16 (O3 also with stochastic rounding): time,
+//                 memory, accuracy
 // Every step time comes from run_bench_step (bench_step.hpp) in this process; with PyTorch available
 // (bench/pytorch/bench_step.py and a python with torch) the step suites time the same configuration
 // in PyTorch right after ours and add the ratio. --quick sizes finish in minutes on a 2-core CPU.
@@ -665,11 +666,13 @@ void add_bench_suites(CLI::App* bench) {
     auto a = std::make_shared<SuiteArgs>();
     auto c = std::make_shared<tr::TrainConfig>();
     auto runs = std::make_shared<std::vector<std::string>>(std::vector<std::string>{
-        "fp32", "bf16:O1", "bf16:O2", "bf16:O3", "fp16:O1", "fp16:O2", "fp16:O3"});
+        "fp32", "bf16:O1", "bf16:O2", "bf16:O3", "bf16:O3+sr", "fp16:O1", "fp16:O2", "fp16:O3", "fp16:O3+sr"});
     cmd->add_option("--report", a->report, "report folder (default report/bench-opt-levels)");
     cmd->add_flag("--quick", a->quick, "wrn-10-1 on 8,192 images for 1 epoch (full: wrn-16-4, 10 epochs, all data)");
     cmd->add_option("--train_subset", c->train_subset, "first N training images (default all; quick 8192)");
-    cmd->add_option("--runs", *runs, "precision:opt level list")->delimiter(',')->capture_default_str();
+    cmd->add_option("--runs", *runs, "precision:opt level list (+sr: O3 with stochastic rounding)")
+        ->delimiter(',')
+        ->capture_default_str();
     cmd->add_option("--model", c->model, "model (default wrn-16-4; quick wrn-10-1)");
     cmd->add_option("--epochs", c->epochs, "epochs (default 10; quick 1)");
     cmd->add_option("--data_dir", c->data_dir, "dataset folder");
