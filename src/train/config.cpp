@@ -105,6 +105,8 @@ void validate(const TrainConfig& c) {
   MP_CHECK(c.weight_decay >= 0 || c.weight_decay == -1, "--weight_decay must be >= 0 (or -1 for the task default), got ",
            c.weight_decay);
   check_non_negative("warmup_epochs", c.warmup_epochs);
+  MP_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label_smoothing must be in [0, 1), got ",
+           c.label_smoothing);
   MP_CHECK(c.clip_grad_norm >= 0 || c.clip_grad_norm == -1,
            "--clip_grad_norm must be >= 0 (or -1 for the task default), got ", c.clip_grad_norm);
   check_non_negative("checkpoint_every", c.checkpoint_every);

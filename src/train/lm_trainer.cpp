@@ -155,7 +155,7 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
         logits = y;
         state = s;
       }
-      Tensor loss = cross_entropy(logits.to(DType::f32), batch.target);
+      Tensor loss = cross_entropy(logits.to(DType::f32), batch.target, {.label_smoothing = c.label_smoothing});
       if (!loop.step(loss, b, static_cast<double>(batch.target.numel()), wait, state_tensors)) break;
     }
     if (!loop.end_training(wait)) break;

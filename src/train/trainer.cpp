@@ -48,14 +48,33 @@ amp::AmpOptions amp_options(const TrainConfig& c) {
   return o;
 }
 
+namespace {
+
+// One group with the config's weight decay, or (--no-decay_norm_and_bias) two: the parameters of two or
+// more dimensions with it, the 1-dim ones (biases, norm scales and shifts) without. Empty groups are left
+// out, so a model without 1-dim parameters keeps one group.
+template <class Opt, class Options>
+std::unique_ptr<optim::Optimizer> grouped(const TrainConfig& c, std::vector<Tensor> params, Options o) {
+  if (c.decay_norm_and_bias || o.weight_decay == 0) return std::make_unique<Opt>(std::move(params), o);
+  std::vector<optim::ParamGroup<Options>> groups(2);
+  for (Tensor& p : params) groups[p.dim() <= 1 ? 1 : 0].params.push_back(std::move(p));
+  groups[0].options = o;
+  groups[1].options = o;
+  groups[1].options.weight_decay = 0;
+  std::erase_if(groups, [](const auto& g) { return g.params.empty(); });
+  return std::make_unique<Opt>(std::move(groups), o);
+}
+
+}  // namespace
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params) {
   if (c.optimizer == "sgd")
-    return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
-                                                                             .weight_decay = c.weight_decay,
-                                                                             .nesterov = c.nesterov});
+    return grouped<optim::SGD>(c, std::move(params), optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
+                                                                       .weight_decay = c.weight_decay,
+                                                                       .nesterov = c.nesterov});
   if (c.optimizer == "adam")
-    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = c.lr, .weight_decay = c.weight_decay});
-  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
+    return grouped<optim::Adam>(c, std::move(params), optim::AdamOptions{.lr = c.lr, .weight_decay = c.weight_decay});
+  return grouped<optim::AdamW>(c, std::move(params), optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
 }
 
 std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim::Optimizer& opt, int64_t steps_per_epoch) {
@@ -236,7 +255,8 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
     for (int64_t b = first; b < batches; ++b) {
       std::optional<data::Batch> batch = loader.next();
       if (!batch) break;
-      Tensor loss = cross_entropy(setup.model(batch->input.to(dev)), batch->target.to(dev));
+      Tensor loss = cross_entropy(setup.model(batch->input.to(dev)), batch->target.to(dev),
+                                  {.label_smoothing = c.label_smoothing});
       if (!loop.step(loss, b, static_cast<double>(batch->target.size(0)), loader.wait_seconds())) break;
     }
     if (!loop.end_training(loader.wait_seconds())) break;

@@ -10,11 +10,14 @@
 #include <sstream>
 
 #include "mp/core/error.hpp"
+#include "mp/models/registry.hpp"
+#include "mp/optim/optimizer.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/run_log.hpp"
 #include "mp/train/safetensors.hpp"
 #include "mp/train/trainer.hpp"
 #include "test_util.hpp"
+#include "train/setup.hpp"
 
 namespace fs = std::filesystem;
 using mp::test::scratch_dir;
@@ -224,6 +227,55 @@ TEST(Trainer, AccumulatedBatchesMatchOneLargerBatch) {
   TrainConfig small = c;
   small.batch_size = c.batch_size / 4;
   EXPECT_EQ(mp::train::train(small, sink).steps, 4 * big.steps);
+}
+
+// --no-decay_norm_and_bias: the 1-dim parameters (biases, batch-norm scales and shifts) get a group of
+// their own without weight decay; the others keep it.
+TEST(Trainer, NormAndBiasParametersCanBeExemptFromWeightDecay) {
+  TrainConfig c = image_config("fp32");
+  c.optimizer = "sgd";
+  c.weight_decay = 5e-4;
+  c.decay_norm_and_bias = false;
+  auto model = mp::models::create_image_model("resnet8", {.in_channels = 1, .image_size = 12, .num_classes = 4});
+  const std::vector<mp::Tensor> params = model->parameters();
+  const auto opt = mp::train::detail::make_optimizer(mp::train::detail::with_task_defaults(c), params);
+  ASSERT_EQ(opt->num_param_groups(), 2u);
+  EXPECT_EQ(opt->group_options(0).at("weight_decay"), 5e-4);
+  EXPECT_EQ(opt->group_options(1).at("weight_decay"), 0.0);
+  for (const mp::Tensor& p : opt->group_params(0)) EXPECT_GE(p.dim(), 2);
+  for (const mp::Tensor& p : opt->group_params(1)) EXPECT_EQ(p.dim(), 1);
+  EXPECT_EQ(opt->group_params(0).size() + opt->group_params(1).size(), params.size());
+  EXPECT_GT(opt->group_params(1).size(), 0u);
+  c.decay_norm_and_bias = true;
+  EXPECT_EQ(mp::train::detail::make_optimizer(mp::train::detail::with_task_defaults(c), params)->num_param_groups(), 1u);
+  // End to end, in O2 (the optimizer's parameters are replaced by 16-bit ones group by group), through a
+  // checkpoint and a resume.
+  TrainConfig run = image_config("bf16");
+  run.decay_norm_and_bias = false;
+  expect_exact_resume(run, 5, "img_bf16_no_decay_norm_bias");
+}
+
+// --label_smoothing: the training loss is PyTorch's smoothed cross entropy; the run still learns, and the
+// evaluation reports the plain cross entropy (a checkpoint evaluated alone gives the same loss).
+TEST(Trainer, LabelSmoothingChangesTheTrainingLossOnly) {
+  TrainConfig c = image_config("fp32");
+  c.epochs = 1;
+  std::ostringstream sink;
+  const RunSummary plain = mp::train::train(c, sink);
+  c.label_smoothing = 0.2;
+  c.checkpoint_dir = scratch_dir("trainer", "label_smoothing").string();
+  const RunSummary smooth = mp::train::train(c, sink);
+  EXPECT_NE(smooth.step_losses.front(), plain.step_losses.front());
+  EXPECT_GT(smooth.val_metric, 0.8);
+  // The smoothed targets keep the loss away from 0: for 4 classes at e = 0.2 it cannot go below the
+  // entropy of (0.85, 0.05, 0.05, 0.05), 0.587.
+  for (double l : smooth.step_losses) ASSERT_GT(l, 0.587);
+  const mp::train::EvalResult ev = mp::train::evaluate_checkpoint(
+      (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string(), "test", nullptr, sink);
+  EXPECT_EQ(ev.loss, smooth.val_loss);
+  c.label_smoothing = 1.0;
+  EXPECT_NE(mp::test::error_of([&] { mp::train::validate(c); }).find("--label_smoothing must be in [0, 1)"),
+            std::string::npos);
 }
 
 TEST(Trainer, ExactResumeWithStochasticRounding) {

@@ -30,6 +30,8 @@ struct TrainConfig {
   double momentum = -1;                    ///< sgd momentum (-1 = task default: images 0.9, text 0)
   double weight_decay = -1;                ///< L2 (sgd/adam) or decoupled (adamw) decay (-1 = images 5e-4, text 0)
   bool nesterov = false;                   ///< sgd Nesterov momentum
+  bool decay_norm_and_bias = true;         ///< false: no weight decay on 1-dim parameters (biases, norm scales)
+  double label_smoothing = 0;              ///< training loss: cross entropy against (1 - e) one-hot + e / classes
   double warmup_epochs = 0;                ///< linear LR warm-up length in epochs (fractions allowed)
   std::string schedule = "cosine";         ///< after warm-up: constant, linear, cosine or step (x0.1 per third)
   double clip_grad_norm = -1;              ///< clip the gradient norm (0 = off; -1 = task default: images 0, text 0.25)
@@ -83,6 +85,12 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("momentum", c.momentum, "sgd momentum (-1 = task default: images 0.9, text 0)");
   f("weight_decay", c.weight_decay, "weight decay, L2 for sgd/adam, decoupled for adamw (-1 = task default: images 5e-4, text 0)");
   f("nesterov", c.nesterov, "sgd Nesterov momentum");
+  f("decay_norm_and_bias", c.decay_norm_and_bias,
+    "weight decay also on 1-dim parameters (biases, batch/layer norm scales); --no-decay_norm_and_bias exempts "
+    "them, as many recipes do");
+  f("label_smoothing", c.label_smoothing,
+    "training loss against (1 - e) one-hot + e / classes targets (PyTorch's label_smoothing; evaluation uses "
+    "the plain cross entropy)");
   f("warmup_epochs", c.warmup_epochs, "linear learning-rate warm-up, in epochs (fractions allowed)");
   f("schedule", c.schedule, "after warm-up: constant, linear, cosine or step (x0.1 after each third)");
   f("clip_grad_norm", c.clip_grad_norm, "clip the global gradient norm (0 = off, -1 = task default: images off, text 0.25)");
