@@ -1,5 +1,6 @@
 # Installs the already-built mixprec into WORK_DIR/prefix, then configures, builds and runs
-# a small outside project that uses find_package(mixprec) and links mixprec::mixprec.
+# a small outside project that uses find_package(mixprec) and links mixprec::mixprec; then moves the
+# prefix and runs the installed CLI from there (it must load the libmixprec installed beside it).
 file(REMOVE_RECURSE ${WORK_DIR})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -18,4 +19,23 @@ execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc OUTPUT_VAR
 message(STATUS "consumer printed: ${out}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "consumer ok")
   message(FATAL_ERROR "the consumer program failed (${rc}): ${out}")
+endif()
+
+# The installed CLI (when the build has one) from a moved prefix: its RUNPATH names $ORIGIN/../lib, not
+# the build tree, so it runs with the library installed beside it.
+if(EXISTS ${WORK_DIR}/prefix/bin/mixprec)
+  file(RENAME ${WORK_DIR}/prefix ${WORK_DIR}/moved)
+  execute_process(COMMAND ${WORK_DIR}/moved/bin/mixprec info RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "mixprec")
+    message(FATAL_ERROR "the installed CLI did not run from a moved prefix (${rc}): ${out}${err}")
+  endif()
+  find_program(LDD ldd)
+  if(LDD)
+    execute_process(COMMAND ${LDD} ${WORK_DIR}/moved/bin/mixprec OUTPUT_VARIABLE deps)
+    string(REGEX MATCH "libmixprec[^\n]*" line "${deps}")
+    if(NOT line MATCHES "${WORK_DIR}/moved/")
+      message(FATAL_ERROR "the installed CLI loads libmixprec from outside its prefix: ${line}")
+    endif()
+    message(STATUS "installed CLI: ${line}")
+  endif()
 endif()
