@@ -666,11 +666,13 @@ void add_bench_suites(CLI::App* bench) {
     auto a = std::make_shared<SuiteArgs>();
     auto c = std::make_shared<tr::TrainConfig>();
     auto runs = std::make_shared<std::vector<std::string>>(std::vector<std::string>{
-        "fp32", "bf16:O1", "bf16:O2", "bf16:O3", "bf16:O3+sr", "fp16:O1", "fp16:O2", "fp16:O3", "fp16:O3+sr"});
+        "fp32", "bf16:O1", "bf16:O2", "bf16:O3", "bf16:O3+sr", "fp16:O1", "fp16:O2", "fp16:O3", "fp16:O3+bn32",
+        "fp16:O3+sr"});
     cmd->add_option("--report", a->report, "report folder (default report/bench-opt-levels)");
     cmd->add_flag("--quick", a->quick, "wrn-10-1 on 8,192 images for 1 epoch (full: wrn-16-4, 10 epochs, all data)");
     cmd->add_option("--train_subset", c->train_subset, "first N training images (default all; quick 8192)");
-    cmd->add_option("--runs", *runs, "precision:opt level list (+sr: O3 with stochastic rounding)")
+    cmd->add_option("--runs", *runs, "precision:opt level list with compare's suffixes (+sr stochastic rounding, +bn32 "
+                    "keep_batchnorm_fp32: Apex's O3 speed baseline)")
         ->delimiter(',')
         ->capture_default_str();
     cmd->add_option("--model", c->model, "model (default wrn-16-4; quick wrn-10-1)");

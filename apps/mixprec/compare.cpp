@@ -26,19 +26,28 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// "fp32", "bf16", "bf16:O1", "fp16:O3", "bf16:O3+sr" -> (precision, opt level, stochastic rounding).
+// "fp32", "bf16", "bf16:O1", "fp16:O3", "bf16:O3+sr", "bf16:O3+bn32" -> (precision, opt level, Apex's
+// properties, stochastic rounding). Suffixes: +sr (stochastic rounding), +bn32 / +bn16 (keep_batchnorm_fp32
+// true / false), +masters / +nomasters (master_weights true / false), in any number and order.
 struct RunItem {
-  std::string precision, opt_level;
+  std::string precision, opt_level, keep_batchnorm_fp32, master_weights;
   bool stochastic_rounding = false;
 };
 RunItem parse_run(const std::string& item) {
-  std::string rest = item;
   RunItem r;
-  if (const auto plus = rest.find('+'); plus != std::string::npos) {
-    MP_CHECK(rest.substr(plus) == "+sr", "--runs: unknown suffix '", rest.substr(plus), "' in '", item,
-             "'; the only one is +sr (stochastic rounding, with O3: bf16:O3+sr)");
-    r.stochastic_rounding = true;
-    rest = rest.substr(0, plus);
+  const auto plus = item.find('+');
+  std::string rest = item.substr(0, plus);
+  for (size_t at = plus; at != std::string::npos;) {
+    const size_t next = item.find('+', at + 1);
+    const std::string suffix = item.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    if (suffix == "+sr") r.stochastic_rounding = true;
+    else if (suffix == "+bn32" || suffix == "+bn16") r.keep_batchnorm_fp32 = suffix == "+bn32" ? "true" : "false";
+    else if (suffix == "+masters" || suffix == "+nomasters") r.master_weights = suffix == "+masters" ? "true" : "false";
+    else
+      MP_FAIL("--runs: unknown suffix '", suffix, "' in '", item, "'; expected +sr (stochastic rounding), +bn32 or ",
+              "+bn16 (batch-norm weights f32 or 16-bit), +masters or +nomasters (f32 master weights or none), e.g. ",
+              "bf16:O3+bn32");
+    at = next;
   }
   const auto colon = rest.find(':');
   r.precision = rest.substr(0, colon);
@@ -72,6 +81,8 @@ tr::TrainConfig compare_run_config(const tr::TrainConfig& base, const std::strin
   c.precision = r.precision;
   c.opt_level = r.opt_level;
   c.stochastic_rounding = r.stochastic_rounding;
+  c.keep_batchnorm_fp32 = r.keep_batchnorm_fp32;
+  c.master_weights = r.master_weights;
   if (!report.empty()) {
     std::string stem = item;
     for (char& ch : stem)
@@ -164,10 +175,12 @@ void add_compare_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   add_config_options(cmd, a->config,
-                     {"precision", "opt_level", "stochastic_rounding", "label", "log", "checkpoint_dir", "resume"});
+                     {"precision", "opt_level", "keep_batchnorm_fp32", "master_weights", "stochastic_rounding", "label", "log",
+                      "checkpoint_dir", "resume"});
   cmd->add_option("--runs", a->runs,
-                  "precisions to compare, optionally with opt levels and, for O3, stochastic rounding (+sr): fp32 "
-                  "bf16 bf16:O1 fp16:O2 bf16:O3+sr")
+                  "precisions to compare, optionally with opt levels and suffixes: +sr (stochastic rounding), "
+                  "+bn32/+bn16 (keep_batchnorm_fp32 true/false), +masters/+nomasters (master_weights): fp32 bf16 "
+                  "bf16:O1 fp16:O2 bf16:O3+sr bf16:O3+bn32")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--report", a->report, "folder for compare.md, compare.json, run logs and plots ('' = none)")

@@ -124,11 +124,26 @@ void validate(const TrainConfig& c) {
              " does not fit --precision ", c.precision, ": O0 is fp32, O1-O3 need fp16 or bf16");
   }
   if (!c.loss_scale.empty()) (void)amp::LossScale::parse(c.loss_scale);
-  MP_CHECK(!c.stochastic_rounding || (c.precision != "fp32" && !c.opt_level.empty() &&
-                                      amp::opt_level_from_string(c.opt_level) == amp::OptLevel::O3),
-           "--stochastic_rounding needs --opt_level O3 with --precision fp16 or bf16 (16-bit weights without f32 ",
-           "masters), got --precision ", c.precision, " --opt_level ", c.opt_level.empty() ? "(default)" : c.opt_level,
-           "; O2 keeps f32 masters, which need no stochastic rounding");
+  // Apex's two properties of O2/O3: "true", "false" or unset (the level's default).
+  const bool sixteen_bit_weights =
+      c.precision != "fp32" && (c.opt_level.empty() || amp::opt_level_from_string(c.opt_level) != amp::OptLevel::O1);
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"keep_batchnorm_fp32", c.keep_batchnorm_fp32},
+                                    {"master_weights", c.master_weights}}) {
+    if (value.empty()) continue;
+    MP_CHECK(value == "true" || value == "false", "--", flag, " must be true or false, got '", value,
+             "' (leave it out for the opt level's default)");
+    MP_CHECK(sixteen_bit_weights, "--", flag, " applies to O2 and O3 (16-bit weights), got --precision ",
+             c.precision, c.opt_level.empty() ? std::string() : " --opt_level " + c.opt_level,
+             ": O0 and O1 keep every weight in f32");
+  }
+  const bool o3 = !c.opt_level.empty() && amp::opt_level_from_string(c.opt_level) == amp::OptLevel::O3;
+  const bool masters = c.master_weights.empty() ? !o3 : c.master_weights == "true";
+  MP_CHECK(!c.stochastic_rounding || (sixteen_bit_weights && !masters),
+           "--stochastic_rounding needs 16-bit weights without f32 masters (--opt_level O3, or O2 with ",
+           "--master_weights false) and --precision fp16 or bf16, got --precision ", c.precision, " --opt_level ",
+           c.opt_level.empty() ? "(default)" : c.opt_level,
+           c.master_weights.empty() ? std::string() : " --master_weights " + c.master_weights,
+           "; f32 masters keep the small updates themselves and need no stochastic rounding");
   (void)run_device(c);
   (void)float32_matmul_precision_from_string(c.matmul_precision);
   MP_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint_dir (the folder holding ",
@@ -141,7 +156,10 @@ std::string run_label(const TrainConfig& c) {
   if (!c.label.empty()) return c.label;
   if (c.precision == "fp32") return "fp32";
   const std::string level = c.opt_level.empty() ? "O2" : amp::opt_level_name(amp::opt_level_from_string(c.opt_level));
-  return c.precision + " " + level + (c.stochastic_rounding ? " SR" : "");
+  std::string label = c.precision + " " + level;
+  if (!c.keep_batchnorm_fp32.empty()) label += c.keep_batchnorm_fp32 == "true" ? " BN-f32" : " BN-16";
+  if (!c.master_weights.empty()) label += c.master_weights == "true" ? " masters" : " no-masters";
+  return label + (c.stochastic_rounding ? " SR" : "");
 }
 
 }  // namespace mp::train

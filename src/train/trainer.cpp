@@ -43,6 +43,8 @@ amp::AmpOptions amp_options(const TrainConfig& c) {
                                       : amp::opt_level_from_string(c.opt_level.empty() ? "O2" : c.opt_level);
   o.dtype = c.precision == "fp16" ? DType::f16 : DType::bf16;
   if (!c.loss_scale.empty()) o.loss_scale = amp::LossScale::parse(c.loss_scale);
+  if (!c.keep_batchnorm_fp32.empty()) o.keep_batchnorm_fp32 = c.keep_batchnorm_fp32 == "true";
+  if (!c.master_weights.empty()) o.master_weights = c.master_weights == "true";
   o.stochastic_rounding = c.stochastic_rounding;
   o.rounding_seed = c.seed;
   return o;

@@ -99,14 +99,14 @@ TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
   EXPECT_LT(fs::file_size(half), fs::file_size(ckpt));
 
   const fs::path report = dir / "report";
-  r = run("compare " + common + " --epochs 1 --runs fp32,bf16:O1,bf16:O3+sr --report " + report.string());
+  r = run("compare " + common + " --epochs 1 --runs fp32,bf16:O1,bf16:O3+bn32+sr --report " + report.string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("| fp32"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| bf16 O1"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("| bf16 O3 SR"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| bf16 O3 BN-f32 SR"), std::string::npos) << r.output;
   const Result bad = run("compare " + common + " --epochs 1 --runs bf16:O3+rs");
   EXPECT_NE(bad.code, 0);
-  EXPECT_CONTAINS(bad.output, "the only one is +sr");
+  EXPECT_CONTAINS(bad.output, "unknown suffix '+rs' in 'bf16:O3+rs'; expected +sr");
   EXPECT_TRUE(fs::exists(report / "compare.md"));
   EXPECT_TRUE(fs::exists(report / "compare.json"));
   EXPECT_TRUE(fs::exists(report / "fp32.jsonl"));

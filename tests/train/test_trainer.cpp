@@ -294,6 +294,51 @@ TEST(Trainer, ExactResumeWithStochasticRounding) {
   EXPECT_NE(mp::train::train(c, sink).step_losses.back(), with);
 }
 
+// Apex's properties of O2/O3 (--keep_batchnorm_fp32, --master_weights) decide the dtypes of the trained
+// weights and whether the optimizer keeps f32 masters: what the checkpoint holds shows both.
+TEST(Trainer, KeepBatchnormFp32AndMasterWeightsChooseTheWeightsDtypes) {
+  struct Case {
+    std::string level, keep_bn, masters;
+    const char *bn_dtype, *conv_dtype;
+    bool has_masters;
+    std::string label;
+  };
+  const Case cases[] = {
+      {"O2", "", "", "F32", "BF16", true, "bf16 O2"},
+      {"O2", "false", "false", "BF16", "BF16", false, "bf16 O2 BN-16 no-masters"},
+      {"O3", "", "", "BF16", "BF16", false, "bf16 O3"},
+      {"O3", "true", "", "F32", "BF16", false, "bf16 O3 BN-f32"},
+      {"O3", "", "true", "BF16", "BF16", true, "bf16 O3 masters"},
+  };
+  for (const Case& k : cases) {
+    TrainConfig c = image_config("bf16");
+    c.opt_level = k.level;
+    c.keep_batchnorm_fp32 = k.keep_bn;
+    c.master_weights = k.masters;
+    c.epochs = 1;
+    c.max_steps_per_epoch = 2;
+    c.checkpoint_dir = scratch_dir("trainer", "apex_properties").string();
+    std::ostringstream sink;
+    const RunSummary s = mp::train::train(c, sink);
+    EXPECT_EQ(s.label, k.label);
+    for (double l : s.step_losses) EXPECT_TRUE(std::isfinite(l)) << k.label;
+    std::map<std::string, std::string> dtypes;
+    int masters = 0;
+    for (const auto& t : mp::train::read_safetensors_header((fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string())) {
+      dtypes[t.name] = mp::train::safetensors_dtype_name(t.dtype);
+      if (t.name.starts_with("optimizer.") && t.name.ends_with(".master")) ++masters;
+    }
+    EXPECT_EQ(dtypes["model.bn1.weight"], k.bn_dtype) << k.label;
+    EXPECT_EQ(dtypes["model.layer1.0.bn2.bias"], k.bn_dtype) << k.label;
+    EXPECT_EQ(dtypes["model.conv1.weight"], k.conv_dtype) << k.label;
+    EXPECT_EQ(masters > 0, k.has_masters) << k.label << ": " << masters << " masters";
+    // evaluation of the checkpoint converts the model as the run did
+    const mp::train::EvalResult ev = mp::train::evaluate_checkpoint(
+        (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string(), "test", nullptr, sink);
+    EXPECT_EQ(ev.loss, s.val_loss) << k.label;
+  }
+}
+
 TEST(Trainer, ExactResumeWithGradientAccumulation) {
   TrainConfig c = image_config("bf16");  // O2: the 16-bit gradients accumulate in f32
   c.batch_size = 16;
@@ -419,7 +464,19 @@ TEST(Trainer, ValidationNamesTheProblem) {
   EXPECT_NE(message(c).find("applies to --model lstm"), std::string::npos) << message(c);
   c = image_config("bf16");
   c.stochastic_rounding = true;  // O2 (the default) keeps f32 masters
-  EXPECT_NE(message(c).find("--stochastic_rounding needs --opt_level O3"), std::string::npos) << message(c);
+  EXPECT_NE(message(c).find("--stochastic_rounding needs 16-bit weights without f32 masters"), std::string::npos)
+      << message(c);
+  c.master_weights = "false";  // ... unless told not to
+  EXPECT_EQ(message(c), "(no error)");
+  c.master_weights = "no";
+  EXPECT_NE(message(c).find("--master_weights must be true or false, got 'no'"), std::string::npos) << message(c);
+  c = image_config("bf16");
+  c.opt_level = "O1";
+  c.keep_batchnorm_fp32 = "true";
+  EXPECT_NE(message(c).find("--keep_batchnorm_fp32 applies to O2 and O3"), std::string::npos) << message(c);
+  c = image_config("fp32");
+  c.master_weights = "true";
+  EXPECT_NE(message(c).find("O0 and O1 keep every weight in f32"), std::string::npos) << message(c);
   c = image_config("fp32");
   c.grad_accum = 0;
   EXPECT_NE(message(c).find("--grad_accum must be positive, got 0"), std::string::npos) << message(c);

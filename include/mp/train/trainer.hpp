@@ -39,7 +39,9 @@ struct TrainConfig {
   std::string precision = "fp32";          ///< fp32, fp16 or bf16
   std::string opt_level;                   ///< O0..O3; empty = O0 for fp32, O2 for fp16/bf16
   std::string loss_scale;                  ///< dynamic, none or a number; empty = the opt level's default
-  bool stochastic_rounding = false;        ///< O3: round the 16-bit weights' updates stochastically
+  std::string keep_batchnorm_fp32;         ///< O2/O3: true or false; empty = the level's (O2 true, O3 false)
+  std::string master_weights;              ///< O2/O3: true or false; empty = the level's (O2 true, O3 false)
+  bool stochastic_rounding = false;        ///< 16-bit weights without masters: round their updates stochastically
   // ---- word LM ----
   int64_t bptt = 35;                       ///< truncated back-propagation window (tokens)
   int64_t embed_size = 200;                ///< word embedding size
@@ -97,8 +99,14 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("precision", c.precision, "fp32, fp16 or bf16");
   f("opt_level", c.opt_level, "O0, O1, O2 or O3 (default: O0 for fp32, O2 for fp16/bf16)");
   f("loss_scale", c.loss_scale, "dynamic, none or a number (default: dynamic for fp16, none for bf16)");
+  f("keep_batchnorm_fp32", c.keep_batchnorm_fp32,
+    "O2/O3: true keeps the batch-norm weights f32, false makes them 16-bit too (Apex's property; default: "
+    "true for O2, false for O3)");
+  f("master_weights", c.master_weights,
+    "O2/O3: true keeps f32 master copies of the 16-bit weights for the optimizer step, false updates the "
+    "16-bit weights themselves (Apex's property; default: true for O2, false for O3)");
   f("stochastic_rounding", c.stochastic_rounding,
-    "O3: round the 16-bit weights stochastically after each update, so updates below half an ulp survive "
+    "O3 (or O2 with --master_weights false): round the 16-bit weights stochastically after each update, so updates below half an ulp survive "
     "in expectation (there are no f32 masters to keep them)");
   f("bptt", c.bptt, "word LM: truncated back-propagation window in tokens");
   f("embed_size", c.embed_size, "word LM: embedding size");
