@@ -73,6 +73,11 @@ void add_train_command(CLI::App& app) {
       std::printf("  test loss %.4f, test accuracy %.2f%%\n", s.val_loss, 100 * s.val_metric);
     else
       std::printf("  valid loss %.4f, valid perplexity %.2f\n", s.val_loss, s.val_metric);
+    if (s.best_epoch > 0 && !s.epochs.empty() && s.best_epoch != s.epochs.back().epoch)
+      std::printf(s.metric_name == "accuracy" ? "  best: epoch %lld, test accuracy %.2f%%%s\n"
+                                              : "  best: epoch %lld, valid perplexity %.2f%s\n",
+                  static_cast<long long>(s.best_epoch), s.metric_name == "accuracy" ? 100 * s.best_val_metric : s.best_val_metric,
+                  c->save_best ? (" (" + c->checkpoint_dir + "/best.safetensors)").c_str() : "");
     if (!c->checkpoint_dir.empty()) std::printf("  checkpoint: %s/checkpoint.safetensors\n", c->checkpoint_dir.c_str());
     if (!c->log.empty()) std::printf("  run log: %s\n", c->log.c_str());
     if (s.stopped_early)

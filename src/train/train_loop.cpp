@@ -42,6 +42,16 @@ std::string fmt(double v, int prec) {
 // inf (a diverged loss) survive. The run summary's totals still count only this process's work.
 constexpr const char* kEpochStatsKey = "epoch_stats";
 
+// Note [the best epoch]
+// Each epoch's evaluation is compared with the best so far (highest test accuracy, lowest valid
+// perplexity; a NaN/inf perplexity never counts), and the best one's epoch and metric (hex float) go
+// into every later checkpoint's metadata as "best", so a resumed process keeps comparing with the whole
+// run's best rather than its own. With --save_best the epoch-end checkpoint of each new best is also
+// written, atomically like every checkpoint, as best.safetensors beside checkpoint.safetensors: a full
+// checkpoint (`mixprec eval` and `convert` take it; resuming from it continues after that epoch). The
+// run summary reports the best epoch and metric.
+constexpr const char* kBestKey = "best";
+
 // Note [gradient accumulation]
 // With --grad_accum N an optimizer step takes N consecutive batches: each batch's loss is divided by N
 // and backpropagated (scaled, when loss scaling is on), the gradients add up, and after the N-th batch
@@ -75,6 +85,28 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
     log_.emplace(c.log, RunLog::ResumePoint{.global_step = start.global_step, .epochs_done = start.epoch});
   else if (!c.log.empty())
     log_.emplace(c.log, /*append=*/false);
+  if (const auto b = resumed.find(kBestKey); b != resumed.end()) {  // Note [the best epoch]
+    const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kBestKey + "'";
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(b->second);
+    } catch (const nlohmann::json::exception& e) {
+      MP_FAIL(what, " is not valid JSON (", e.what(), "); the file is damaged: resume from another checkpoint");
+    }
+    MP_CHECK(j.is_object() && j.contains("epoch") && j["epoch"].is_number_integer() && j.contains("metric") &&
+                 j["metric"].is_string(),
+             what, ": expected {\"epoch\": N, \"metric\": \"hex float\"}, got ", j.dump());
+    const std::string text = j["metric"].get<std::string>();
+    char* end = nullptr;
+    const double metric = std::strtod(text.c_str(), &end);
+    const int64_t epoch = j["epoch"].get<int64_t>();
+    MP_CHECK(!text.empty() && end == text.c_str() + text.size() && std::isfinite(metric) && epoch >= 1 &&
+                 epoch <= start_.epoch,
+             what, ": expected a finite metric of an epoch in 1..", start_.epoch, ", got ", j.dump(),
+             "; the file is damaged: resume from another checkpoint");
+    best_ = Best{epoch, metric};
+    meta_[kBestKey] = b->second;
+  }
   const auto it = resumed.find(kEpochStatsKey);
   if (it == resumed.end()) return;  // a fresh run, a checkpoint at an epoch's end, or one written before this key
   const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kEpochStatsKey + "'";
@@ -132,9 +164,9 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
   if (!saved) return;
   // Settings that change what the run computes; the others (paths, workers, logging, checkpoint
   // cadence, evaluation batch) may change freely between processes.
-  static const std::set<std::string> kFree{"data_dir",   "num_workers",      "eval_batch_size", "checkpoint_dir",
-                                           "checkpoint_every", "resume", "stop_after_steps", "log",
-                                           "label",      "quiet"};
+  static const std::set<std::string> kFree{"data_dir", "num_workers",      "eval_batch_size", "checkpoint_dir",
+                                           "checkpoint_every", "save_best", "resume", "stop_after_steps",
+                                           "log",      "label",            "quiet"};
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
   std::string changed;
@@ -149,7 +181,7 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
          << "): training continues from the checkpoint but will not retrace that run\n";
 }
 
-void TrainLoop::save(const Progress& p, const nn::StateDict& extra) {
+void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::string& path) {
   const auto t0 = Clock::now();
   std::map<std::string, std::string> md = meta_;
   if (p.batch > 0) {  // within an epoch: its statistics so far (Note [resumed epoch statistics])
@@ -165,7 +197,7 @@ void TrainLoop::save(const Progress& p, const nn::StateDict& extra) {
         {"ema_started", hex_double(ema_.started ? 1 : 0)}};
     md[kEpochStatsKey] = j.dump();
   }
-  save_checkpoint(ckpt_, parts_.refs, p, extra, md);
+  save_checkpoint(path.empty() ? ckpt_ : path, parts_.refs, p, extra, md);
   ckpt_seconds_ += seconds_since(t0);
 }
 
@@ -291,10 +323,27 @@ void TrainLoop::end_epoch(double val_loss, double val_metric, double eval_second
                  {"seconds", epoch_seconds_}, {"data_wait", wait},
                  {"peak_memory", memory::memory_stats(dev_).peak_allocated - baseline_},
                  {"skipped_total", parts_.scaler.skipped_steps()}, {"scale", parts_.scaler.get_scale()}});
-  if (!ckpt_.empty()) save({epoch_ + 1, 0, start_.global_step + sum_.steps}, {});
+  // Note [the best epoch]
+  const bool better = std::isfinite(val_metric) &&
+                      (!best_ || (text_ ? val_metric < best_->metric : val_metric > best_->metric));
+  if (better) {
+    best_ = Best{es.epoch, val_metric};
+    meta_[kBestKey] = nlohmann::ordered_json{{"epoch", es.epoch}, {"metric", hex_double(val_metric)}}.dump();
+  }
+  const Progress at{epoch_ + 1, 0, start_.global_step + sum_.steps};
+  if (!ckpt_.empty()) save(at, {});
+  if (better && c_.save_best) {
+    const std::string path = (std::filesystem::path(c_.checkpoint_dir) / "best.safetensors").string();
+    save(at, {}, path);
+    if (!c_.quiet) out_ << "  best so far: wrote " << path << "\n";
+  }
 }
 
 void TrainLoop::finish() {
+  if (best_) {
+    sum_.best_epoch = best_->epoch;
+    sum_.best_val_metric = best_->metric;
+  }
   sum_.peak_bytes = memory::memory_stats(dev_).peak_allocated - baseline_;
   sum_.skipped_steps = parts_.scaler.skipped_steps();
   sum_.final_loss_scale = parts_.scaler.get_scale();

@@ -60,7 +60,7 @@ class TrainLoop {
   void finish();
 
  private:
-  void save(const Progress& p, const nn::StateDict& extra);
+  void save(const Progress& p, const nn::StateDict& extra, const std::string& path = {});
   void check_resumed_config(const std::map<std::string, std::string>& resumed);
 
   const TrainConfig& c_;
@@ -72,6 +72,12 @@ class TrainLoop {
   bool text_;
   Device dev_;  ///< where the run's tensors live (memory statistics)
   std::string ckpt_;
+  /// The best evaluation so far (Note [the best epoch]); in meta_ under kBestKey once there is one.
+  struct Best {
+    int64_t epoch = 0;
+    double metric = 0;
+  };
+  std::optional<Best> best_;
   std::map<std::string, std::string> meta_;
   std::optional<RunLog> log_;
   /// The running statistics of an epoch up to a mid-epoch checkpoint.

@@ -336,6 +336,8 @@ std::string summary_to_json(const RunSummary& s) {
   j["metric"] = s.metric_name;
   j["val_metric"] = num(s.val_metric);
   j["val_loss"] = num(s.val_loss);
+  j["best_epoch"] = s.best_epoch;
+  j["best_val_metric"] = num(s.best_val_metric);
   j["train_seconds"] = s.train_seconds;
   j["eval_seconds"] = s.eval_seconds;
   j["data_wait_seconds"] = s.data_wait_seconds;

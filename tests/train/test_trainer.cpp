@@ -339,6 +339,80 @@ TEST(Trainer, KeepBatchnormFp32AndMasterWeightsChooseTheWeightsDtypes) {
   }
 }
 
+// --save_best keeps the epoch with the best evaluation as best.safetensors, and a resumed process compares
+// with the whole run's best (Note [the best epoch]).
+TEST(Trainer, SaveBestKeepsTheBestEpochAcrossAResume) {
+  TrainConfig c = image_config("fp32");
+  c.epochs = 3;
+  c.save_best = true;
+  auto best_of = [](const fs::path& dir) {
+    std::map<std::string, std::string> md;
+    mp::train::read_safetensors_header((dir / "best.safetensors").string(), &md);
+    return md["best"];
+  };
+  std::ostringstream sink;
+  const fs::path whole = scratch_dir("trainer", "best_whole");
+  c.checkpoint_dir = whole.string();
+  const RunSummary s = mp::train::train(c, sink);
+  ASSERT_EQ(s.epochs.size(), 3u);
+  int64_t argmax = 1;
+  for (const auto& e : s.epochs)
+    if (e.val_metric > s.epochs[static_cast<size_t>(argmax - 1)].val_metric) argmax = e.epoch;
+  EXPECT_EQ(s.best_epoch, argmax);
+  EXPECT_EQ(s.best_val_metric, s.epochs[static_cast<size_t>(argmax - 1)].val_metric);
+  const mp::train::EvalResult ev =
+      mp::train::evaluate_checkpoint((whole / "best.safetensors").string(), "test", nullptr, sink);
+  EXPECT_EQ(ev.metric, s.best_val_metric);
+  EXPECT_NE(best_of(whole).find("\"epoch\":" + std::to_string(argmax)), std::string::npos) << best_of(whole);
+
+  // The same run in two processes: the first ends inside epoch 2, having written best.safetensors at
+  // epoch 1; the second must keep the first's best unless it beats it.
+  const fs::path split = scratch_dir("trainer", "best_split");
+  c.checkpoint_dir = split.string();
+  c.stop_after_steps = 18;  // 12 steps per epoch
+  mp::train::train(c, sink);
+  EXPECT_NE(best_of(split).find("\"epoch\":1"), std::string::npos) << best_of(split);
+  const fs::path unbeaten = scratch_dir("trainer", "best_unbeaten");
+  fs::copy(split, unbeaten, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  c.stop_after_steps = 0;
+  c.resume = true;
+  const RunSummary r = mp::train::train(c, sink);
+  EXPECT_EQ(r.best_epoch, argmax);
+  EXPECT_EQ(r.best_val_metric, s.best_val_metric);
+  EXPECT_EQ(best_of(split), best_of(whole));
+  EXPECT_EQ(mp::train::evaluate_checkpoint((split / "best.safetensors").string(), "test", nullptr, sink).metric,
+            s.best_val_metric);
+  // The resumed process compares with the best that the checkpoint carries: one no epoch can beat (100%)
+  // keeps best.safetensors at epoch 1 ...
+  const std::string ckpt = (unbeaten / "checkpoint.safetensors").string();
+  mp::train::SafetensorsFile f = mp::train::load_safetensors(ckpt);
+  f.metadata["best"] = R"({"epoch":1,"metric":"0x1p+0"})";
+  mp::train::save_safetensors(ckpt, f.tensors, f.metadata);
+  const std::string first = best_of(unbeaten);
+  c.checkpoint_dir = unbeaten.string();
+  const RunSummary u = mp::train::train(c, sink);
+  EXPECT_EQ(u.best_epoch, 1);
+  EXPECT_EQ(u.best_val_metric, 1.0);
+  EXPECT_EQ(best_of(unbeaten), first);
+  // ... and a damaged record is refused naming it.
+  f.metadata["best"] = R"({"epoch":7,"metric":"0x1p-1"})";  // an epoch the checkpoint has not reached
+  mp::train::save_safetensors(ckpt, f.tensors, f.metadata);
+  const std::string m = mp::test::error_of([&] { mp::train::train(c, sink); });
+  EXPECT_NE(m.find("metadata 'best': expected a finite metric of an epoch in 1..1"), std::string::npos) << m;
+
+  // Perplexity: lower is better. Without --save_best the best epoch is still reported.
+  TrainConfig t = text_config("fp32");
+  t.epochs = 3;
+  const RunSummary lm = mp::train::train(t, sink);
+  double lowest = lm.epochs.front().val_metric;
+  for (const auto& e : lm.epochs) lowest = std::min(lowest, e.val_metric);
+  EXPECT_EQ(lm.best_val_metric, lowest);
+  EXPECT_LT(lm.epochs.back().val_metric, lm.epochs.front().val_metric);  // it learns, so "lower" is tested
+  t.save_best = true;
+  EXPECT_NE(mp::test::error_of([&] { mp::train::validate(t); }).find("--save_best needs --checkpoint_dir"),
+            std::string::npos);
+}
+
 TEST(Trainer, ExactResumeWithGradientAccumulation) {
   TrainConfig c = image_config("bf16");  // O2: the 16-bit gradients accumulate in f32
   c.batch_size = 16;

@@ -60,6 +60,7 @@ struct TrainConfig {
   int64_t eval_batch_size = 500;           ///< images per evaluation batch (text: 10 streams)
   std::string checkpoint_dir;              ///< write checkpoint.safetensors here (empty = none)
   int64_t checkpoint_every = 0;            ///< also checkpoint every N steps (0 = at each epoch end only)
+  bool save_best = false;                  ///< also keep best.safetensors: the epoch with the best evaluation
   bool resume = false;                     ///< continue from checkpoint_dir/checkpoint.safetensors
   int64_t stop_after_steps = 0;            ///< end this process after N steps, checkpointing there (0 = never)
   std::string log;                         ///< JSONL run log path (empty = none)
@@ -124,6 +125,9 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("eval_batch_size", c.eval_batch_size, "images per evaluation batch");
   f("checkpoint_dir", c.checkpoint_dir, "write checkpoint.safetensors into this folder");
   f("checkpoint_every", c.checkpoint_every, "also checkpoint every N steps (0 = at epoch ends only)");
+  f("save_best", c.save_best,
+    "also write checkpoint_dir/best.safetensors (a full checkpoint) at each epoch end whose evaluation is the "
+    "best so far: highest test accuracy or lowest valid perplexity");
   f("resume", c.resume, "continue from checkpoint_dir/checkpoint.safetensors");
   f("stop_after_steps", c.stop_after_steps,
     "end the run after N steps of this process, checkpointing there (time-limited jobs; continue with --resume)");
@@ -169,6 +173,9 @@ struct RunSummary {
   double final_loss_scale = 1;         ///< loss scale at the end (1 when scaling is off)
   double val_loss = 0;                 ///< last evaluation
   double val_metric = 0;               ///< last evaluation's accuracy or perplexity
+  int64_t best_epoch = 0;              ///< the epoch (1-based) with the best evaluation so far, resumed
+                                       ///< processes included (0 = none yet)
+  double best_val_metric = 0;          ///< its accuracy (highest) or perplexity (lowest)
   double throughput = 0;               ///< images or tokens per second of training
   std::string throughput_unit;         ///< "img/s" or "tok/s"
   std::vector<EpochStats> epochs;      ///< per epoch run in this process
