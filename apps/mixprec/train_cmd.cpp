@@ -73,11 +73,17 @@ void add_train_command(CLI::App& app) {
       std::printf("  test loss %.4f, test accuracy %.2f%%\n", s.val_loss, 100 * s.val_metric);
     else
       std::printf("  valid loss %.4f, valid perplexity %.2f\n", s.val_loss, s.val_metric);
+    if (s.ema_val_metric)
+      std::printf(s.metric_name == "accuracy" ? "  weight averages (EMA %g): test loss %.4f, test accuracy %.2f%%\n"
+                                              : "  weight averages (EMA %g): valid loss %.4f, valid perplexity %.2f\n",
+                  c->ema_decay, *s.ema_val_loss, s.metric_name == "accuracy" ? 100 * *s.ema_val_metric : *s.ema_val_metric);
     if (s.best_epoch > 0 && !s.epochs.empty() && s.best_epoch != s.epochs.back().epoch)
       std::printf(s.metric_name == "accuracy" ? "  best: epoch %lld, test accuracy %.2f%%%s\n"
                                               : "  best: epoch %lld, valid perplexity %.2f%s\n",
                   static_cast<long long>(s.best_epoch), s.metric_name == "accuracy" ? 100 * s.best_val_metric : s.best_val_metric,
-                  c->save_best ? (" (" + c->checkpoint_dir + "/best.safetensors)").c_str() : "");
+                  (std::string(c->ema_decay > 0 ? " of the weight averages" : "") +
+                   (c->save_best ? " (" + c->checkpoint_dir + "/best.safetensors)" : std::string()))
+                      .c_str());
     if (!c->checkpoint_dir.empty()) std::printf("  checkpoint: %s/checkpoint.safetensors\n", c->checkpoint_dir.c_str());
     if (!c->log.empty()) std::printf("  run log: %s\n", c->log.c_str());
     if (s.stopped_early)
@@ -94,6 +100,7 @@ void add_eval_command(CLI::App& app) {
   struct Args {
     std::string path, split = "test";
     mp::train::TrainConfig overrides;
+    bool ema = false;
   };
   auto a = std::make_shared<Args>();
   a->overrides.precision.clear();
@@ -105,8 +112,10 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--eval_batch_size", a->overrides.eval_batch_size, "images per batch")->capture_default_str();
   cmd->add_option("--num_workers", a->overrides.num_workers, "loader threads")->capture_default_str();
   cmd->add_option("--device", a->overrides.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_flag("--ema", a->ema, "evaluate the checkpoint's f32 weight averages (trained with --ema_decay)");
   cmd->callback([a] {
-    const mp::train::EvalResult r = mp::train::evaluate_checkpoint(a->path, a->split, &a->overrides, std::cout);
+    const mp::train::EvalResult r =
+        mp::train::evaluate_checkpoint(a->path, a->split, &a->overrides, std::cout, a->ema);
     if (r.metric_name == "accuracy")
       std::printf("%s: %lld images, loss %.4f, accuracy %.2f%% (%.1f s)\n", a->path.c_str(),
                   static_cast<long long>(r.examples), r.loss, 100 * r.metric, r.seconds);

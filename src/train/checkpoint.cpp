@@ -17,6 +17,7 @@ namespace mp::train {
 //   - default_generator()'s (seed, offset), so dropout draws continue the same Philox stream;
 //   - the data order: the loader derives epoch e's permutation and batch b's augmentation seed from
 //     (seed, e, b) alone, so the run restarts at (epoch, batch) of Progress;
+//   - the weights' f32 moving averages (--ema_decay) and their update count, under "ema.";
 //   - run-specific state such as the word LM's hidden state, saved by the trainer under "extra.".
 // Kernels are deterministic for a given thread count (oneDNN and our OpenMP loops use static
 // schedules), so CPU results repeat exactly on the same machine.
@@ -24,7 +25,7 @@ namespace mp::train {
 namespace {
 
 constexpr std::string_view kModel = "model.", kOptim = "optimizer.", kScaler = "scaler.", kSched = "scheduler.",
-                           kRng = "rng.", kExtra = "extra.";
+                           kRng = "rng.", kExtra = "extra.", kEma = "ema.";
 
 bool starts_with(const std::string& s, std::string_view p) { return s.size() >= p.size() && s.compare(0, p.size(), p) == 0; }
 
@@ -83,6 +84,8 @@ void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const 
     all.insert(std::string(kRng) + "seed", i64_scalar(seed));
     all.insert(std::string(kRng) + "offset", i64_scalar(offset));
   }
+  if (refs.ema != nullptr)
+    for (const auto& [name, t] : refs.ema->state_dict()) all.insert(std::string(kEma) + name, t);
   for (const auto& [name, t] : extra) all.insert(std::string(kExtra) + name, t);
 
   std::map<std::string, std::string> md = metadata;
@@ -130,6 +133,10 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointRefs& 
              "': scheduler.base_lrs should be an f64 vector");
     sched_sd.base_lrs = b->to_vector<double>();
   }
+  const nn::StateDict ema_sd = section(f.tensors, kEma);
+  if (refs.ema != nullptr)
+    MP_CHECK(!ema_sd.empty(), "checkpoint '", path, "' holds no weight averages (section 'ema.'): it was written ",
+             "by a run without --ema_decay; resume without it, or start a new run");
   int64_t rng_seed = 0, rng_offset = 0;
   if (refs.generator) {
     const nn::StateDict r = section(f.tensors, kRng);
@@ -148,6 +155,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointRefs& 
   if (refs.optimizer != nullptr) restore("optimizer", [&] { refs.optimizer->load_state_dict(*optim_sd); });
   if (refs.scaler != nullptr) restore("loss scaler", [&] { refs.scaler->load_state_dict(scaler_sd); });
   if (refs.scheduler != nullptr) restore("LR schedule", [&] { refs.scheduler->load_state_dict(sched_sd); });
+  if (refs.ema != nullptr) restore("weight averages", [&] { refs.ema->load_state_dict(ema_sd); });
   if (refs.generator) {
     uint64_t seed = 0, offset = 0;
     std::memcpy(&seed, &rng_seed, sizeof seed);
@@ -158,12 +166,17 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointRefs& 
   return out;
 }
 
-nn::StateDict read_model_state(const std::string& path, std::map<std::string, std::string>* metadata) {
+nn::StateDict read_model_state(const std::string& path, std::map<std::string, std::string>* metadata, bool ema) {
   SafetensorsFile f = load_safetensors(path);
   if (metadata != nullptr) *metadata = f.metadata;
   auto fmt = f.metadata.find(kCheckpointFormatKey);
-  if (fmt != f.metadata.end() && fmt->second == kCheckpointFormat) return section(f.tensors, kModel);
-  return std::move(f.tensors);
+  const bool checkpoint = fmt != f.metadata.end() && fmt->second == kCheckpointFormat;
+  if (!ema) return checkpoint ? section(f.tensors, kModel) : std::move(f.tensors);
+  nn::StateDict avg = checkpoint ? section(f.tensors, kEma) : nn::StateDict();
+  MP_CHECK(!avg.empty(), "'", path, "' holds no weight averages (section 'ema.' of a checkpoint of `mixprec train ",
+           "--ema_decay`); evaluate it without --ema");
+  avg.erase("num_updates");
+  return avg;
 }
 
 }  // namespace mp::train

@@ -146,6 +146,8 @@ void validate(const TrainConfig& c) {
            "; f32 masters keep the small updates themselves and need no stochastic rounding");
   (void)run_device(c);
   (void)float32_matmul_precision_from_string(c.matmul_precision);
+  MP_CHECK(c.ema_decay >= 0 && c.ema_decay < 1, "--ema_decay must be in [0, 1) (0 = off; 0.999 is usual), got ",
+           c.ema_decay);
   MP_CHECK(!c.save_best || !c.checkpoint_dir.empty(), "--save_best needs --checkpoint_dir (the folder to write ",
            "best.safetensors into)");
   MP_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint_dir (the folder holding ",

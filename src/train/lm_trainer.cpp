@@ -96,6 +96,8 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
   const amp::AmpOptions o = amp::prepare(*model, *opt, amp_options(c));
   amp::GradScaler scaler(o.scaler);
   const std::vector<Tensor> params = model->parameters();
+  std::optional<optim::ModelEma> ema;  // after prepare(): the averages start from the training weights
+  if (c.ema_decay > 0) ema.emplace(*model, c.ema_decay, opt.get());
 
   const int64_t windows = (train_data.size(0) - 1 + c.bptt - 1) / c.bptt;
   const int64_t n = c.grad_accum;  // windows per optimizer step (Note [gradient accumulation])
@@ -105,7 +107,8 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
   const int64_t batches = steps_per_epoch * n;  // the windows each epoch uses
   std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
 
-  const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
+  const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get(),
+                            .ema = ema ? &*ema : nullptr};
   Progress pos;
   std::map<std::string, std::string> resumed_metadata;
   nn::LSTMState state;
@@ -161,7 +164,13 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
     if (!loop.end_training(wait)) break;
     const auto t_eval = Clock::now();
     const TextEval ev = evaluate_lm(*model, o, val_data, c.bptt);
-    loop.end_epoch(ev.loss, perplexity(ev.loss), seconds_since(t_eval));
+    std::optional<TrainLoop::Eval> ema_ev;
+    if (ema) {
+      const optim::ModelEma::Swap swap = ema->swap_into(*model);
+      const TextEval e = evaluate_lm(*model, o, val_data, c.bptt);
+      ema_ev = TrainLoop::Eval{e.loss, perplexity(e.loss)};
+    }
+    loop.end_epoch({ev.loss, perplexity(ev.loss)}, ema_ev, seconds_since(t_eval));
   }
   loop.finish();
   return sum;

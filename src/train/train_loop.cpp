@@ -49,7 +49,8 @@ constexpr const char* kEpochStatsKey = "epoch_stats";
 // run's best rather than its own. With --save_best the epoch-end checkpoint of each new best is also
 // written, atomically like every checkpoint, as best.safetensors beside checkpoint.safetensors: a full
 // checkpoint (`mixprec eval` and `convert` take it; resuming from it continues after that epoch). The
-// run summary reports the best epoch and metric.
+// run summary reports the best epoch and metric. With --ema_decay the weight averages' metric is the one
+// judged (as timm's checkpoint saver does): the averages are what such a run is for.
 constexpr const char* kBestKey = "best";
 
 // Note [gradient accumulation]
@@ -240,6 +241,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   parts_.optimizer.zero_grad();
   scaler.update();
   if (stepped) parts_.scheduler.step();  // a skipped step does not advance the schedule
+  if (stepped && parts_.refs.ema != nullptr) parts_.refs.ema->update(*parts_.refs.model, &parts_.optimizer);
 
   double l = 0;  // the mean loss of the step's batches
   for (const Tensor& b : micro_losses_) l += b.item<double>();
@@ -298,16 +300,23 @@ bool TrainLoop::end_training(double data_wait) {
   return !sum_.stopped_early;  // a stopped run continues elsewhere with --resume: no evaluation here
 }
 
-void TrainLoop::end_epoch(double val_loss, double val_metric, double eval_seconds) {
+void TrainLoop::end_epoch(const Eval& model, const std::optional<Eval>& ema, double eval_seconds) {
   sum_.eval_seconds += eval_seconds;
   const double wait = carry_.data_wait + data_wait_;
-  const EpochStats es{.epoch = epoch_ + 1,
-                      .train_loss = epoch_steps_ > 0 ? loss_sum_ / static_cast<double>(epoch_steps_) : 0,
-                      .val_loss = val_loss, .val_metric = val_metric, .seconds = epoch_seconds_,
-                      .data_wait_seconds = wait};
+  const double val_loss = model.loss, val_metric = model.metric;
+  EpochStats es{.epoch = epoch_ + 1,
+                .train_loss = epoch_steps_ > 0 ? loss_sum_ / static_cast<double>(epoch_steps_) : 0,
+                .val_loss = val_loss, .val_metric = val_metric, .seconds = epoch_seconds_,
+                .data_wait_seconds = wait};
+  if (ema) {
+    es.ema_val_loss = ema->loss;
+    es.ema_val_metric = ema->metric;
+  }
   sum_.epochs.push_back(es);
   sum_.val_loss = val_loss;
   sum_.val_metric = val_metric;
+  sum_.ema_val_loss = es.ema_val_loss;
+  sum_.ema_val_metric = es.ema_val_metric;
   if (!c_.quiet) {
     out_ << "  epoch " << es.epoch << ": train loss " << fmt(es.train_loss, 4);
     if (text_)
@@ -315,20 +324,29 @@ void TrainLoop::end_epoch(double val_loss, double val_metric, double eval_second
            << fmt(val_metric, 2) << ")";
     else
       out_ << ", test loss " << fmt(val_loss, 4) << ", test accuracy " << fmt(100 * val_metric, 2) << "%";
+    if (ema)
+      out_ << (text_ ? ", EMA valid ppl " + fmt(ema->metric, 2) : ", EMA test accuracy " + fmt(100 * ema->metric, 2) + "%");
     out_ << ", " << fmt(epoch_seconds_, 1) << " s (data wait " << fmt(wait, 1) << " s)\n";
   }
-  if (log_)
-    log_->write({{"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
-                 {"val_loss", val_loss}, {text_ ? "val_perplexity" : "val_accuracy", val_metric},
-                 {"seconds", epoch_seconds_}, {"data_wait", wait},
-                 {"peak_memory", memory::memory_stats(dev_).peak_allocated - baseline_},
-                 {"skipped_total", parts_.scaler.skipped_steps()}, {"scale", parts_.scaler.get_scale()}});
+  if (log_) {
+    std::vector<std::pair<std::string, LogValue>> fields{
+        {"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
+        {"val_loss", val_loss}, {text_ ? "val_perplexity" : "val_accuracy", val_metric}};
+    if (ema) {
+      fields.emplace_back("ema_val_loss", ema->loss);
+      fields.emplace_back(text_ ? "ema_val_perplexity" : "ema_val_accuracy", ema->metric);
+    }
+    fields.insert(fields.end(), {{"seconds", epoch_seconds_}, {"data_wait", wait},
+                                 {"peak_memory", memory::memory_stats(dev_).peak_allocated - baseline_},
+                                 {"skipped_total", parts_.scaler.skipped_steps()}, {"scale", parts_.scaler.get_scale()}});
+    log_->write(fields);
+  }
   // Note [the best epoch]
-  const bool better = std::isfinite(val_metric) &&
-                      (!best_ || (text_ ? val_metric < best_->metric : val_metric > best_->metric));
+  const double judged = ema ? ema->metric : val_metric;
+  const bool better = std::isfinite(judged) && (!best_ || (text_ ? judged < best_->metric : judged > best_->metric));
   if (better) {
-    best_ = Best{es.epoch, val_metric};
-    meta_[kBestKey] = nlohmann::ordered_json{{"epoch", es.epoch}, {"metric", hex_double(val_metric)}}.dump();
+    best_ = Best{es.epoch, judged};
+    meta_[kBestKey] = nlohmann::ordered_json{{"epoch", es.epoch}, {"metric", hex_double(judged)}}.dump();
   }
   const Progress at{epoch_ + 1, 0, start_.global_step + sum_.steps};
   if (!ckpt_.empty()) save(at, {});

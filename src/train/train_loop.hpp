@@ -52,8 +52,13 @@ class TrainLoop {
             const std::function<nn::StateDict()>& extra = {});
   /// Close the epoch's training part; returns whether to evaluate (false when the run stops early).
   bool end_training(double data_wait);
-  /// Record the epoch's evaluation (`metric`: accuracy or perplexity), log it and checkpoint.
-  void end_epoch(double val_loss, double val_metric, double eval_seconds);
+  /// The evaluation of one set of weights: mean loss and accuracy or perplexity.
+  struct Eval {
+    double loss = 0, metric = 0;
+  };
+  /// Record the epoch's evaluation (`metric`: accuracy or perplexity) and, with --ema_decay, that of the
+  /// weight averages; log them and checkpoint.
+  void end_epoch(const Eval& model, const std::optional<Eval>& ema, double eval_seconds);
   /// Whether the run must end (diverged or stopped early).
   bool stopped() const { return sum_.diverged || sum_.stopped_early; }
   /// Fill the summary's totals (peak memory, skipped steps, scale, throughput).

@@ -214,6 +214,8 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
   amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
   amp::GradScaler& scaler = setup.scaler;
   const std::vector<Tensor> params = model->parameters();
+  std::optional<optim::ModelEma> ema;  // after initialize(): the averages start from the training weights
+  if (c.ema_decay > 0) ema.emplace(*model, c.ema_decay, opt.get());
 
   data::DataLoader loader(sets.train, {.batch_size = c.batch_size, .shuffle = true, .drop_last = true,
                                        .num_workers = c.num_workers, .prefetch = 4, .seed = c.seed});
@@ -227,7 +229,8 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
   const int64_t batches = steps_per_epoch * n;  // the batches each epoch uses
   std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
 
-  const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get()};
+  const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get(),
+                            .ema = ema ? &*ema : nullptr};
   Progress pos;
   std::map<std::string, std::string> resumed_metadata;
   if (c.resume) {
@@ -264,7 +267,13 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
     if (!loop.end_training(loader.wait_seconds())) break;
     const auto t_eval = Clock::now();
     const ImageEval ev = evaluate_images_with(setup.model, sets.test, c);
-    loop.end_epoch(ev.loss, ev.accuracy, seconds_since(t_eval));
+    std::optional<TrainLoop::Eval> ema_ev;
+    if (ema) {
+      const optim::ModelEma::Swap swap = ema->swap_into(*model);
+      const ImageEval e = evaluate_images_with(setup.model, sets.test, c);
+      ema_ev = TrainLoop::Eval{e.loss, e.accuracy};
+    }
+    loop.end_epoch({ev.loss, ev.accuracy}, ema_ev, seconds_since(t_eval));
   }
   loop.finish();
   return sum;
@@ -297,9 +306,9 @@ RunSummary train(const TrainConfig& config, std::ostream& out) {
 }
 
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& split, const TrainConfig* overrides,
-                               std::ostream& out) {
+                               std::ostream& out, bool ema) {
   std::map<std::string, std::string> md;
-  nn::StateDict weights = read_model_state(path, &md);
+  nn::StateDict weights = read_model_state(path, &md, ema);
   auto it = md.find("config");
   MP_CHECK(it != md.end(), "eval: '", path, "' has no training config in its metadata (metadata key 'config'); ",
            "evaluate checkpoints written by `mixprec train`");
@@ -336,6 +345,10 @@ std::string summary_to_json(const RunSummary& s) {
   j["metric"] = s.metric_name;
   j["val_metric"] = num(s.val_metric);
   j["val_loss"] = num(s.val_loss);
+  if (s.ema_val_metric) {
+    j["ema_val_metric"] = num(*s.ema_val_metric);
+    j["ema_val_loss"] = num(*s.ema_val_loss);
+  }
   j["best_epoch"] = s.best_epoch;
   j["best_val_metric"] = num(s.best_val_metric);
   j["train_seconds"] = s.train_seconds;
@@ -352,6 +365,11 @@ std::string summary_to_json(const RunSummary& s) {
   for (const EpochStats& e : s.epochs)
     epochs.push_back({{"epoch", e.epoch}, {"train_loss", num(e.train_loss)}, {"val_loss", num(e.val_loss)},
                       {"val_metric", num(e.val_metric)}, {"seconds", e.seconds}, {"data_wait_seconds", e.data_wait_seconds}});
+  for (size_t i = 0; i < s.epochs.size(); ++i)
+    if (s.epochs[i].ema_val_metric) {
+      epochs[i]["ema_val_loss"] = num(*s.epochs[i].ema_val_loss);
+      epochs[i]["ema_val_metric"] = num(*s.epochs[i].ema_val_metric);
+    }
   j["epochs"] = epochs;
   j["config"] = nlohmann::ordered_json::parse(config_to_json(s.config));
   return j.dump();

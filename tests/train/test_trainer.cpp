@@ -156,6 +156,7 @@ void expect_exact_resume(TrainConfig c, int64_t stop, const std::string& name) {
     EXPECT_EQ(epochs[i].train_loss, full.epochs[i].train_loss) << name << " epoch " << i + 1;
     EXPECT_EQ(epochs[i].val_loss, full.epochs[i].val_loss) << name << " epoch " << i + 1;
     EXPECT_EQ(epochs[i].val_metric, full.epochs[i].val_metric) << name << " epoch " << i + 1;
+    EXPECT_EQ(epochs[i].ema_val_metric, full.epochs[i].ema_val_metric) << name << " epoch " << i + 1;
     EXPECT_GT(epochs[i].seconds, 0) << name << " epoch " << i + 1;
   }
 }
@@ -411,6 +412,61 @@ TEST(Trainer, SaveBestKeepsTheBestEpochAcrossAResume) {
   t.save_best = true;
   EXPECT_NE(mp::test::error_of([&] { mp::train::validate(t); }).find("--save_best needs --checkpoint_dir"),
             std::string::npos);
+}
+
+// --ema_decay: an f32 moving average of the weights, evaluated beside the model each epoch, saved in the
+// checkpoint (mixprec eval --ema), continued exactly by a resume.
+TEST(Trainer, WeightAveragesAreEvaluatedSavedAndResumed) {
+  TrainConfig c = image_config("bf16");  // O2: the masters are averaged
+  c.ema_decay = 0.9;
+  expect_exact_resume(c, 17, "img_bf16_ema");
+  c.checkpoint_dir = scratch_dir("trainer", "ema").string();
+  c.log = (fs::path(c.checkpoint_dir) / "log.jsonl").string();
+  std::ostringstream sink;
+  const RunSummary s = mp::train::train(c, sink);
+  ASSERT_TRUE(s.ema_val_metric.has_value());
+  EXPECT_GT(*s.ema_val_metric, 0.9);
+  EXPECT_NE(*s.ema_val_loss, s.val_loss);  // other weights than the model's
+  const std::string ckpt = (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string();
+  std::map<std::string, std::string> dtypes;
+  for (const auto& t : mp::train::read_safetensors_header(ckpt)) dtypes[t.name] = mp::train::safetensors_dtype_name(t.dtype);
+  EXPECT_EQ(dtypes["ema.conv1.weight"], "F32");
+  EXPECT_EQ(dtypes["model.conv1.weight"], "BF16");
+  EXPECT_EQ(dtypes["ema.num_updates"], "I64");
+  const mp::train::EvalResult ev = mp::train::evaluate_checkpoint(ckpt, "test", nullptr, sink, /*ema=*/true);
+  EXPECT_EQ(ev.metric, *s.ema_val_metric);
+  EXPECT_EQ(ev.loss, *s.ema_val_loss);
+  EXPECT_EQ(mp::train::evaluate_checkpoint(ckpt, "test", nullptr, sink).loss, s.val_loss);
+  const auto records = mp::train::read_run_log(c.log);
+  ASSERT_FALSE(records.empty());
+  EXPECT_EQ(std::get<double>(records.back().at("ema_val_accuracy")), *s.ema_val_metric);
+
+  // A checkpoint without averages: resuming with --ema_decay and eval --ema are refused, naming the file.
+  c.ema_decay = 0;
+  c.log.clear();
+  c.checkpoint_dir = scratch_dir("trainer", "no_ema").string();
+  c.epochs = 1;
+  mp::train::train(c, sink);
+  const std::string plain = (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string();
+  EXPECT_NE(mp::test::error_of([&] { mp::train::evaluate_checkpoint(plain, "test", nullptr, sink, true); })
+                .find("holds no weight averages"),
+            std::string::npos);
+  c.ema_decay = 0.9;
+  c.resume = true;
+  c.epochs = 2;
+  const std::string m = mp::test::error_of([&] { mp::train::train(c, sink); });
+  EXPECT_NE(m.find("holds no weight averages (section 'ema.')"), std::string::npos) << m;
+  c.ema_decay = 1;
+  EXPECT_NE(mp::test::error_of([&] { mp::train::validate(c); }).find("--ema_decay must be in [0, 1)"),
+            std::string::npos);
+
+  // The word LM (lower perplexity is better) has them too.
+  TrainConfig t = text_config("fp32");
+  t.ema_decay = 0.5;
+  const RunSummary lm = mp::train::train(t, sink);
+  ASSERT_TRUE(lm.ema_val_metric.has_value());
+  EXPECT_TRUE(std::isfinite(*lm.ema_val_metric));
+  EXPECT_NE(*lm.ema_val_metric, lm.val_metric);
 }
 
 TEST(Trainer, ExactResumeWithGradientAccumulation) {

@@ -9,6 +9,7 @@
 
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/nn/module.hpp"
+#include "mp/optim/ema.hpp"
 #include "mp/optim/lr_scheduler.hpp"
 #include "mp/optim/optimizer.hpp"
 
@@ -27,6 +28,7 @@ struct CheckpointRefs {
   optim::Optimizer* optimizer = nullptr;      ///< saved under "optimizer." (OptimizerStateDict::flatten)
   amp::GradScaler* scaler = nullptr;          ///< saved under "scaler."
   optim::LRScheduler* scheduler = nullptr;    ///< saved under "scheduler."
+  optim::ModelEma* ema = nullptr;             ///< the weights' f32 moving average, saved under "ema."
   bool generator = true;                      ///< default_generator()'s seed and offset under "rng."
 };
 
@@ -56,7 +58,9 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointRefs& 
 
 /// The model's tensors of a checkpoint ("model." prefix removed) and its metadata, for evaluation or
 /// conversion without building an optimizer. A plain safetensors file of model weights (no prefix)
-/// is accepted as well.
-nn::StateDict read_model_state(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+/// is accepted as well. `ema`: the weight averages instead (section "ema." of a checkpoint written with
+/// --ema_decay; refused naming the file when it has none).
+nn::StateDict read_model_state(const std::string& path, std::map<std::string, std::string>* metadata = nullptr,
+                               bool ema = false);
 
 }  // namespace mp::train

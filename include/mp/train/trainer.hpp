@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@ struct TrainConfig {
   double warmup_epochs = 0;                ///< linear LR warm-up length in epochs (fractions allowed)
   std::string schedule = "cosine";         ///< after warm-up: constant, linear, cosine or step (x0.1 per third)
   double clip_grad_norm = -1;              ///< clip the gradient norm (0 = off; -1 = task default: images 0, text 0.25)
+  double ema_decay = 0;                    ///< > 0: keep an f32 moving average of the weights, also evaluated
   // ---- precision ----
   std::string precision = "fp32";          ///< fp32, fp16 or bf16
   std::string opt_level;                   ///< O0..O3; empty = O0 for fp32, O2 for fp16/bf16
@@ -97,6 +99,10 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("warmup_epochs", c.warmup_epochs, "linear learning-rate warm-up, in epochs (fractions allowed)");
   f("schedule", c.schedule, "after warm-up: constant, linear, cosine or step (x0.1 after each third)");
   f("clip_grad_norm", c.clip_grad_norm, "clip the global gradient norm (0 = off, -1 = task default: images off, text 0.25)");
+  f("ema_decay", c.ema_decay,
+    "keep an exponential moving average of the weights in f32 (avg = d * avg + (1 - d) * w after each step; "
+    "e.g. 0.999; 0 = off), evaluate it beside the model every epoch and save it in checkpoints; its metric "
+    "picks --save_best's epoch");
   f("precision", c.precision, "fp32, fp16 or bf16");
   f("opt_level", c.opt_level, "O0, O1, O2 or O3 (default: O0 for fp32, O2 for fp16/bf16)");
   f("loss_scale", c.loss_scale, "dynamic, none or a number (default: dynamic for fp16, none for bf16)");
@@ -155,6 +161,7 @@ struct EpochStats {
   double train_loss = 0;           ///< mean over the epoch's steps (skipped steps included)
   double val_loss = 0;             ///< mean loss on the evaluation split
   double val_metric = 0;           ///< accuracy in [0,1] (images) or perplexity (text)
+  std::optional<double> ema_val_loss, ema_val_metric;  ///< the same for the weight averages (--ema_decay)
   double seconds = 0;              ///< training time of the epoch (no evaluation)
   double data_wait_seconds = 0;    ///< time the loop waited for batches
 };
@@ -173,6 +180,7 @@ struct RunSummary {
   double final_loss_scale = 1;         ///< loss scale at the end (1 when scaling is off)
   double val_loss = 0;                 ///< last evaluation
   double val_metric = 0;               ///< last evaluation's accuracy or perplexity
+  std::optional<double> ema_val_loss, ema_val_metric;  ///< last evaluation of the weight averages (--ema_decay)
   int64_t best_epoch = 0;              ///< the epoch (1-based) with the best evaluation so far, resumed
                                        ///< processes included (0 = none yet)
   double best_val_metric = 0;          ///< its accuracy (highest) or perplexity (lowest)
@@ -209,9 +217,10 @@ struct EvalResult {
 
 /// Load a checkpoint written by train() (its config tells the model and dataset) and evaluate it on the
 /// dataset's test split (`split` = "test" or "valid"; images have only test). `overrides` may change
-/// data_dir, precision, opt_level, eval_batch_size.
+/// data_dir, precision, opt_level, eval_batch_size. `ema`: evaluate the checkpoint's weight averages
+/// (--ema_decay) instead of the model's weights.
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& split, const TrainConfig* overrides,
-                               std::ostream& out);
+                               std::ostream& out, bool ema = false);
 
 /// A RunSummary as a JSON object string (the per-run part of `mixprec compare`'s JSON).
 std::string summary_to_json(const RunSummary& s);
