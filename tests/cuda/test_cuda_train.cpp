@@ -5,7 +5,7 @@
 // clipping) in the same three precisions. Also: Module::to(Device) keeps names, order, values and
 // flags; optimizer state lives on the device; a checkpoint written from the device loads on the CPU
 // (and back on the device) with every tensor intact, and training continues identically; 16-bit
-// gradients accumulate in f32 over micro-batches as on the CPU.
+// gradients accumulate in f32 over micro-batches as on the CPU; weight averages (ModelEma) stay f32 there.
 //
 // Loss tolerances (relative, per step). f32: each op's result differs between the devices by a few f32
 // ulps or by the accumulation order of its reductions (<= 2 sqrt(K) u ~ 1e-6 relative for the K <= 600
@@ -442,4 +442,28 @@ TEST(CudaTrain, CheckpointFromTheDeviceLoadsOnTheCpuAndBack) {
       }
     });
   }
+}
+
+// Note [weight EMA in f32] on the device: the averages of 16-bit weights live there in f32 (a move of a
+// thousandth of a bf16 ulp survives), and evaluating inside a Swap restores the weights bit for bit.
+TEST(CudaTrain, WeightAveragesStayF32OnTheDevice) {
+  MP_SKIP_WITHOUT_GPU();
+  nn::Linear lin(1, 1, /*bias=*/false);
+  lin.to(DType::bf16);
+  lin.to(dev());
+  Tensor w = lin.parameters()[0];
+  w.copy_(full({1, 1}, 1.0));
+  optim::ModelEma ema(lin, 0.999);
+  const Tensor& avg = ema.averages().at("weight");
+  EXPECT_EQ(avg.device(), dev());
+  EXPECT_EQ(avg.dtype(), DType::f32);
+  w.copy_(full({1, 1}, 1.0078125));  // one bf16 ulp above 1
+  ema.update(lin);
+  EXPECT_NEAR(avg.to(kCPU).item<double>(), 1.0 + 0.001 * 0.0078125, 2e-7);
+  {
+    const optim::ModelEma::Swap swap = ema.swap_into(lin);
+    EXPECT_EQ(w.to(kCPU).to(DType::f32).item<double>(), 1.0);  // the average, rounded to bf16
+  }
+  EXPECT_EQ(w.to(kCPU).to(DType::f32).item<double>(), 1.0078125);
+  EXPECT_EQ(w.device(), dev());
 }
