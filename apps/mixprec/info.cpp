@@ -1,13 +1,24 @@
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "mp/system.hpp"
+#include "mp/train/checkpoint.hpp"
 
 namespace mixprec {
 
 void add_info_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Show CPU/GPU features, library versions and the advised precision");
-  cmd->callback([] {
+  auto* cmd = app.add_subcommand("info", "Show CPU/GPU features, library versions and the advised precision; "
+                                         "with files, what each safetensors file or checkpoint holds");
+  auto files = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("files", *files, "safetensors files or checkpoints to describe (their headers only are read)");
+  cmd->callback([files] {
+    if (!files->empty()) {
+      for (const std::string& f : *files) std::printf("%s", mp::train::describe_safetensors_file(f).c_str());
+      return;
+    }
     const mp::SystemInfo s = mp::system_info();
     std::printf("mixprec %s\n\n", s.version.c_str());
     std::printf("CPU: %s (%d logical cores)\n", s.cpu.brand.c_str(), s.cpu.logical_cores);

@@ -69,6 +69,7 @@ TEST(Cli, MistakesExitNonZeroWithAClearMessage) {
   expect_failure("eval /nonexistent/checkpoint.safetensors", "/nonexistent/checkpoint.safetensors");
   expect_failure("convert /nonexistent/a.safetensors /tmp/b.safetensors --dtype bf16", "/nonexistent/a.safetensors");
   expect_failure("convert a b --dtype int3", "int3");
+  expect_failure("info /nonexistent/x.safetensors", "/nonexistent/x.safetensors");
   expect_failure("compare --runs fp32,fp12", "fp12");
   expect_failure("train --device gpu", "expected cpu, cuda or cuda:N");
   expect_failure("bench step --device tpu", "expected cpu, cuda or cuda:N");
@@ -97,6 +98,14 @@ TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
   r = run("convert " + ckpt.string() + " " + half.string() + " --dtype bf16");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_LT(fs::file_size(half), fs::file_size(ckpt));
+  r = run("info " + ckpt.string() + " " + half.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, ckpt.string() + ": mixprec training checkpoint");
+  EXPECT_CONTAINS(r.output, "run: fp32, lstm on text, 1 epochs of batch 4");
+  EXPECT_CONTAINS(r.output, "stands at: 1 of 1 epochs done");
+  EXPECT_CONTAINS(r.output, "  optimizer ");
+  EXPECT_CONTAINS(r.output, half.string() + ": ");
+  EXPECT_CONTAINS(r.output, "BF16 x");
 
   const fs::path report = dir / "report";
   r = run("compare " + common + " --epochs 1 --runs fp32,bf16:O1,bf16:O3+bn32+sr --report " + report.string());

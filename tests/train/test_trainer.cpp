@@ -433,6 +433,12 @@ TEST(Trainer, WeightAveragesAreEvaluatedSavedAndResumed) {
   EXPECT_EQ(dtypes["ema.conv1.weight"], "F32");
   EXPECT_EQ(dtypes["model.conv1.weight"], "BF16");
   EXPECT_EQ(dtypes["ema.num_updates"], "I64");
+  const std::string described = mp::train::describe_safetensors_file(ckpt);
+  EXPECT_NE(described.find("bf16 O2, resnet8 on mnist, 2 epochs of batch 32, adamw lr 0.003, weight EMA 0.9"),
+            std::string::npos)
+      << described;
+  EXPECT_NE(described.find("stands at: 2 of 2 epochs done, 24 optimizer steps"), std::string::npos) << described;
+  EXPECT_NE(described.find("\n  ema "), std::string::npos) << described;
   const mp::train::EvalResult ev = mp::train::evaluate_checkpoint(ckpt, "test", nullptr, sink, /*ema=*/true);
   EXPECT_EQ(ev.metric, *s.ema_val_metric);
   EXPECT_EQ(ev.loss, *s.ema_val_loss);
