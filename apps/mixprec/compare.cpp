@@ -115,6 +115,14 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
                       fmt("%.2f", static_cast<double>(r.peak_bytes) / std::max<double>(1, base.peak_bytes)),
                       std::to_string(r.skipped_steps)});
   }
+  // --ema_decay: the weight averages' metric beside the model's
+  if (base.ema_val_metric) {
+    t.header.insert(t.header.begin() + 6, text ? "EMA valid perplexity" : "EMA test accuracy (%)");
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const auto& m = runs[i].ema_val_metric;
+      t.rows[i].insert(t.rows[i].begin() + 6, !m ? std::string("-") : text ? fmt("%.2f", *m) : fmt("%.2f", 100 * *m));
+    }
+  }
   const tr::TrainConfig& c = base.config;
   std::ostringstream md;
   md << "## mixprec compare: " << c.model << " on " << c.dataset << ", " << c.epochs << " epoch(s), batch "
@@ -149,6 +157,13 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
         m.y.push_back(text ? e.val_metric : 100 * e.val_metric);
       }
       metric.push_back(m);
+      tr::Series ema{r.label + " (weight EMA)", {}, {}};
+      for (const auto& e : r.epochs)
+        if (e.ema_val_metric) {
+          ema.x.push_back(static_cast<double>(e.epoch));
+          ema.y.push_back(text ? *e.ema_val_metric : 100 * *e.ema_val_metric);
+        }
+      if (!ema.x.empty()) metric.push_back(ema);
       labels.push_back(r.label);
       secs.push_back(r.train_seconds);
       mem.push_back(static_cast<double>(r.peak_bytes) / (1 << 20));

@@ -45,7 +45,7 @@ void add_plot_command(CLI::App& app) {
     };
     for (const std::string& path : a->logs) {
       const std::string title = label(path);
-      mp::train::Series l{title, {}, {}}, s{title, {}, {}}, v{title, {}, {}};
+      mp::train::Series l{title, {}, {}}, s{title, {}, {}}, v{title, {}, {}}, ema{title + " (weight EMA)", {}, {}};
       for (const auto& rec : mp::train::read_run_log(path)) {
         auto type = rec.find("type");
         if (type == rec.end()) continue;
@@ -65,10 +65,13 @@ void add_plot_command(CLI::App& app) {
           const bool acc = rec.count("val_accuracy") != 0;
           val_name = acc ? "test accuracy (%)" : "validation perplexity";
           add(v, get("epoch"), acc ? 100 * get("val_accuracy") : get("val_perplexity"));
+          if (rec.count(acc ? "ema_val_accuracy" : "ema_val_perplexity") != 0)  // --ema_decay runs
+            add(ema, get("epoch"), acc ? 100 * get("ema_val_accuracy") : get("ema_val_perplexity"));
         }
       }
       MP_CHECK(!l.x.empty(), "plot: '", path, "' has no step records; expected a run log written by mixprec train --log");
       loss.push_back(l), scale.push_back(s), val.push_back(v);
+      if (!ema.x.empty()) val.push_back(ema);
     }
     std::filesystem::create_directories(a->out);
     const std::filesystem::path d(a->out);

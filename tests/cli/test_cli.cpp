@@ -108,8 +108,10 @@ TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
   EXPECT_CONTAINS(r.output, "BF16 x");
 
   const fs::path report = dir / "report";
-  r = run("compare " + common + " --epochs 1 --runs fp32,bf16:O1,bf16:O3+bn32+sr --report " + report.string());
+  r = run("compare " + common + " --epochs 1 --ema_decay 0.5 --runs fp32,bf16:O1,bf16:O3+bn32+sr --report " +
+          report.string());
   ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "| EMA valid perplexity |");
   EXPECT_NE(r.output.find("| fp32"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| bf16 O1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| bf16 O3 BN-f32 SR"), std::string::npos) << r.output;
