@@ -2,6 +2,7 @@
 // do (precision, time, memory, accuracy or perplexity, speed-up over fp32), as markdown, JSON and PNG.
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -40,9 +41,14 @@ RunItem parse_run(const std::string& item) {
   for (size_t at = plus; at != std::string::npos;) {
     const size_t next = item.find('+', at + 1);
     const std::string suffix = item.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    auto set = [&](std::string& field, const char* value) {
+      MP_CHECK(field.empty() || field == value, "--runs: '", item, "' sets one property twice (", suffix,
+               " after its opposite); keep one of them");
+      field = value;
+    };
     if (suffix == "+sr") r.stochastic_rounding = true;
-    else if (suffix == "+bn32" || suffix == "+bn16") r.keep_batchnorm_fp32 = suffix == "+bn32" ? "true" : "false";
-    else if (suffix == "+masters" || suffix == "+nomasters") r.master_weights = suffix == "+masters" ? "true" : "false";
+    else if (suffix == "+bn32" || suffix == "+bn16") set(r.keep_batchnorm_fp32, suffix == "+bn32" ? "true" : "false");
+    else if (suffix == "+masters" || suffix == "+nomasters") set(r.master_weights, suffix == "+masters" ? "true" : "false");
     else
       MP_FAIL("--runs: unknown suffix '", suffix, "' in '", item, "'; expected +sr (stochastic rounding), +bn32 or ",
               "+bn16 (batch-norm weights f32 or 16-bit), +masters or +nomasters (f32 master weights or none), e.g. ",
@@ -116,7 +122,7 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
                       std::to_string(r.skipped_steps)});
   }
   // --ema_decay: the weight averages' metric beside the model's
-  if (base.ema_val_metric) {
+  if (std::any_of(runs.begin(), runs.end(), [](const tr::RunSummary& r) { return r.ema_val_metric.has_value(); })) {
     t.header.insert(t.header.begin() + 6, text ? "EMA valid perplexity" : "EMA test accuracy (%)");
     for (size_t i = 0; i < runs.size(); ++i) {
       const auto& m = runs[i].ema_val_metric;
@@ -191,7 +197,7 @@ void add_compare_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   add_config_options(cmd, a->config,
                      {"precision", "opt_level", "keep_batchnorm_fp32", "master_weights", "stochastic_rounding", "label", "log",
-                      "checkpoint_dir", "resume"});
+                      "checkpoint_dir", "save_best", "resume"});
   cmd->add_option("--runs", a->runs,
                   "precisions to compare, optionally with opt levels and suffixes: +sr (stochastic rounding), "
                   "+bn32/+bn16 (keep_batchnorm_fp32 true/false), +masters/+nomasters (master_weights): fp32 bf16 "

@@ -77,13 +77,15 @@ void add_train_command(CLI::App& app) {
       std::printf(s.metric_name == "accuracy" ? "  weight averages (EMA %g): test loss %.4f, test accuracy %.2f%%\n"
                                               : "  weight averages (EMA %g): valid loss %.4f, valid perplexity %.2f\n",
                   c->ema_decay, *s.ema_val_loss, s.metric_name == "accuracy" ? 100 * *s.ema_val_metric : *s.ema_val_metric);
-    if (s.best_epoch > 0 && !s.epochs.empty() && s.best_epoch != s.epochs.back().epoch)
-      std::printf(s.metric_name == "accuracy" ? "  best: epoch %lld, test accuracy %.2f%%%s\n"
-                                              : "  best: epoch %lld, valid perplexity %.2f%s\n",
+    if (s.best_epoch > 0 && (!s.best_checkpoint.empty() || (!s.epochs.empty() && s.best_epoch != s.epochs.back().epoch))) {
+      std::string where;
+      if (!s.best_checkpoint.empty())
+        where = c->ema_decay > 0 ? " (mixprec eval --ema " + s.best_checkpoint + ")" : " (" + s.best_checkpoint + ")";
+      std::printf(s.metric_name == "accuracy" ? "  best: epoch %lld, test accuracy %.2f%%%s%s\n"
+                                              : "  best: epoch %lld, valid perplexity %.2f%s%s\n",
                   static_cast<long long>(s.best_epoch), s.metric_name == "accuracy" ? 100 * s.best_val_metric : s.best_val_metric,
-                  (std::string(c->ema_decay > 0 ? " of the weight averages" : "") +
-                   (c->save_best ? " (" + c->checkpoint_dir + "/best.safetensors)" : std::string()))
-                      .c_str());
+                  c->ema_decay > 0 ? " of the weight averages" : "", where.c_str());
+    }
     if (!c->checkpoint_dir.empty()) std::printf("  checkpoint: %s/checkpoint.safetensors\n", c->checkpoint_dir.c_str());
     if (!c->log.empty()) std::printf("  run log: %s\n", c->log.c_str());
     if (s.stopped_early)

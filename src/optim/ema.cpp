@@ -11,25 +11,32 @@ namespace mp::optim {
 
 // Note [weight EMA in f32]
 // An exponential moving average of the weights, avg = d * avg + (1 - d) * w, moves by (1 - d) of the
-// distance to the current weights per step: with d = 0.999 that is 0.1% of it, while the spacing of bf16
-// numbers is 2^-8 (0.39%) of their size and f16's 2^-11 (0.05%). An average stored in 16 bits would
-// round most such moves away and stall, as O3's weights lose sub-half-ulp updates (Note [stochastic
-// rounding]). So the averages are f32 whatever the model's dtypes, updated through f32 arithmetic
-// (add_ widens a 16-bit operand); with O2 a parameter's f32 master, not its 16-bit rounding, is what is
-// averaged. Batch norm's running statistics are averaged too (timm's ModelEmaV2 does the same), integer
-// buffers are copied. Evaluating with the averages loads them into the model, rounded to its dtypes
-// (16-bit weights under O2/O3), inside a Swap that restores the model's own state bit for bit.
+// distance to the current weights per step: with d = 0.999, 0.1% of it. Half the spacing of bf16 numbers
+// is at least 2^-9 (0.2%) of their size, so an average stored in bf16 would round such moves away and
+// stall, as O3's weights lose sub-half-ulp updates (Note [stochastic rounding]); in f16 (half-spacing
+// >= 2^-12, 0.024%) each move would carry a rounding error of up to half its size. So the averages are
+// f32 whatever the model's dtypes, updated through f32 arithmetic (add_ widens a 16-bit operand); when
+// the optimizer keeps f32 masters (O2) a parameter's master, not its 16-bit rounding, is what is
+// averaged (matched by the data it aliases, so a tied weight gets its master under both names). Batch
+// norm's running statistics are averaged too (timm's ModelEmaV2 does the same), integer buffers are
+// copied. The averages start at the weights they were built from and forget them after ~1/(1 - d)
+// updates (1000 for 0.999; there is no warm-up of d), so short runs want a smaller d. Evaluating with
+// the averages loads them into the model, rounded to its dtypes (16-bit weights under O2/O3), inside a
+// Swap that restores the model's own state bit for bit.
 
 namespace {
 
-// The f32 value each entry contributes: a parameter's master when the optimizer keeps one.
+// The f32 value each entry contributes: a parameter's master when the optimizer keeps masters (a master
+// restored from an O2 checkpoint into a run without them is stale). Entries are matched to parameters by
+// the data they alias: a tied weight is one parameter under two state-dict names.
 nn::StateDict current(const nn::Module& model, const Optimizer* opt) {
   nn::StateDict sd = model.state_dict();
-  if (opt == nullptr) return sd;
-  for (const auto& [name, p] : model.named_parameters()) {
-    if (!sd.contains(name)) continue;
-    if (const Tensor m = opt->master(p); m.defined()) sd.set(name, m.detach());
-  }
+  if (opt == nullptr || !opt->master_weights()) return sd;
+  std::map<const void*, Tensor> masters;
+  for (const Tensor& p : model.parameters())
+    if (const Tensor m = opt->master(p); m.defined()) masters.emplace(p.raw_data(), m.detach());
+  for (const std::string& name : sd.keys())
+    if (const auto it = masters.find(sd.at(name).raw_data()); it != masters.end()) sd.set(name, it->second);
   return sd;
 }
 

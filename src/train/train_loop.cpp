@@ -12,6 +12,7 @@
 #include "mp/memory/allocator.hpp"
 #include "mp/ops/ops.hpp"
 #include "mp/optim/clip_grad.hpp"
+#include "mp/train/safetensors.hpp"
 
 namespace mp::train {
 namespace {
@@ -48,8 +49,9 @@ constexpr const char* kEpochStatsKey = "epoch_stats";
 // into every later checkpoint's metadata as "best", so a resumed process keeps comparing with the whole
 // run's best rather than its own. With --save_best the epoch-end checkpoint of each new best is also
 // written, atomically like every checkpoint, as best.safetensors beside checkpoint.safetensors: a full
-// checkpoint (`mixprec eval` and `convert` take it; resuming from it continues after that epoch). The
-// run summary reports the best epoch and metric. With --ema_decay the weight averages' metric is the one
+// checkpoint (`mixprec eval` and `convert` take it; copied over checkpoint.safetensors, --resume would
+// continue after that epoch). The run summary reports the best epoch and metric, and names
+// best.safetensors when the file holds that epoch (a first process without --save_best wrote none). With --ema_decay the weight averages' metric is the one
 // judged (as timm's checkpoint saver does): the averages are what such a run is for.
 constexpr const char* kBestKey = "best";
 
@@ -361,6 +363,19 @@ void TrainLoop::finish() {
   if (best_) {
     sum_.best_epoch = best_->epoch;
     sum_.best_val_metric = best_->metric;
+  }
+  if (best_ && c_.save_best) {  // a first process without --save_best wrote no file for its best epoch
+    const std::string path = (std::filesystem::path(c_.checkpoint_dir) / "best.safetensors").string();
+    std::map<std::string, std::string> md;
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      try {
+        (void)read_safetensors_header(path, &md);
+      } catch (const Error&) {
+        md.clear();  // damaged: not the best epoch's file
+      }
+    }
+    if (md.count(kBestKey) != 0 && md[kBestKey] == meta_[kBestKey]) sum_.best_checkpoint = path;
   }
   sum_.peak_bytes = memory::memory_stats(dev_).peak_allocated - baseline_;
   sum_.skipped_steps = parts_.scaler.skipped_steps();

@@ -315,7 +315,14 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   TrainConfig c = config_from_json(it->second);
   if (overrides != nullptr) {
     if (!overrides->data_dir.empty()) c.data_dir = overrides->data_dir;
-    if (!overrides->precision.empty() && overrides->precision != c.precision) {
+    const bool other_precision = !overrides->precision.empty() && overrides->precision != c.precision;
+    if (other_precision || (!overrides->opt_level.empty() && overrides->opt_level != c.opt_level)) {
+      // the trained run's O2/O3 properties belong to its level; the new one takes its own defaults
+      c.keep_batchnorm_fp32.clear();
+      c.master_weights.clear();
+      c.stochastic_rounding = false;
+    }
+    if (other_precision) {
       c.precision = overrides->precision;
       c.opt_level = overrides->opt_level;
     } else if (!overrides->opt_level.empty()) {
@@ -351,6 +358,8 @@ std::string summary_to_json(const RunSummary& s) {
   }
   j["best_epoch"] = s.best_epoch;
   j["best_val_metric"] = num(s.best_val_metric);
+  j["best_of_weight_averages"] = s.config.ema_decay > 0;
+  j["best_checkpoint"] = s.best_checkpoint;
   j["train_seconds"] = s.train_seconds;
   j["eval_seconds"] = s.eval_seconds;
   j["data_wait_seconds"] = s.data_wait_seconds;

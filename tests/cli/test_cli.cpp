@@ -71,6 +71,7 @@ TEST(Cli, MistakesExitNonZeroWithAClearMessage) {
   expect_failure("convert a b --dtype int3", "int3");
   expect_failure("info /nonexistent/x.safetensors", "/nonexistent/x.safetensors");
   expect_failure("compare --runs fp32,fp12", "fp12");
+  expect_failure("compare --runs bf16:O3+bn32+bn16", "sets one property twice (+bn16 after its opposite)");
   expect_failure("train --device gpu", "expected cpu, cuda or cuda:N");
   expect_failure("bench step --device tpu", "expected cpu, cuda or cuda:N");
   // No machine has 64 GPUs: refused either for lack of a device (naming why) or for the index.

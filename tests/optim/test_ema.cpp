@@ -64,6 +64,28 @@ TEST(ModelEma, AveragesTheF32MasterWhereTheOptimizerKeepsOne) {
   opt.set_master(w, full({1, 1}, 1.003));
   ema.update(lin, &opt);
   EXPECT_NEAR(value_of(ema.averages().at("weight")), 1.002, 1e-7);
+  // An optimizer without master weights (O3) may still hold a stale master (restored from an O2
+  // checkpoint): the weight itself is averaged then.
+  opt.set_master_weights(false);
+  EXPECT_EQ(value_of(optim::ModelEma(lin, 0.5, &opt).averages().at("weight")), 1.0f);
+}
+
+// A tied weight (the word LM's decoder.weight IS encoder.weight) is one parameter under two names: both
+// names average its master.
+TEST(ModelEma, TiedWeightsAverageTheirMasterUnderBothNames) {
+  models::WordLM lm({.vocab_size = 12, .embed_size = 8, .hidden_size = 8, .num_layers = 1, .tie_weights = true});
+  lm.to(DType::bf16);
+  optim::SGD opt(lm.parameters(), {.lr = 0.1});
+  opt.set_master_weights(true);
+  Tensor enc;
+  for (const auto& [name, p] : lm.named_parameters())
+    if (name == "encoder.weight") enc = p;
+  ASSERT_TRUE(enc.defined());
+  opt.set_master(enc, full(enc.sizes(), 0.3));  // 0.3 is not a bf16 number
+  const optim::ModelEma ema(lm, 0.9, &opt);
+  const std::vector<float> want(static_cast<size_t>(enc.numel()), 0.3f);
+  EXPECT_EQ(ema.averages().at("encoder.weight").to_vector<float>(), want);
+  EXPECT_EQ(ema.averages().at("decoder.weight").to_vector<float>(), want);
 }
 
 TEST(ModelEma, SwapEvaluatesTheAveragesAndRestoresTheModelBitForBit) {

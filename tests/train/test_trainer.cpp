@@ -337,6 +337,13 @@ TEST(Trainer, KeepBatchnormFp32AndMasterWeightsChooseTheWeightsDtypes) {
     const mp::train::EvalResult ev = mp::train::evaluate_checkpoint(
         (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string(), "test", nullptr, sink);
     EXPECT_EQ(ev.loss, s.val_loss) << k.label;
+    // ... and at another precision the level's own defaults apply (the trained run's properties belong
+    // to its level: fp32 has none)
+    TrainConfig fp32;
+    fp32.precision = "fp32";
+    const mp::train::EvalResult f = mp::train::evaluate_checkpoint(
+        (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string(), "test", &fp32, sink);
+    EXPECT_GT(f.metric, 0.25) << k.label;  // 4 classes: better than chance
   }
 }
 
@@ -361,6 +368,7 @@ TEST(Trainer, SaveBestKeepsTheBestEpochAcrossAResume) {
     if (e.val_metric > s.epochs[static_cast<size_t>(argmax - 1)].val_metric) argmax = e.epoch;
   EXPECT_EQ(s.best_epoch, argmax);
   EXPECT_EQ(s.best_val_metric, s.epochs[static_cast<size_t>(argmax - 1)].val_metric);
+  EXPECT_EQ(s.best_checkpoint, (whole / "best.safetensors").string());
   const mp::train::EvalResult ev =
       mp::train::evaluate_checkpoint((whole / "best.safetensors").string(), "test", nullptr, sink);
   EXPECT_EQ(ev.metric, s.best_val_metric);
@@ -381,6 +389,7 @@ TEST(Trainer, SaveBestKeepsTheBestEpochAcrossAResume) {
   EXPECT_EQ(r.best_epoch, argmax);
   EXPECT_EQ(r.best_val_metric, s.best_val_metric);
   EXPECT_EQ(best_of(split), best_of(whole));
+  EXPECT_EQ(r.best_checkpoint, (split / "best.safetensors").string());
   EXPECT_EQ(mp::train::evaluate_checkpoint((split / "best.safetensors").string(), "test", nullptr, sink).metric,
             s.best_val_metric);
   // The resumed process compares with the best that the checkpoint carries: one no epoch can beat (100%)
@@ -395,6 +404,7 @@ TEST(Trainer, SaveBestKeepsTheBestEpochAcrossAResume) {
   EXPECT_EQ(u.best_epoch, 1);
   EXPECT_EQ(u.best_val_metric, 1.0);
   EXPECT_EQ(best_of(unbeaten), first);
+  EXPECT_EQ(u.best_checkpoint, "");  // the file holds epoch 1's real metric, not the claimed best
   // ... and a damaged record is refused naming it.
   f.metadata["best"] = R"({"epoch":7,"metric":"0x1p-1"})";  // an epoch the checkpoint has not reached
   mp::train::save_safetensors(ckpt, f.tensors, f.metadata);

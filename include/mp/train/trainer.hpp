@@ -183,7 +183,9 @@ struct RunSummary {
   std::optional<double> ema_val_loss, ema_val_metric;  ///< last evaluation of the weight averages (--ema_decay)
   int64_t best_epoch = 0;              ///< the epoch (1-based) with the best evaluation so far, resumed
                                        ///< processes included (0 = none yet)
-  double best_val_metric = 0;          ///< its accuracy (highest) or perplexity (lowest)
+  double best_val_metric = 0;          ///< its accuracy (highest) or perplexity (lowest); with --ema_decay
+                                       ///< that of the weight averages
+  std::string best_checkpoint;         ///< --save_best: best.safetensors when it holds that epoch (empty if not)
   double throughput = 0;               ///< images or tokens per second of training
   std::string throughput_unit;         ///< "img/s" or "tok/s"
   std::vector<EpochStats> epochs;      ///< per epoch run in this process
