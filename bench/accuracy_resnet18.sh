@@ -6,8 +6,8 @@
 #   bench/accuracy_resnet18.sh --table OUT_DIR [PRECISION ...]       # only the table of (partial) runs
 #
 # Recipe: 15 epochs, batch 128, SGD 0.1 momentum 0.9 weight decay 5e-4, 1 epoch of linear warm-up, then
-# cosine; random crop (padding 4) and horizontal flip; test accuracy on the 10,000 test images after
-# every epoch. Environment: EPOCHS (default 15), THREADS (per run, default 1), DEVICE (default cpu; cuda
+# cosine; random crop (padding 2 on 28x28 images, 4 on 32x32) and horizontal flip; test accuracy on the
+# 10,000 test images after every epoch. Environment: EPOCHS (default 15), THREADS (per run, default 1), DEVICE (default cpu; cuda
 # runs the same recipe on a GPU; not tried on one yet).
 #
 # The runs are long on a CPU (2-core Sapphire Rapids, one thread each: bf16 ~12 min, fp32 ~34 min per
