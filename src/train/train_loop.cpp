@@ -70,6 +70,15 @@ constexpr const char* kBestKey = "best";
 // multiple of N), so the resumed run continues exactly; resuming one with another N is refused unless
 // the position is also a multiple of the new N.
 
+// A checkpoint's JSON metadata value; refused as damaged when it does not parse (`what` names it).
+nlohmann::json parse_metadata(const std::string& what, const std::string& text) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    MP_FAIL(what, " is not valid JSON (", e.what(), "); the file is damaged: resume from another checkpoint");
+  }
+}
+
 std::string hex_double(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", v);
@@ -90,12 +99,7 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
     log_.emplace(c.log, /*append=*/false);
   if (const auto b = resumed.find(kBestKey); b != resumed.end()) {  // Note [the best epoch]
     const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kBestKey + "'";
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(b->second);
-    } catch (const nlohmann::json::exception& e) {
-      MP_FAIL(what, " is not valid JSON (", e.what(), "); the file is damaged: resume from another checkpoint");
-    }
+    const nlohmann::json j = parse_metadata(what, b->second);
     MP_CHECK(j.is_object() && j.contains("epoch") && j["epoch"].is_number_integer() && j.contains("metric") &&
                  j["metric"].is_string(),
              what, ": expected {\"epoch\": N, \"metric\": \"hex float\"}, got ", j.dump());
@@ -113,12 +117,7 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
   const auto it = resumed.find(kEpochStatsKey);
   if (it == resumed.end()) return;  // a fresh run, a checkpoint at an epoch's end, or one written before this key
   const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kEpochStatsKey + "'";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(it->second);
-  } catch (const nlohmann::json::exception& e) {
-    MP_FAIL(what, " is not valid JSON (", e.what(), "); the file is damaged: resume from another checkpoint");
-  }
+  const nlohmann::json j = parse_metadata(what, it->second);
   auto number = [&](const char* key) {
     const auto f = j.find(key);
     MP_CHECK(j.is_object() && f != j.end() && f->is_string(), what, ": expected the hex-float string '", key,
