@@ -2,12 +2,21 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <functional>
+
 #include "backend/cpu/bf16_policy.hpp"
+#include "backend/cpu/kernel_paths.hpp"
 #include "backend/cpu/onednn_matmul.hpp"
 #include "backend/cuda/runtime.hpp"
 #include "mp/core/error.hpp"
+#include "mp/kernel_paths.hpp"
+#include "mp/ops/ops.hpp"
 
 namespace mp {
+namespace {
+// bf16 is advised where its GEMM beats f32 by the margin that makes the selector pick it.
+constexpr double kReplaceFactorForAdvice = backend::cpu::kReplaceFactor;
+}  // namespace
 
 SystemInfo system_info() {
   SystemInfo s;
@@ -55,20 +64,59 @@ SystemInfo system_info() {
   return s;
 }
 
-PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu) {
+std::vector<KernelPathProbe> probe_kernel_paths() {
+  const TensorOptions bf{.dtype = DType::bf16};
+  auto act = [](const Shape& s) {
+    return full(s, 0.01, {.dtype = DType::bf16, .memory_format = MemoryFormat::channels_last}).requires_grad_();
+  };
+  auto conv = [&](int64_t c, int64_t hw) {
+    const Tensor x = act({32, c, hw, hw}), w = full({c, c, 3, 3}, 0.01, bf).requires_grad_();
+    sum(conv2d(x, w, Tensor(), {.padding = {1, 1}})).backward();
+  };
+  const std::vector<std::pair<std::string, std::function<void()>>> cases{
+      {"matmul 512x784 x 784x2048 (an MLP layer)", [&] { (void)linear(full({512, 784}, 0.01, bf), full({2048, 784}, 0.01, bf)); }},
+      {"matmul 2048x2048 x 2048x2048", [&] { (void)matmul(full({2048, 2048}, 0.01, bf), full({2048, 2048}, 0.01, bf)); }},
+      {"matmul 20x650 x 650x2600 (an LSTM step)", [&] { (void)linear(full({20, 650}, 0.01, bf), full({2600, 650}, 0.01, bf)); }},
+      {"conv 3x3 64->64 32x32 batch 32 NHWC", [&] { conv(64, 32); }},
+      {"conv 3x3 512->512 4x4 batch 32 NHWC", [&] { conv(512, 4); }},
+  };
+  std::vector<KernelPathProbe> probes;
+  for (const auto& [what, run] : cases) {
+    const std::map<std::string, std::string> before = kernel_path_record().choices;
+    run();
+    for (const auto& [key, path] : kernel_path_record().choices) {
+      if (before.count(key) != 0) continue;
+      const std::string pass = key.substr(0, key.find(' '));
+      probes.push_back({what + (pass == "matmul" ? "" : " (" + pass.substr(5) + ")"), key, path,
+                        kernel_path_timings(key)});
+    }
+  }
+  return probes;
+}
+
+PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu, const std::vector<KernelPathProbe>& probes) {
+  const char* no_scaling = "bf16 keeps f32's range, so no loss scaling is needed";
+  if (!probes.empty() && probes[0].ms.count("native") != 0 && probes[0].ms.count("via_f32") != 0) {
+    // Measured: the MLP layer's bf16 GEMM against the same GEMM through f32 (Note [kernel paths chosen by measurement]).
+    const double ratio = probes[0].ms.at("via_f32") / probes[0].ms.at("native");
+    char buf[320];
+    if (ratio >= kReplaceFactorForAdvice) {
+      std::snprintf(buf, sizeof buf, "bf16 GEMMs measured %.2fx faster than through f32 on this CPU; %s", ratio,
+                    no_scaling);
+      return {DType::bf16, buf};
+    }
+    std::snprintf(buf, sizeof buf, "bf16 GEMMs measured at %.2fx the speed of f32 ones on this CPU: bf16 saves "
+                  "activation memory (larger models or batches) but not time; f32 is as fast and more precise", ratio);
+    return {DType::f32, buf};
+  }
   if (cpu.amx_bf16)
-    return {DType::bf16, "AMX-BF16 tiles: bf16 matmul/convolution run several times faster than f32 "
-                         "(f32 accumulation); bf16 keeps f32's range, so no loss scaling is needed"};
+    return {DType::bf16, std::string("AMX-BF16 tiles: bf16 matmul/convolution run several times faster than f32 "
+                                     "(f32 accumulation); ") + no_scaling};
   if (cpu.avx512_bf16)
-    // Measured on a Sapphire Rapids VM that hides AMX (bench/RESULTS.md): oneDNN 2.6's VDPBF16PS
-    // convolutions ~1.8x slower per call than its f32 ones, so bf16 convolutions and matmuls run through f32
-    // there (Note [bf16 through f32 without AMX]); a ResNet-18 bf16 O2 step then takes 1.02-1.06x f32's time
-    // with 34% less peak memory.
-    return {DType::f32, "AVX512-BF16 without AMX: VDPBF16PS has no throughput edge over two f32 FMA ports, so "
-                        "bf16 matmuls and convolutions run through f32 here, at about f32's speed; bf16 saves "
-                        "activation memory (use it for larger models or batches), f32 is as fast and more precise"};
-  return {DType::f32, "no bf16 compute instructions: bf16/f16 on this CPU only save memory (storage-only, "
-                      "computed through f32) and cost conversion time"};
+    return {DType::bf16, "AVX512-BF16: bf16 kernels are often faster than f32 ones, but not on every such CPU; "
+                         "`mixprec info` measures them (pinned mode measures nothing)"};
+  return {DType::f32, "no bf16 compute instructions: bf16/f16 on this CPU only save memory (computed through f32) "
+                      "and cost conversion time"};
 }
 
 PrecisionAdvice gpu_precision_advice(const GpuInfo& g) {

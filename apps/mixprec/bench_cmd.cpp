@@ -21,6 +21,7 @@
 
 #include "bench_step.hpp"
 #include "commands.hpp"
+#include "mp/kernel_paths.hpp"
 #include "mp/amp/amp.hpp"
 #include "mp/core/error.hpp"
 #include "mp/core/math_mode.hpp"
@@ -270,6 +271,7 @@ Json run_bench_step(const BenchStepOptions& raw) {
   j["final_loss"] = std::isfinite(last_loss) ? Json(last_loss) : Json(nullptr);
   j["skipped_steps"] = w.skipped();
   j["threads"] = omp_get_max_threads();
+  j["kernel_paths"] = Json::parse(mp::kernel_path_record_json(mp::kernel_path_record()));
   j["device"] = "cpu: " + (s.cpu.brand.empty() ? std::string("unknown CPU") : s.cpu.brand);
   if (dev.is_cuda())
     for (const GpuInfo& g : s.gpus)

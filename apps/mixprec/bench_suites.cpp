@@ -23,7 +23,7 @@
 #include "bench_step.hpp"
 #include "commands.hpp"
 #include "mp/core/error.hpp"
-#include "mp/train/atomic_file.hpp"
+#include "mp/core/atomic_file.hpp"
 #include "mp/train/plot.hpp"
 #include "mp/train/table.hpp"
 #include "mp/train/trainer.hpp"
@@ -150,8 +150,8 @@ class Report {
     files_.push_back(file);
   }
   void write(std::ostream& out) {
-    tr::atomic_write_file((dir_ / (suite_ + ".md")).string(), md_.str());
-    tr::atomic_write_file((dir_ / (suite_ + ".json")).string(), json_.dump(2) + "\n");
+    mp::atomic_write_file((dir_ / (suite_ + ".md")).string(), md_.str());
+    mp::atomic_write_file((dir_ / (suite_ + ".json")).string(), json_.dump(2) + "\n");
     out << "\n" << md_.str() << "\nreport written to " << dir_.string() << ": " << suite_ << ".md " << suite_ << ".json";
     for (const auto& f : files_) out << " " << f;
     out << "\n";
@@ -581,7 +581,7 @@ void opt_levels(const SuiteArgs& a, tr::TrainConfig base, const std::vector<std:
     const auto md = std::filesystem::path(dir) / "compare.md";
     std::ostringstream all;
     all << std::ifstream(md).rdbuf() << note;
-    tr::atomic_write_file(md.string(), all.str());
+    mp::atomic_write_file(md.string(), all.str());
   }
 }
 

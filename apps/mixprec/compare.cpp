@@ -11,7 +11,7 @@
 
 #include "commands.hpp"
 #include "mp/core/error.hpp"
-#include "mp/train/atomic_file.hpp"
+#include "mp/core/atomic_file.hpp"
 #include "mp/train/plot.hpp"
 #include "mp/train/progress.hpp"
 #include "mp/train/table.hpp"
@@ -100,6 +100,23 @@ tr::TrainConfig compare_run_config(const tr::TrainConfig& base, const std::strin
   return c;
 }
 
+// How the run's 16-bit matmuls and convolutions computed on the CPU: shapes per kernel path among the choices
+// of the run's dtype (Note [kernel paths chosen by measurement]); f16 computes through f32 on the CPU.
+std::string kernel_paths_cell(const tr::RunSummary& r) {
+  if (r.config.precision == "fp32" || r.config.device != "cpu") return "-";
+  const std::string dt = r.config.precision == "bf16" ? "bf16" : "f16";
+  std::map<std::string, int> n;
+  for (const auto& [key, path] : r.kernel_paths.choices) {
+    const size_t sp = key.find(' ');
+    const std::string dts = sp == std::string::npos ? "" : key.substr(sp + 1, dt.size() + 1);
+    if (dts == dt + " " || dts == dt + ">") ++n[path];
+  }
+  if (n.empty()) return dt == "f16" ? "via_f32" : "-";
+  std::string cell;
+  for (const auto& [path, count] : n) cell += (cell.empty() ? "" : ", ") + path + " " + std::to_string(count);
+  return cell;
+}
+
 void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::string& dir, std::ostream& out) {
   const bool text = runs.front().metric_name == "perplexity";
   size_t ref = 0;
@@ -112,14 +129,14 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
   tr::Table t;
   t.header = {"precision", "train time (s)", text ? "tokens/s" : "images/s", "data wait (s)", "peak memory (MiB)",
               text ? "valid perplexity" : "test accuracy (%)", "speed-up over " + base.label,
-              "memory vs " + base.label, "skipped steps"};
+              "memory vs " + base.label, "skipped steps", "16-bit kernel paths (shapes)"};
   for (const tr::RunSummary& r : runs) {
     t.rows.push_back({r.label + (r.diverged ? " (diverged)" : ""), fmt("%.1f", r.train_seconds), fmt("%.0f", r.throughput),
                       fmt("%.1f", r.data_wait_seconds), fmt("%.1f", static_cast<double>(r.peak_bytes) / (1 << 20)),
                       text ? fmt("%.2f", r.val_metric) : fmt("%.2f", 100 * r.val_metric),
                       fmt("%.2fx", base.train_seconds / std::max(r.train_seconds, 1e-9)),
                       fmt("%.2f", static_cast<double>(r.peak_bytes) / std::max<double>(1, base.peak_bytes)),
-                      std::to_string(r.skipped_steps)});
+                      std::to_string(r.skipped_steps), kernel_paths_cell(r)});
   }
   // --ema_decay: the weight averages' metric beside the model's
   if (std::any_of(runs.begin(), runs.end(), [](const tr::RunSummary& r) { return r.ema_val_metric.has_value(); })) {
@@ -136,16 +153,20 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
      << t.to_markdown() << "\n"
      << "Time is training steps only (evaluation excluded); memory is the peak of tensor memory above what was "
         "live before the model was built.\n";
+  const mp::KernelPathRecord& kp = runs.back().kernel_paths;
+  if (!kp.choices.empty())
+    md << "16-bit kernel paths are chosen per shape by timing them on this CPU (" << mp::kernel_path_summary(kp)
+       << "; native = oneDNN's 16-bit kernels, via_f32 = widened to f32, gemm = im2col + one 16-bit GEMM).\n";
   out << "\n" << md.str();
 
   if (dir.empty()) return;
   std::filesystem::create_directories(dir);
   const std::filesystem::path d(dir);
-  tr::atomic_write_file((d / "compare.md").string(), md.str());
+  mp::atomic_write_file((d / "compare.md").string(), md.str());
   std::string json = "{\"runs\": [";
   for (size_t i = 0; i < runs.size(); ++i) json += (i ? ", " : "") + tr::summary_to_json(runs[i]);
   json += "]}\n";
-  tr::atomic_write_file((d / "compare.json").string(), json);
+  mp::atomic_write_file((d / "compare.json").string(), json);
   std::vector<std::string> written{"compare.md", "compare.json"};
   if (!tr::gnuplot_available()) {
     out << "plots skipped: gnuplot not found (install it with: apt-get install gnuplot-nox)\n";

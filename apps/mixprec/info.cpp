@@ -4,10 +4,32 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "mp/kernel_paths.hpp"
 #include "mp/system.hpp"
 #include "mp/train/checkpoint.hpp"
 
 namespace mixprec {
+
+namespace {
+
+// The measured kernel paths of representative shapes (timed now where this machine's cache has no entry) and
+// what the cache file holds (Note [kernel paths chosen by measurement]).
+void print_kernel_paths(const std::vector<mp::KernelPathProbe>& probes) {
+  std::printf("  bf16 calls of representative shapes: the path taken, each candidate's median ms:\n");
+  for (const mp::KernelPathProbe& p : probes) {
+    std::string times;
+    for (const auto& [path, ms] : p.ms) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%s %.2f", times.empty() ? "" : ", ", path.c_str(), ms);
+      times += buf;
+    }
+    std::printf("    %-58s %-8s %s\n", p.what.c_str(), p.path.c_str(), times.c_str());
+  }
+  const mp::KernelPathRecord r = mp::kernel_path_record();
+  std::printf("  kernel-path cache: %s (%s)\n", r.cache_file.c_str(), mp::kernel_path_cache_summary().c_str());
+}
+
+}  // namespace
 
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Show CPU/GPU features, library versions and the advised precision; "
@@ -27,12 +49,15 @@ void add_info_command(CLI::App& app) {
                 yn(s.cpu.avx512_bf16), yn(s.cpu.amx_bf16), yn(s.cpu.f16c), yn(s.cpu.avx512_fp16));
     std::printf("  oneDNN %s: f32 matmul kernel '%s', bf16 matmul kernel '%s'\n", s.onednn_version.c_str(),
                 s.onednn_f32_matmul_impl.c_str(), s.onednn_bf16_matmul_impl.c_str());
-    std::printf("  bf16 matmul/convolution: %s\n", s.bf16_path == "via_f32"
-                                                        ? "through f32 (oneDNN's f32 kernels; the default without AMX)"
-                                                        : (s.bf16_path + " (oneDNN's bf16 kernels)").c_str());
-    const mp::PrecisionAdvice cpu = mp::cpu_precision_advice(s.cpu);
+    std::printf("  16-bit matmul/convolution paths: %s\n", s.bf16_path == "cpu_default"
+                    ? ("chosen per shape by timing (" + std::string(mp::kernel_path_mode_name(mp::kernel_path_mode())) +
+                       " mode)").c_str()
+                    : ("forced by MP_BF16=" + s.bf16_path).c_str());
+    const std::vector<mp::KernelPathProbe> probes = mp::probe_kernel_paths();
+    print_kernel_paths(probes);
+    const mp::PrecisionAdvice cpu = mp::cpu_precision_advice(s.cpu, probes);
     std::printf("  advised precision: %s — %s\n", mp::dtype_name(cpu.dtype), cpu.reason.c_str());
-    std::printf("  f16 on the CPU is storage-only (oneDNN 2.6 has no f16 matmul/convolution here).\n\n");
+    std::printf("  f16 computes through f32 on the CPU (oneDNN 2.6 has no f16 matmul/convolution here).\n\n");
     std::printf("CUDA: %s\n", s.cuda_status.c_str());
     for (const auto& g : s.gpus) {
       const bool tensor_cores = g.cc_major >= 7;

@@ -86,6 +86,8 @@ void add_train_command(CLI::App& app) {
                   static_cast<long long>(s.best_epoch), s.metric_name == "accuracy" ? 100 * s.best_val_metric : s.best_val_metric,
                   c->ema_decay > 0 ? " of the weight averages" : "", where.c_str());
     }
+    if (!s.kernel_paths.choices.empty())
+      std::printf("  16-bit kernel paths: %s\n", mp::kernel_path_summary(s.kernel_paths).c_str());
     if (!c->checkpoint_dir.empty()) std::printf("  checkpoint: %s/checkpoint.safetensors\n", c->checkpoint_dir.c_str());
     if (!c->log.empty()) std::printf("  run log: %s\n", c->log.c_str());
     if (s.stopped_early)

@@ -1,4 +1,5 @@
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,7 @@ struct SystemInfo {
   std::string onednn_version;          ///< e.g. "2.6.3"
   std::string onednn_bf16_matmul_impl;  ///< kernel oneDNN picks for a bf16 matmul, e.g. "brg:avx512_core_amx"
   std::string onednn_f32_matmul_impl;   ///< kernel oneDNN picks for an f32 matmul
-  std::string bf16_path;                ///< how bf16 matmuls/convolutions run: "native_gemm", "native", "via_f32"
+  std::string bf16_path;                ///< a forced bf16 rule ("native_gemm", "native", "via_f32") or "cpu_default"
   bool cuda_built = false;             ///< the CUDA backend is compiled in
   std::string cuda_status;             ///< "n device(s)" and the CUDA versions, or why there is none
   std::vector<GpuInfo> gpus;           ///< visible GPUs
@@ -47,8 +48,21 @@ struct PrecisionAdvice {
   std::string reason;
 };
 
-/// What precision the CPU should train in, and why.
-PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu);
+/// A representative 16-bit CPU call and how it computes here (Note [kernel paths chosen by measurement]).
+struct KernelPathProbe {
+  std::string what;                  ///< e.g. "matmul 512x784 x 784x2048 (MLP layer)"
+  std::string key;                   ///< the selector's key of the call
+  std::string path;                  ///< the path it takes
+  std::map<std::string, double> ms;  ///< each candidate's measured median (empty when not measured)
+};
+
+/// Runs bf16 calls of representative shapes (an MLP layer, a square GEMM, an LSTM step, ResNet convolutions):
+/// measured now where this machine's cache has no entry, so it can take a few seconds the first time.
+std::vector<KernelPathProbe> probe_kernel_paths();
+
+/// What precision the CPU should train in, and why, from the features and the measured probes (bf16 advised where
+/// its fastest path beats f32 on the probes' GEMMs; `probes` may be empty: the features alone then).
+PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu, const std::vector<KernelPathProbe>& probes = {});
 /// What precision a GPU should train in, and why (tensor cores need compute capability >= 7.0).
 PrecisionAdvice gpu_precision_advice(const GpuInfo& gpu);
 

@@ -129,8 +129,8 @@ std::pair<Tensor, Tensor> lstm_cell(const Tensor& x, const Tensor& h, const Tens
 // [B, 4H] x [4H, H] GEMM per step, writing dG_t into one [T, B, 4H] buffer, which is then both the
 // gradient of gx and the left operand of the single weight-gradient GEMM.
 //
-// Where the device's matmul computes 16-bit operands through f32 (backend::matmul_compute_dtype: the CPU for
-// f16, and for bf16 without AMX), each per-step GEMM would widen the whole recurrent weight again: 2T
+// Where the device's matmul computes a step's 16-bit GEMM through f32 (backend::matmul_compute_dtype: the CPU
+// for f16, and for bf16 shapes where that path measured faster), each per-step GEMM would widen the whole recurrent weight again: 2T
 // copies of a [4H, H] matrix per layer (the word LM, bf16 on such a CPU: most of the 113 ms of casts in a
 // 382 ms step, bench/RESULTS.md). So w_hh (and b_hh) are widened once per pass, the small per-step operand is
 // widened and the f32 result rounded to the gates' dtype: bit for bit the kernel's own widening (exact
@@ -179,7 +179,9 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
   Tensor cs = empty({T + 1, B, H}, {.dtype = state_dt, .device = dev});
   std::vector<Tensor> gates(static_cast<size_t>(T));
   auto* const compute_dtype = backend::matmul_compute_dtype.find(dev.type);
-  const DType mm = compute_dtype != nullptr ? compute_dtype(dt) : dt;
+  // The per-step GEMMs: [B, H] x [H, 4H] forward, [B, 4H] x [4H, H] for the data gradient.
+  const DType mm = compute_dtype != nullptr ? compute_dtype(dt, dt, 1, B, 4 * H, H) : dt;
+  const DType mm_bwd = compute_dtype != nullptr ? compute_dtype(dt, dt, 1, B, H, 4 * H) : dt;
   const Tensor w = w_hh.detach(), b = b_hh.defined() ? b_hh.detach() : Tensor();
   // Widened once (above): w^T as the contiguous [H, 4H] the kernel's own widening of linear's w^T operand makes,
   // so the f32 GEMM sees the same layout (linear passes wt.t().t() = wt).
@@ -207,10 +209,10 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
     cT = cT.detach();
     const bool with_bias = b_hh.defined();
     autograd::record("LstmLayerBackward", inputs, {y, hT, cT},
-                     [hs, cs, gates = std::move(gates), w, mm, with_bias, T, B, H](const std::vector<Tensor>& g) {
+                     [hs, cs, gates = std::move(gates), w, mm_bwd, with_bias, T, B, H](const std::vector<Tensor>& g) {
       const Device d = hs.device();
       const DType gdt = gates[0].dtype();
-      const Tensor wm = w.to(mm);  // widened once for the T data-gradient GEMMs (w itself when mm is w's dtype)
+      const Tensor wm = w.to(mm_bwd);  // widened once for the T data-gradient GEMMs (w itself when mm is w's dtype)
       Tensor dG = empty({T, B, 4 * H}, {.dtype = gdt, .device = d});
       // Two ping-pong buffers of our own (never written through g[2], which may be the caller's).
       Tensor dc_a = empty({B, H}, {.dtype = cs.dtype(), .device = d});

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "mp/core/error.hpp"
-#include "mp/train/atomic_file.hpp"
+#include "mp/core/atomic_file.hpp"
 
 namespace mp::train {
 namespace {

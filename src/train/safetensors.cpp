@@ -15,7 +15,7 @@
 #include <set>
 
 #include "mp/autograd/node.hpp"
-#include "mp/train/atomic_file.hpp"
+#include "mp/core/atomic_file.hpp"
 
 namespace mp::train {
 

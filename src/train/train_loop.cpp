@@ -55,6 +55,10 @@ constexpr const char* kEpochStatsKey = "epoch_stats";
 // judged (as timm's checkpoint saver does): the averages are what such a run is for.
 constexpr const char* kBestKey = "best";
 
+// The 16-bit CPU kernel paths the run used, key -> path: written into every checkpoint and adopted by a resumed
+// run (the determinism contract of Note [kernel paths chosen by measurement] in src/backend/cpu/kernel_paths.cpp).
+constexpr const char* kKernelPathsKey = "kernel_paths";
+
 // Note [gradient accumulation]
 // With --grad_accum N an optimizer step takes N consecutive batches: each batch's loss is divided by N
 // and backpropagated (scaled, when loss scaling is on), the gradients add up, and after the N-th batch
@@ -92,7 +96,9 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
     : c_(c), sum_(sum), parts_(std::move(parts)), start_(start), baseline_(baseline), out_(out),
       text_(is_text_task(c)), dev_(run_device(c)), ckpt_(checkpoint_path(c)), meta_{{"config", config_to_json(c)}} {
   if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
+  paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);
+  adopt_kernel_paths(resumed);
   if (!c.log.empty() && c.resume)  // Note [a resumed run's log]
     log_.emplace(c.log, RunLog::ResumePoint{.global_step = start.global_step, .epochs_done = start.epoch});
   else if (!c.log.empty())
@@ -183,9 +189,25 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
          << "): training continues from the checkpoint but will not retrace that run\n";
 }
 
+void TrainLoop::adopt_kernel_paths(const std::map<std::string, std::string>& resumed) {
+  const auto it = resumed.find(kKernelPathsKey);
+  if (it == resumed.end()) return;  // a fresh run, an f32 run, or a checkpoint written before this key
+  const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kKernelPathsKey + "'";
+  const nlohmann::json j = parse_metadata(what, it->second);
+  MP_CHECK(j.is_object(), what, ": expected an object of call -> path, got ", j.dump());
+  std::map<std::string, std::string> paths;
+  for (const auto& [key, v] : j.items()) {
+    MP_CHECK(v.is_string(), what, ": expected a path name for '", key, "', got ", v.dump());
+    paths[key] = v.get<std::string>();
+  }
+  mp::adopt_kernel_paths(paths);
+}
+
 void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::string& path) {
   const auto t0 = Clock::now();
   std::map<std::string, std::string> md = meta_;
+  if (const KernelPathRecord r = kernel_path_record(); !r.choices.empty())
+    md[kKernelPathsKey] = nlohmann::json(r.choices).dump();
   if (p.batch > 0) {  // within an epoch: its statistics so far (Note [resumed epoch statistics])
     const nlohmann::ordered_json j{
         {"epoch", hex_double(static_cast<double>(p.epoch))},
@@ -380,6 +402,13 @@ void TrainLoop::finish() {
   sum_.skipped_steps = parts_.scaler.skipped_steps();
   sum_.final_loss_scale = parts_.scaler.get_scale();
   sum_.throughput = sum_.train_seconds > 0 ? total_units_ / sum_.train_seconds : 0;
+  KernelPathRecord r = kernel_path_record();  // the counters of this run: the difference since its start
+  r.measured -= paths_at_start_.measured;
+  r.from_cache -= paths_at_start_.from_cache;
+  r.from_record -= paths_at_start_.from_record;
+  r.defaults -= paths_at_start_.defaults;
+  r.measure_seconds -= paths_at_start_.measure_seconds;
+  sum_.kernel_paths = std::move(r);
 }
 
 }  // namespace mp::train::detail

@@ -67,6 +67,7 @@ class TrainLoop {
  private:
   void save(const Progress& p, const nn::StateDict& extra, const std::string& path = {});
   void check_resumed_config(const std::map<std::string, std::string>& resumed);
+  void adopt_kernel_paths(const std::map<std::string, std::string>& resumed);
 
   const TrainConfig& c_;
   RunSummary& sum_;
@@ -84,6 +85,7 @@ class TrainLoop {
   };
   std::optional<Best> best_;
   std::map<std::string, std::string> meta_;
+  KernelPathRecord paths_at_start_;  ///< the process's kernel-path counters when the run began
   std::optional<RunLog> log_;
   /// The running statistics of an epoch up to a mid-epoch checkpoint.
   struct EpochCarry {

@@ -380,6 +380,7 @@ std::string summary_to_json(const RunSummary& s) {
       epochs[i]["ema_val_metric"] = num(*s.epochs[i].ema_val_metric);
     }
   j["epochs"] = epochs;
+  j["kernel_paths"] = nlohmann::ordered_json::parse(kernel_path_record_json(s.kernel_paths));
   j["config"] = nlohmann::ordered_json::parse(config_to_json(s.config));
   return j.dump();
 }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "mp/core/error.hpp"
-#include "mp/train/atomic_file.hpp"
+#include "mp/core/atomic_file.hpp"
 #include "mp/train/safetensors.hpp"
 #include "test_util.hpp"
 
@@ -322,14 +322,14 @@ std::vector<std::string> folder_entries(const fs::path& dir) {
 TEST(AtomicFile, WritesAndReplaces) {
   const fs::path dir = scratch_dir("safetensors", "atomic");
   const std::string path = (dir / "a.txt").string();
-  mp::train::atomic_write_file(path, "first");
+  mp::atomic_write_file(path, "first");
   EXPECT_EQ(read_file(path), "first");
-  mp::train::atomic_write_file(path, std::string_view("second\0x", 8));  // binary content
+  mp::atomic_write_file(path, std::string_view("second\0x", 8));  // binary content
   EXPECT_EQ(read_file(path), std::string("second\0x", 8));
   // A writer larger than the internal buffer, in small and large pieces.
   std::string big;
   for (int i = 0; i < 300000; ++i) big += std::to_string(i % 10);
-  mp::train::atomic_write_file(path, [&](std::ostream& os) {
+  mp::atomic_write_file(path, [&](std::ostream& os) {
     os << big.substr(0, 1000);
     os.write(big.data() + 1000, static_cast<std::streamsize>(big.size() - 1000));
   });
@@ -340,8 +340,8 @@ TEST(AtomicFile, WritesAndReplaces) {
 TEST(AtomicFile, ThrowingWriterLeavesOldFileAndNoTemporary) {
   const fs::path dir = scratch_dir("safetensors", "atomic_throw");
   const std::string path = (dir / "keep.bin").string();
-  mp::train::atomic_write_file(path, "old content");
-  EXPECT_THROW(mp::train::atomic_write_file(path,
+  mp::atomic_write_file(path, "old content");
+  EXPECT_THROW(mp::atomic_write_file(path,
                                             [](std::ostream& os) {
                                               os << std::string(3 << 20, 'x');  // some of it reaches the disk
                                               throw std::runtime_error("writer failed");
@@ -359,7 +359,7 @@ TEST(AtomicFile, MissingFolderNamesPathAndReason) {
   const fs::path dir = scratch_dir("safetensors", "atomic_missing");
   const std::string path = (dir / "no" / "such" / "f.txt").string();
   try {
-    mp::train::atomic_write_file(path, "x");
+    mp::atomic_write_file(path, "x");
     ADD_FAILURE() << "wrote into a missing folder";
   } catch (const mp::Error& e) {
     const std::string msg = e.what();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "mp/kernel_paths.hpp"
 #include "mp/core/device.hpp"
 
 namespace mp::train {
@@ -194,6 +195,8 @@ struct RunSummary {
   bool stopped_early = false;          ///< stop_after_steps or request_stop() ended the run (a checkpoint
                                        ///< holds the position when there is a checkpoint directory)
   bool interrupted = false;            ///< request_stop() ended it (the CLI's SIGINT/SIGTERM handler)
+  KernelPathRecord kernel_paths;       ///< the 16-bit CPU kernel paths chosen so far in this process, and the
+                                       ///< counters of how (measured, cache, record) during this run
 };
 
 /// Ask a running train() to stop after its current step, checkpointing there as stop_after_steps does (when it

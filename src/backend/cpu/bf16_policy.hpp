@@ -1,30 +1,34 @@
 #pragma once
-// How bf16 matmuls and convolutions compute on the CPU (Note [bf16 through f32 without AMX] in
-// bf16_policy.cpp; Notes [small convolutions as one GEMM], [bf16 weight gradient as one GEMM] and [GEMM paths
-// need AMX] in conv.cpp).
+// Which path a 16-bit matmul or convolution takes on the CPU: a forced rule (MP_BF16, tests), else chosen per
+// shape by measurement (Note [kernel paths chosen by measurement] in kernel_paths.cpp).
+#include <functional>
+#include <string>
+
+#include "backend/cpu/kernel_paths.hpp"
 #include "mp/core/dtype.hpp"
 
 namespace mp::backend::cpu {
 
 enum class Bf16Path {
-  cpu_default,  ///< native_gemm where the CPU has AMX-BF16, via_f32 otherwise
-  native_gemm,  ///< oneDNN's bf16 primitives; convolutions with few output pixels as im2col + one bf16 GEMM
-  native,       ///< oneDNN's bf16 primitives for every shape
-  via_f32,      ///< bf16 operands widened to f32 (exact), oneDNN's f32 primitives, the result rounded once
+  cpu_default,  ///< no forced rule: each shape's path is chosen by measurement (or pinned to its default)
+  native_gemm,  ///< forced: oneDNN's bf16 primitives, convolutions that can take it as im2col + one bf16 GEMM
+  native,       ///< forced: oneDNN's bf16 primitives for every shape
+  via_f32,      ///< forced: bf16 operands widened to f32 (exact), oneDNN's f32 primitives, the result rounded once
 };
 
 const char* bf16_path_name(Bf16Path path);
 
-/// Sets the path for matmuls and convolutions that start after the call (tests run every path on any CPU).
-/// With cpu_default, the environment variable MP_BF16=native_gemm|native|via_f32 (experiments) picks one; the
-/// variables MP_CONV_GEMM_MAX_PIXELS / MP_CONV_WGRAD_GEMM_MAX_PIXELS (tuning) override the GEMM thresholds.
+/// Forces a rule for bf16 matmuls and convolutions that start after the call (tests run every path on any CPU);
+/// cpu_default removes it. Without a call, MP_BF16=native_gemm|native|via_f32 (experiments) forces one.
 void set_bf16_path(Bf16Path path);
 
-/// The path bf16 matmuls and convolutions take now (cpu_default and the environment resolved).
+/// The rule forced now (set_bf16_path's, else MP_BF16's), or cpu_default.
 Bf16Path bf16_path();
 
-/// The dtype oneDNN multiplies `dt` operands in on this CPU: f32 for f16 (storage-only on the CPU) and for bf16
-/// on the via_f32 path, `dt` otherwise. The matmul and convolution kernels widen to it and round once.
-DType compute_dtype(DType dt);
+/// The path of one 16-bit (`dt`: bf16 or f16) matmul or convolution call: the forced rule's for bf16 when one is
+/// set, else choose_kernel_path over the candidates this CPU and library offer (bf16: native, via_f32, and gemm
+/// when `gemm_ok`; f16: via_f32). `key` names the call; `run` times a path on stand-in operands.
+KernelPath choose_16bit_path(DType dt, bool gemm_ok, const std::function<std::string()>& key,
+                             const std::function<void(KernelPath)>& run);
 
 }  // namespace mp::backend::cpu

@@ -1,20 +1,20 @@
-// CPU conv2d: oneDNN for f32 and bf16 (f32 accumulation; AMX-BF16 where the CPU has it, bf16 through f32
-// where it has not: Note [bf16 through f32 without AMX] in bf16_policy.cpp), plain OpenMP loops in double for f64
-// (gradient checks: correctness over speed), and f16 through f32 (oneDNN 2.6 has no f16 convolution on the
-// CPU: f16 is storage-only here, and the result is rounded to f16 once).
+// CPU conv2d: oneDNN for f32; for bf16, per shape and pass by measurement (Note [kernel paths chosen by
+// measurement] in kernel_paths.cpp), oneDNN's bf16 primitives, its f32 ones on widened operands, or im2col + one
+// bf16 GEMM; f16 through f32 (oneDNN 2.6 has no f16 convolution on the CPU: f16 is storage-only here, the result
+// is rounded to f16 once); plain OpenMP loops in double for f64 (gradient checks: correctness over speed).
 #include <omp.h>
 
-#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/conv_kernels.hpp"
 #include "backend/cpu/bf16_policy.hpp"
 #include "backend/cpu/loops.hpp"
+#include "backend/cpu/matmul_cpu.hpp"
 #include "backend/cpu/onednn_conv.hpp"
 #include "backend/linalg_kernels.hpp"
 #include "backend/reduce_kernels.hpp"
-#include "mp/core/cpu_features.hpp"
 
 namespace mp::backend::cpu {
 namespace {
@@ -158,42 +158,25 @@ void check_out(const Tensor& t, const char* what, MemoryFormat f = MemoryFormat:
 // col = im2col(x) (Note [bf16 weight gradient as one GEMM]), then one small transposing copy into NCHW.
 // The data gradient of a stride-1 convolution is a forward convolution of dy with the flipped, transposed
 // weights (Note [backward data as a forward convolution] in onednn_conv.cpp), so it takes the same GEMM.
-// Used for bf16, groups 1, kernels larger than 1x1 (1x1 ones run oneDNN's GEMM on the plain layout anyway),
-// when the output has at most kGemmMaxPixels pixels per image. Fixed by shape, never by timing.
-constexpr int64_t kGemmMaxPixels = 16;
+// This is KernelPath::gemm, a candidate for bf16, groups 1, kernels larger than 1x1 (1x1 ones run oneDNN's
+// GEMM on the plain layout anyway) and at most kGemmMaxPixels output pixels per image (input pixels for the
+// data gradient): whether it wins is measured per shape (Note [kernel paths chosen by measurement]); it lost
+// on AVX512-BF16 without AMX, and at 16x16 pixels everywhere it was tried (bench/RESULTS.md), hence the bound,
+// which keeps hopeless candidates from being timed.
+constexpr int64_t kGemmMaxPixels = 64;
 
-// Note [GEMM paths need AMX]
-// The GEMM paths pay for im2col and an extra copy to reach oneDNN's matmul rate, which is worth it on AMX
-// tiles (the rates in the Notes above). Without AMX (AVX512-BF16 only, e.g. a VM that hides AMX) oneDNN
-// runs both on VDPBF16PS and the matmul has no such edge: on a Sapphire Rapids VM without AMX,
-// ResNet-18 bf16 O2, 28x28x1, batch 128, 2 threads, ms per step (2 rounds, bench/RESULTS.md): 2244, 2250
-// with the paths, 2076, 2059 without. So by default they are on only where the CPU has AMX-BF16; the choice
-// depends on the CPU and the shape, never on timing, so runs on one machine stay bit-reproducible.
-// (Without AMX the default is now Bf16Path::via_f32, Note [bf16 through f32 without AMX] in bf16_policy.cpp,
-// which has no GEMM paths; Bf16Path::native_gemm forces them.)
-bool gemm_paths_on() { return bf16_path() == Bf16Path::native_gemm; }
-
-// A threshold forced by an environment variable (tuning experiments only), or -1.
-int64_t env_max_pixels(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr ? std::atoll(e) : -1;
-}
-
-int64_t gemm_max_pixels() {
-  static const int64_t forced = env_max_pixels("MP_CONV_GEMM_MAX_PIXELS");
-  if (forced >= 0) return forced;
-  return gemm_paths_on() ? kGemmMaxPixels : 0;
-}
-
-bool use_gemm_forward(const Conv2dArgs& a) {
-  return a.src_dtype == DType::bf16 && a.groups == 1 && !(a.kh == 1 && a.kw == 1) &&
-         a.out_h() * a.out_w() <= gemm_max_pixels();
-}
-
-bool use_gemm_backward_data(const Conv2dArgs& a) {
-  return a.src_dtype == DType::bf16 && a.groups == 1 && !(a.kh == 1 && a.kw == 1) && a.stride_h == 1 &&
-         a.stride_w == 1 && a.pad_h <= a.dil_h * (a.kh - 1) && a.pad_w <= a.dil_w * (a.kw - 1) &&
-         a.h * a.w <= gemm_max_pixels();
+bool gemm_eligible(const Conv2dArgs& a, ConvPass pass) {
+  if (a.src_dtype != DType::bf16 || a.groups != 1) return false;
+  switch (pass) {
+    case ConvPass::forward:
+      return !(a.kh == 1 && a.kw == 1) && a.out_h() * a.out_w() <= kGemmMaxPixels;
+    case ConvPass::backward_data:
+      return !(a.kh == 1 && a.kw == 1) && a.stride_h == 1 && a.stride_w == 1 && a.pad_h <= a.dil_h * (a.kh - 1) &&
+             a.pad_w <= a.dil_w * (a.kw - 1) && a.h * a.w <= kGemmMaxPixels;
+    case ConvPass::backward_weights:
+      return a.out_h() * a.out_w() <= kGemmMaxPixels;
+  }
+  return false;
 }
 
 void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col);
@@ -205,12 +188,12 @@ void forward_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& w2, const
   im2col_bf16(a, static_cast<const uint16_t*>(xc.raw_data()), static_cast<uint16_t*>(col.raw_data()));
   const Tensor wt = w2.view({1, a.oc, K}).transpose(1, 2);
   if (a.channels_last) {  // y^T [N oh ow, O] is the NHWC output itself
-    matmul_kernel.get(kCPU)(out.permute({0, 2, 3, 1}).view({1, R, a.oc}), col, wt, bias, false,
+    matmul_on_path(KernelPath::native, out.permute({0, 2, 3, 1}).view({1, R, a.oc}), col, wt, bias, false,
                             MatmulEpilogue::none);
     return;
   }
   const Tensor yt = empty({1, R, a.oc}, {.dtype = out.dtype()});
-  matmul_kernel.get(kCPU)(yt, col, wt, bias, false, MatmulEpilogue::none);
+  matmul_on_path(KernelPath::native, yt, col, wt, bias, false, MatmulEpilogue::none);
   Tensor(out).view({a.n, a.oc, P}).copy_(yt.view({a.n, P, a.oc}).permute({0, 2, 1}));
 }
 
@@ -237,62 +220,6 @@ void backward_data_gemm(const Conv2dArgs& a, const Tensor& dyc, const Tensor& wc
   forward_gemm(t, dyc, wt, Tensor(), dx);
 }
 
-void conv2d_forward_cpu(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const Conv2dGeometry& g) {
-  const MemoryFormat fmt = conv_call_format(out, x);  // Note [channels-last convolutions]
-  check_out(out, "output", fmt);
-  MP_ASSERT(x.dtype() == weight.dtype() && out.dtype() == x.dtype(), "conv2d kernel: dtypes differ");
-  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
-                           weight.size(3), g, compute_dtype(x.dtype()));
-  a.channels_last = fmt == MemoryFormat::channels_last;
-  MP_ASSERT(out.size(2) == a.out_h() && out.size(3) == a.out_w(), "conv2d kernel: output ", out.describe(),
-            " does not match the geometry");
-  if (x.dtype() == DType::f64) {
-    const Tensor xc = x.contiguous(), wc = weight.contiguous();
-    const Tensor bc = bias.defined() ? bias.to(DType::f64).contiguous() : Tensor();
-    const Tensor dst = out.is_contiguous() ? out : empty(out.sizes(), {.dtype = DType::f64});  // loops write NCHW
-    forward_f64(a, xc.data_ptr<double>(), wc.data_ptr<double>(), bc.defined() ? bc.data_ptr<double>() : nullptr,
-                dst.data_ptr<double>());
-    if (dst.raw_data() != out.raw_data()) Tensor(out).copy_(dst);
-    return;
-  }
-  const DType ct = a.src_dtype;
-  const Tensor xc = x.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous();
-  const Tensor bc = bias.defined() ? bias.to(DType::f32).contiguous() : Tensor();
-  // f16: the f32 result goes to a scratch tensor and is rounded into `out` once.
-  if (a.n > 0 && use_gemm_forward(a))  // Note [small convolutions as one GEMM]
-    return forward_gemm(a, xc, wc.view({a.oc, a.c * a.kh * a.kw}), bc, out);
-  const Tensor dst =
-      out.dtype() == ct ? out : empty(out.sizes(), {.dtype = ct, .device = out.device(), .memory_format = fmt});
-  conv2d_forward(a, xc.raw_data(), wc.raw_data(), bc.defined() ? bc.raw_data() : nullptr, dst.raw_data());
-  if (dst.raw_data() != out.raw_data()) Tensor(out).copy_(dst);
-}
-
-void conv2d_backward_data_cpu(const Tensor& dx, const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
-  const MemoryFormat fmt = conv_call_format(dx, dy);  // Note [channels-last convolutions]
-  check_out(dx, "dx", fmt);
-  MP_ASSERT(dy.dtype() == weight.dtype() && dx.dtype() == weight.dtype(), "conv2d backward kernel: dtypes differ");
-  Conv2dArgs a = make_args(dx.size(0), dx.size(1), dx.size(2), dx.size(3), weight.size(0), weight.size(2),
-                           weight.size(3), g, compute_dtype(dx.dtype()));
-  a.channels_last = fmt == MemoryFormat::channels_last;
-  MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
-            " does not match the geometry");
-  if (dx.dtype() == DType::f64) {
-    const Tensor dyc = dy.contiguous(), wc = weight.contiguous();
-    const Tensor dst = dx.is_contiguous() ? dx : empty(dx.sizes(), {.dtype = DType::f64});  // loops write NCHW
-    backward_data_f64(a, dyc.data_ptr<double>(), wc.data_ptr<double>(), dst.data_ptr<double>());
-    if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
-    return;
-  }
-  const DType ct = a.src_dtype;
-  const Tensor dyc = dy.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous();
-  if (a.n > 0 && use_gemm_backward_data(a)) return backward_data_gemm(a, dyc, wc, dx);
-  const Tensor dst =
-      dx.dtype() == ct ? dx : empty(dx.sizes(), {.dtype = ct, .device = dx.device(), .memory_format = fmt});
-  conv2d_backward_data(a, dyc.raw_data(), wc.raw_data(), dst.raw_data());
-  if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
-}
-
 // Note [bf16 weight gradient as one GEMM]
 // oneDNN 2.6's AMX weight-gradient kernel is slow when the output is small in space: for ResNet-18's last
 // stage (512 -> 512, 3x3, 4x4 output, batch 32) one call took ~19 ms, ~0.13 TFLOP/s, slower than its f32
@@ -300,24 +227,8 @@ void conv2d_backward_data_cpu(const Tensor& dx, const Tensor& dy, const Tensor& 
 //   dW [O, C kH kW] = dY^T [O, N oh ow] x col [N oh ow, C kH kW],
 // where col is x unfolded (im2col; zero where the window hangs over the padding). With few output pixels
 // col stays small (4x4, C = 512, N = 32: 512 x 4608 bf16 = 4.7 MB), and the GEMM runs on oneDNN's bf16
-// matmul with f32 output, at its full AMX rate. Used for bf16, groups 1, when oh * ow <= kGemmWgradMaxPixels
-// (the measured crossover, see bench/RESULTS.md); the result differs from oneDNN's only in the order of
-// the f32 sums. Fixed by shape, never by timing at run time, so runs stay bit-reproducible.
-// With channels-last activations the crossover is higher (kGemmWgradMaxPixelsNhwc): oneDNN's kernel reads
-// the same NHWC tensors either way, and ResNet-18's 8x8 stage as GEMMs made a bf16 step ~7% faster (interleaved
-// runs, 2 threads: 372, 376, 386 vs 403, 402, 430 ms); at 16x16 (256 pixels) it was slower again.
-constexpr int64_t kGemmWgradMaxPixels = 16;
-constexpr int64_t kGemmWgradMaxPixelsNhwc = 64;
-
-bool use_gemm_weight_grad(const Conv2dArgs& a) {
-  static const int64_t forced = env_max_pixels("MP_CONV_WGRAD_GEMM_MAX_PIXELS");
-  const int64_t max_pixels = forced >= 0        ? forced
-                             : !gemm_paths_on() ? 0
-                             : a.channels_last  ? kGemmWgradMaxPixelsNhwc
-                                                : kGemmWgradMaxPixels;
-  return a.src_dtype == DType::bf16 && a.groups == 1 && a.out_h() * a.out_w() <= max_pixels;
-}
-
+// matmul with f32 output; the result differs from oneDNN's convolution only in the order of the f32 sums.
+// It is the weight gradient's KernelPath::gemm, measured against the others per shape (gemm_eligible).
 // col [N oh ow, C kH kW] (bf16) from x [N, C, H, W] (bf16, contiguous NCHW, or NHWC when a.channels_last).
 // A table maps each (output pixel, tap) to its offset in an input plane, so the inner loop is a plain
 // gather (no index arithmetic or bounds tests per element). When every plane is read several times over
@@ -395,8 +306,130 @@ void backward_weights_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& 
   // dY^T [O, N P]: NCHW dy is copied so (small: O x N P); NHWC dy is [N P, O] already, read transposed.
   const Tensor dyt = a.channels_last ? dyc.permute({0, 2, 3, 1}).reshape({1, R, a.oc}).transpose(1, 2)
                                      : dyc.view({a.n, a.oc, P}).permute({1, 0, 2}).contiguous().view({1, a.oc, R});
-  matmul_kernel.get(kCPU)(dweight.view({1, a.oc, K}), dyt, col, Tensor(), false, MatmulEpilogue::none);
+  matmul_on_path(KernelPath::native, dweight.view({1, a.oc, K}), dyt, col, Tensor(), false, MatmulEpilogue::none);
   if (dbias.defined()) reduce_kernel.get(kCPU)(ReduceOp::sum, dbias, dyt.select(0, 0), 1);
+}
+
+// ------------------------------------------------------------------------------- one pass on a path
+// `a` describes the call in the operands' own dtype; `p` says how 16-bit operands compute (f32 ones: native).
+// Through f32, 16-bit results go to an f32 scratch tensor and are rounded into the output once.
+
+DType path_dtype(const Conv2dArgs& a, KernelPath p) { return p == KernelPath::via_f32 ? DType::f32 : a.src_dtype; }
+
+Tensor scratch_for(const Tensor& t, DType ct, MemoryFormat fmt) {
+  return t.dtype() == ct ? t : empty(t.sizes(), {.dtype = ct, .device = t.device(), .memory_format = fmt});
+}
+
+void forward_on(KernelPath p, Conv2dArgs a, const Tensor& out, const Tensor& x, const Tensor& weight,
+                const Tensor& bias, MemoryFormat fmt) {
+  const Tensor bc = bias.defined() ? bias.to(DType::f32).contiguous() : Tensor();
+  if (p == KernelPath::gemm)  // Note [small convolutions as one GEMM]
+    return forward_gemm(a, x.contiguous(fmt), weight.contiguous().view({a.oc, a.c * a.kh * a.kw}), bc, out);
+  const DType ct = path_dtype(a, p);
+  a.src_dtype = a.dst_dtype = ct;
+  const Tensor xc = x.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous(), dst = scratch_for(out, ct, fmt);
+  conv2d_forward(a, xc.raw_data(), wc.raw_data(), bc.defined() ? bc.raw_data() : nullptr, dst.raw_data());
+  if (dst.raw_data() != out.raw_data()) Tensor(out).copy_(dst);
+}
+
+void backward_data_on(KernelPath p, Conv2dArgs a, const Tensor& dx, const Tensor& dy, const Tensor& weight,
+                      MemoryFormat fmt) {
+  if (p == KernelPath::gemm) return backward_data_gemm(a, dy.contiguous(fmt), weight.contiguous(), dx);
+  const DType ct = path_dtype(a, p);
+  a.src_dtype = a.dst_dtype = ct;
+  const Tensor dyc = dy.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous(), dst = scratch_for(dx, ct, fmt);
+  conv2d_backward_data(a, dyc.raw_data(), wc.raw_data(), dst.raw_data());
+  if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
+}
+
+void backward_weights_on(KernelPath p, Conv2dArgs a, const Tensor& dweight, const Tensor& dbias, const Tensor& x,
+                         const Tensor& dy, MemoryFormat fmt) {
+  if (p == KernelPath::gemm)  // Note [bf16 weight gradient as one GEMM]
+    return backward_weights_gemm(a, x.contiguous(fmt), dy.contiguous(fmt), dweight, dbias);
+  const DType ct = path_dtype(a, p);
+  a.src_dtype = a.dst_dtype = ct;
+  const Tensor xc = x.to(ct).contiguous(fmt), dyc = dy.to(ct).contiguous(fmt);
+  conv2d_backward_weights(a, xc.raw_data(), dyc.raw_data(), dweight.raw_data(),
+                          dbias.defined() ? dbias.raw_data() : nullptr);
+}
+
+const char* pass_name(ConvPass pass) {
+  switch (pass) {
+    case ConvPass::forward: return "conv_fwd";
+    case ConvPass::backward_data: return "conv_bwd_data";
+    case ConvPass::backward_weights: return "conv_bwd_weights";
+  }
+  return "?";
+}
+
+// The path of one pass (Note [kernel paths chosen by measurement]); f32 operands and empty batches: native.
+KernelPath conv_path(const Conv2dArgs& a, ConvPass pass) {
+  if (a.src_dtype == DType::f32 || a.n == 0) return KernelPath::native;
+  auto key = [&] {
+    auto d = [](int64_t x, int64_t y) { return std::to_string(x) + "x" + std::to_string(y); };
+    return std::string(pass_name(pass)) + " " + dtype_name(a.src_dtype) + " n" + std::to_string(a.n) + " c" +
+           std::to_string(a.c) + " hw" + d(a.h, a.w) + " o" + std::to_string(a.oc) + " k" + d(a.kh, a.kw) + " s" +
+           d(a.stride_h, a.stride_w) + " p" + d(a.pad_h, a.pad_w) + " d" + d(a.dil_h, a.dil_w) + " g" +
+           std::to_string(a.groups) + (a.channels_last ? " nhwc" : " nchw");
+  };
+  // Stand-in operands: x, w, y (the output or dy) in the call's dtype, and an f32 weight gradient.
+  auto run = [a, pass, ops = std::vector<Tensor>()](KernelPath p) mutable {
+    const MemoryFormat fmt = a.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+    if (ops.empty()) {
+      const TensorOptions act{.dtype = a.src_dtype, .memory_format = fmt};
+      ops = {full({a.n, a.c, a.h, a.w}, 0.01, act), full({a.oc, a.c / a.groups, a.kh, a.kw}, 0.01, {.dtype = a.src_dtype}),
+             full({a.n, a.oc, a.out_h(), a.out_w()}, 0.01, act), empty({a.oc, a.c / a.groups, a.kh, a.kw})};
+    }
+    switch (pass) {
+      case ConvPass::forward: return forward_on(p, a, ops[2], ops[0], ops[1], Tensor(), fmt);
+      case ConvPass::backward_data: return backward_data_on(p, a, ops[0], ops[2], ops[1], fmt);
+      case ConvPass::backward_weights: return backward_weights_on(p, a, ops[3], Tensor(), ops[0], ops[2], fmt);
+    }
+  };
+  return choose_16bit_path(a.src_dtype, gemm_eligible(a, pass), key, run);
+}
+
+// ----------------------------------------------------------------------------------------- kernels
+
+void conv2d_forward_cpu(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const Conv2dGeometry& g) {
+  const MemoryFormat fmt = conv_call_format(out, x);  // Note [channels-last convolutions]
+  check_out(out, "output", fmt);
+  MP_ASSERT(x.dtype() == weight.dtype() && out.dtype() == x.dtype(), "conv2d kernel: dtypes differ");
+  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
+                           weight.size(3), g, x.dtype());
+  a.channels_last = fmt == MemoryFormat::channels_last;
+  MP_ASSERT(out.size(2) == a.out_h() && out.size(3) == a.out_w(), "conv2d kernel: output ", out.describe(),
+            " does not match the geometry");
+  if (x.dtype() == DType::f64) {
+    const Tensor xc = x.contiguous(), wc = weight.contiguous();
+    const Tensor bc = bias.defined() ? bias.to(DType::f64).contiguous() : Tensor();
+    const Tensor dst = out.is_contiguous() ? out : empty(out.sizes(), {.dtype = DType::f64});  // loops write NCHW
+    forward_f64(a, xc.data_ptr<double>(), wc.data_ptr<double>(), bc.defined() ? bc.data_ptr<double>() : nullptr,
+                dst.data_ptr<double>());
+    if (dst.raw_data() != out.raw_data()) Tensor(out).copy_(dst);
+    return;
+  }
+  forward_on(conv_path(a, ConvPass::forward), a, out, x, weight, bias, fmt);
+}
+
+void conv2d_backward_data_cpu(const Tensor& dx, const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
+  const MemoryFormat fmt = conv_call_format(dx, dy);  // Note [channels-last convolutions]
+  check_out(dx, "dx", fmt);
+  MP_ASSERT(dy.dtype() == weight.dtype() && dx.dtype() == weight.dtype(), "conv2d backward kernel: dtypes differ");
+  Conv2dArgs a = make_args(dx.size(0), dx.size(1), dx.size(2), dx.size(3), weight.size(0), weight.size(2),
+                           weight.size(3), g, dx.dtype());
+  a.channels_last = fmt == MemoryFormat::channels_last;
+  MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
+            " does not match the geometry");
+  if (dx.dtype() == DType::f64) {
+    const Tensor dyc = dy.contiguous(), wc = weight.contiguous();
+    const Tensor dst = dx.is_contiguous() ? dx : empty(dx.sizes(), {.dtype = DType::f64});  // loops write NCHW
+    backward_data_f64(a, dyc.data_ptr<double>(), wc.data_ptr<double>(), dst.data_ptr<double>());
+    if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
+    return;
+  }
+  backward_data_on(conv_path(a, ConvPass::backward_data), a, dx, dy, weight, fmt);
 }
 
 void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, const Tensor& x, const Tensor& dy,
@@ -406,7 +439,7 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
   MP_ASSERT(x.dtype() == dy.dtype(), "conv2d backward kernel: x and dy dtypes differ");
   const MemoryFormat fmt = conv_call_format(Tensor(), x.suggest_memory_format() == MemoryFormat::channels_last ? x : dy);
   Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), dweight.size(0), dweight.size(2),
-                           dweight.size(3), g, compute_dtype(x.dtype()));
+                           dweight.size(3), g, x.dtype());
   a.channels_last = fmt == MemoryFormat::channels_last;
   MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
             " does not match the geometry");
@@ -418,15 +451,11 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
   }
   MP_ASSERT(dweight.dtype() == DType::f32 && (!dbias.defined() || dbias.dtype() == DType::f32),
             "conv2d backward kernel: dweight/dbias must be f32 for ", dtype_name(x.dtype()), " inputs");
-  const DType ct = a.src_dtype;
-  const Tensor xc = x.to(ct).contiguous(fmt), dyc = dy.to(ct).contiguous(fmt);
-  if (a.n > 0 && use_gemm_weight_grad(a)) return backward_weights_gemm(a, xc, dyc, dweight, dbias);
-  conv2d_backward_weights(a, xc.raw_data(), dyc.raw_data(), dweight.raw_data(),
-                          dbias.defined() ? dbias.raw_data() : nullptr);
+  backward_weights_on(conv_path(a, ConvPass::backward_weights), a, dweight, dbias, x, dy, fmt);
 }
 
-// Both gradients: when both run on oneDNN's convolution primitives (f32, bf16 or f16-through-f32, no GEMM
-// path), one call, which reorders dy into oneDNN's layout once for the two; otherwise the two kernels.
+// Both gradients: when both passes take one primitive path (native, or both through f32), one call, which
+// reorders dy into oneDNN's layout once for the two; otherwise the two kernels.
 void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& x,
                          const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
   if (!dx.defined() || !dweight.defined() || dx.dtype() == DType::f64) {
@@ -443,19 +472,20 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
   MP_ASSERT(dweight.dtype() == DType::f32 && (!dbias.defined() || dbias.dtype() == DType::f32),
             "conv2d backward kernel: dweight/dbias must be f32 for ", dtype_name(x.dtype()), " inputs");
   Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
-                           weight.size(3), g, compute_dtype(x.dtype()));
+                           weight.size(3), g, x.dtype());
   a.channels_last = fmt == MemoryFormat::channels_last;
   MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
             " does not match the geometry");
-  if (a.n == 0 || use_gemm_backward_data(a) || use_gemm_weight_grad(a)) {
-    conv2d_backward_data_cpu(dx, dy, weight, g);
-    conv2d_backward_weights_cpu(dweight, dbias, x, dy, g);
+  const KernelPath pd = conv_path(a, ConvPass::backward_data), pw = conv_path(a, ConvPass::backward_weights);
+  if (a.n == 0 || pd != pw || pd == KernelPath::gemm) {
+    backward_data_on(pd, a, dx, dy, weight, fmt);
+    backward_weights_on(pw, a, dweight, dbias, x, dy, fmt);
     return;
   }
-  const DType ct = a.src_dtype;
+  const DType ct = path_dtype(a, pd);
+  a.src_dtype = a.dst_dtype = ct;
   const Tensor xc = x.to(ct).contiguous(fmt), dyc = dy.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous();
-  const Tensor dxs =
-      dx.dtype() == ct ? dx : empty(dx.sizes(), {.dtype = ct, .device = dx.device(), .memory_format = fmt});
+  const Tensor dxs = scratch_for(dx, ct, fmt);
   conv2d_backward(a, xc.raw_data(), dyc.raw_data(), wc.raw_data(), dxs.raw_data(), dweight.raw_data(),
                   dbias.defined() ? dbias.raw_data() : nullptr);
   if (dxs.raw_data() != dx.raw_data()) Tensor(dx).copy_(dxs);

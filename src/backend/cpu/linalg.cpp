@@ -1,9 +1,13 @@
-// CPU matmul: oneDNN for f32 and bf16 (AMX on Sapphire Rapids; through f32 without AMX: Note [bf16 through f32
-// without AMX] in bf16_policy.cpp), a blocked loop for f64 (gradient checks), and f16 through f32 (oneDNN 2.6
-// has no f16 GEMM on CPU: f16 is storage-only here).
+// CPU matmul: oneDNN for f32; for bf16 oneDNN's bf16 GEMM or its f32 GEMM on widened operands, per shape by
+// measurement (Note [kernel paths chosen by measurement] in kernel_paths.cpp); f16 through f32 (oneDNN 2.6 has
+// no f16 GEMM on CPU: f16 is storage-only here); a plain loop in double for f64 (gradient checks).
 #include <omp.h>
 
+#include <string>
+#include <vector>
+
 #include "backend/cpu/bf16_policy.hpp"
+#include "backend/cpu/matmul_cpu.hpp"
 #include "backend/cpu/onednn_matmul.hpp"
 #include "backend/linalg_kernels.hpp"
 
@@ -34,19 +38,18 @@ void matmul_f64(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
     }
 }
 
-void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
-                MatmulEpilogue epilogue) {
-  MP_ASSERT(a.dim() == 3 && b.dim() == 3 && out.dim() == 3, "matmul kernel wants 3-D operands");
+}  // namespace
+
+void matmul_on_path(KernelPath path, const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias,
+                    bool accumulate, MatmulEpilogue epilogue) {
   const bool relu = epilogue == MatmulEpilogue::relu;
-  MP_ASSERT(!(relu && accumulate), "matmul: a ReLU epilogue cannot be combined with accumulation");
-  if (a.dtype() == DType::f64) return matmul_f64(out, a, b, bias, accumulate, relu);
-  if (compute_dtype(a.dtype()) != a.dtype()) {
-    // Storage-only f16, or bf16 without AMX: compute through f32 and round the result once.
+  if (a.dtype() != DType::f32 && path == KernelPath::via_f32) {
+    // Through f32: widen the operands exactly, run the f32 GEMM, round the result once.
     Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32);
     Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
-    if (out.dtype() == DType::f32) return matmul_cpu(out, a32, b32, bias32, accumulate, epilogue);
+    if (out.dtype() == DType::f32) return matmul_on_path(path, out, a32, b32, bias32, accumulate, epilogue);
     Tensor o32 = accumulate ? out.to(DType::f32) : empty(out.sizes());
-    matmul_cpu(o32, a32, b32, bias32, accumulate, epilogue);
+    matmul_on_path(path, o32, a32, b32, bias32, accumulate, epilogue);
     Tensor(out).copy_(o32);
     return;
   }
@@ -77,9 +80,44 @@ void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
   matmul(args, a.raw_data(), b.raw_data(), out.raw_data(), bias_c.defined() ? bias_c.raw_data() : nullptr);
 }
 
+namespace {
+
+// The path of a 16-bit matmul of these sizes (Note [kernel paths chosen by measurement]); timed on contiguous
+// stand-in operands (the key leaves out layouts, bias and epilogue: they change little of the time).
+KernelPath matmul_path(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k) {
+  auto key = [&] {
+    return std::string("matmul ") + dtype_name(ab) + ">" + dtype_name(c) + " b" + std::to_string(batch) + " m" +
+           std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+  };
+  auto run = [ab, c, batch, m, n, k, ops = std::vector<Tensor>()](KernelPath p) mutable {
+    if (ops.empty())
+      ops = {full({batch, m, k}, 0.01, {.dtype = ab}), full({batch, k, n}, 0.01, {.dtype = ab}),
+             empty({batch, m, n}, {.dtype = c})};
+    matmul_on_path(p, ops[2], ops[0], ops[1], Tensor(), false, MatmulEpilogue::none);
+  };
+  return choose_16bit_path(ab, false, key, run);
+}
+
+void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
+                MatmulEpilogue epilogue) {
+  MP_ASSERT(a.dim() == 3 && b.dim() == 3 && out.dim() == 3, "matmul kernel wants 3-D operands");
+  MP_ASSERT(!(epilogue == MatmulEpilogue::relu && accumulate),
+            "matmul: a ReLU epilogue cannot be combined with accumulation");
+  if (a.dtype() == DType::f64) return matmul_f64(out, a, b, bias, accumulate, epilogue == MatmulEpilogue::relu);
+  const KernelPath path = a.dtype() == DType::f32 || out.numel() == 0 || a.size(2) == 0
+                              ? KernelPath::native
+                              : matmul_path(a.dtype(), out.dtype(), out.size(0), out.size(1), out.size(2), a.size(2));
+  matmul_on_path(path, out, a, b, bias, accumulate, epilogue);
+}
+
+DType matmul_compute_dtype_cpu(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k) {
+  if (ab != DType::bf16 && ab != DType::f16) return ab;
+  return matmul_path(ab, c, batch, m, n, k) == KernelPath::via_f32 ? DType::f32 : ab;
+}
+
 }  // namespace
 
 MP_REGISTER_KERNEL(matmul_kernel, DeviceType::cpu, &matmul_cpu);
-MP_REGISTER_KERNEL(matmul_compute_dtype, DeviceType::cpu, &compute_dtype);
+MP_REGISTER_KERNEL(matmul_compute_dtype, DeviceType::cpu, &matmul_compute_dtype_cpu);
 
 }  // namespace mp::backend::cpu

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace mp::train {
+namespace mp {
 
 /// Write `bytes` to `path` atomically: a temporary file in the same folder (path + ".tmp.<pid>.<random>"),
 /// fsync, rename over `path`, fsync the folder. On any failure the old file is untouched, the temporary
@@ -17,4 +17,4 @@ void atomic_write_file(const std::string& path, std::string_view bytes);
 /// memory). An exception thrown by `write` removes the temporary, leaves `path` untouched and propagates.
 void atomic_write_file(const std::string& path, const std::function<void(std::ostream&)>& write);
 
-}  // namespace mp::train
+}  // namespace mp

@@ -1,5 +1,5 @@
 // Atomic file replacement (temporary file + fsync + rename + folder fsync).
-#include "mp/train/atomic_file.hpp"
+#include "mp/core/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,7 +16,7 @@
 
 #include "mp/core/error.hpp"
 
-namespace mp::train {
+namespace mp {
 namespace {
 
 std::string errno_str(int err) { return std::strerror(err); }
@@ -177,4 +177,4 @@ void atomic_write_file(const std::string& path, const std::function<void(std::os
   commit(t, path);
 }
 
-}  // namespace mp::train
+}  // namespace mp
