@@ -8,7 +8,9 @@ set -euo pipefail
 pkgs=(build-essential cmake libdnnl-dev ocl-icd-opencl-dev libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox)
 if [ "${1:-}" = "--bench" ]; then
-  pkgs+=(python3-torch libopenblas0-openmp)
+  # python3-venv: scripts/setup-bench-venv.sh (run last) makes .venv-bench/ with PyPI's newest torch, the
+  # PyTorch that bench/compare_pytorch.sh compares with; Debian's python3-torch 1.13 is its extra column.
+  pkgs+=(python3-torch libopenblas0-openmp python3-venv)
 elif [ -n "${1:-}" ]; then
   echo "setup.sh: unknown option '$1'; expected nothing or --bench" >&2
   exit 2
@@ -23,4 +25,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if [ "${1:-}" = "--bench" ]; then
+  "$(dirname "$0")/setup-bench-venv.sh"
 fi

@@ -14,10 +14,18 @@ Precisions on the CPU:
 - bf16: torch.autocast('cpu', dtype=torch.bfloat16): PyTorch's CPU AMP, per-op casting with f32 weights,
   which is Apex's O1. There is no loss scaling (bf16 has f32's range; mixprec's bf16 runs use none either).
   PyTorch has no O2/O3 for the CPU, so only O1 is accepted.
-- fp16: CPU autocast to float16 does not exist in torch 1.13 (autocast warns and disables itself, and
-  f16 matmul is not implemented on the CPU). Where it is missing the script prints the JSON object with
-  "unsupported" set to the reason and null timings, and exits 0. Where a newer torch supports it, fp16 runs
-  under autocast with torch.amp.GradScaler('cpu').
+- fp16: torch.autocast('cpu', dtype=torch.float16) with torch.amp.GradScaler('cpu') (torch 2.x). On a CPU
+  without AVX512-FP16 its f16 matmuls can be extremely slow (seconds per MLP step): --time_limit caps a run.
+  CPU autocast to float16 does not exist in torch 1.13 (autocast warns and disables itself, and f16 matmul
+  is not implemented on the CPU), and in torch 2.x some CPU kernels have no f16 version (oneDNN's LSTM
+  without AVX512-FP16 fails); where it is missing or a step fails the script prints the JSON object with
+  "unsupported" set to the reason and null timings, and exits 0.
+
+Time limit: --time_limit S stops a run once its steps (warm-up and timed) have taken S seconds: the warm-up
+steps left are skipped and timing stops after the current timed step; at least one timed step always runs,
+and "cut" in the JSON says what was cut (null when nothing was). --progress prints each step's time and the
+wall-clock time (t=, seconds since the epoch) on stderr as it goes, so that a caller that has to kill a run
+can still say how long its steps took.
 
 On a GPU (--device cuda): autocast('cuda') in bf16 or fp16 (fp16 with torch.cuda.amp.GradScaler), TF32
 off for matmuls and cuDNN (mixprec's default is true f32 too), cudnn.benchmark on; each step ends with
@@ -27,10 +35,10 @@ Memory: torch has no allocator statistics for the CPU, so "peak_bytes" (mixprec:
 during the timed steps) is null here; "max_rss_bytes" (the process's peak resident set, interpreter and
 libraries included) is reported by both sides as a rough comparison.
 
-BLAS: torch's f32 matmuls (Linear, LSTM) run on the system's libblas.so.3; the JSON's "blas" names the
-library this process loaded. With only Debian's reference libblas3 they are ~50x slower than with OpenBLAS
-(apt-get install libopenblas0-openmp, or put its openblas-openmp folder first in LD_LIBRARY_PATH);
-bf16 matmuls and convolutions run on oneDNN either way.
+BLAS: PyPI's torch carries MKL for its f32 matmuls ("blas": "MKL (in torch)"). Debian's torch runs them on
+the system's libblas.so.3; the JSON's "blas" names the library this process loaded. With only Debian's
+reference libblas3 they are ~50x slower than with OpenBLAS (apt-get install libopenblas0-openmp, or put its
+openblas-openmp folder first in LD_LIBRARY_PATH); bf16 matmuls and convolutions run on oneDNN either way.
 
 Threads: torch 1.13 on this machine defaults to 1 thread; --threads (default: OMP_NUM_THREADS, else the
 CPUs this process may run on, which is what libgomp gives mixprec) is passed to torch.set_num_threads.
@@ -83,6 +91,11 @@ def parse_args(argv):
                    "no TF32, cudnn.benchmark on)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads (0 = OMP_NUM_THREADS, else the CPUs this process may use)")
+    p.add_argument("--time_limit", type=float, default=0.0,
+                   help="seconds (0 = none): once the steps have run this long, skip the warm-up steps left and stop "
+                        "after the current timed step (at least one timed step runs); the JSON's 'cut' says so")
+    p.add_argument("--progress", action="store_true",
+                   help="print each step's time and the wall-clock time (t=, epoch seconds) on stderr as it goes")
     a = p.parse_args(argv)
     lm = a.model in LM_CELLS
     if not lm and not is_image_model(a.model):
@@ -121,6 +134,8 @@ def parse_args(argv):
         p.error("--device %s: torch %s sees no CUDA device" % (a.device, torch.__version__))
     if a.threads < 0:
         p.error("--threads must be >= 0, got %d" % a.threads)
+    if not a.time_limit >= 0:
+        p.error("--time_limit must be >= 0, got %g" % a.time_limit)
     if a.threads == 0:
         env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
         a.threads = int(env) if env.isdigit() and int(env) > 0 else len(os.sched_getaffinity(0))
@@ -163,11 +178,20 @@ def cpu_brand():
 
 
 def blas_library():
-    """The BLAS library this process loaded (torch's f32 matmuls run on it): Debian's python3-torch takes
-    whatever libblas.so.3 is, and the reference one (libblas3) is ~50x slower than OpenBLAS."""
+    """The BLAS torch's f32 matmuls run on: PyPI's torch carries MKL; Debian's python3-torch takes whatever
+    libblas.so.3 is (the library this process loaded), and the reference one (libblas3) is ~50x slower than
+    OpenBLAS."""
+    try:
+        info = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    except Exception:  # noqa: BLE001 (an older torch without __config__)
+        info = None
+    if info and info.group(1) == "mkl":
+        return "MKL (in torch)"
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "blas" in line.rsplit("/", 1)[-1].lower()}
+            # numpy's own OpenBLAS (a wheel's numpy.libs / scipy_openblas) is not the one torch calls
+            paths = {line.split()[-1] for line in f if "blas" in line.rsplit("/", 1)[-1].lower()
+                     and "numpy" not in line and "scipy_openblas" not in line}
     except OSError:
         return None
     return sorted(paths)[0] if paths else None
@@ -198,7 +222,7 @@ def device_name(a):
 
 def result_base(a, config):
     return {"framework": "pytorch", "version": torch.__version__, "blas": blas_library(), "model": a.model,
-            "config": config,
+            "python": sys.executable, "config": config,
             "precision": a.precision, "opt_level": a.opt_level}
 
 
@@ -247,12 +271,7 @@ def main(argv):
     elif a.precision == "fp16":
         reason = fp16_autocast_support()
         if reason:
-            out.update({"amp": None, "unsupported": reason, "warmup": a.warmup, "steps": a.steps, "median_ms": None,
-                        "min_ms": None, "max_ms": None, "step_ms": [], "throughput": None, "unit": unit,
-                        "peak_bytes": None, "max_rss_bytes": None, "final_loss": None, "skipped_steps": None,
-                        "threads": torch.get_num_threads(), "device": device_name(a)})
-            emit(out, a.json)
-            return 0
+            return unsupported(a, out, unit, reason)
         scaler = torch.amp.GradScaler("cpu")
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
 
@@ -288,18 +307,56 @@ def main(argv):
         if gpu:
             torch.cuda.synchronize(dev)
 
-    for _ in range(a.warmup):
-        step()
-    sync()
-    if gpu:
-        torch.cuda.reset_peak_memory_stats(dev)
-    ms = []
-    loss = None
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
-        loss = step()
-        sync()  # GPU kernels run asynchronously: the step ends when its work has
-        ms.append((time.perf_counter() - t0) * 1000.0)
+    def progress(what, i, n, step_ms):
+        if a.progress:
+            print("bench_step: %s %d/%d: %.1f ms (t=%.3f)" % (what, i, n, step_ms, time.time()), file=sys.stderr,
+                  flush=True)
+
+    if a.progress:
+        print("bench_step: first step (t=%.3f)" % time.time(), file=sys.stderr, flush=True)
+    t_begin = time.perf_counter()
+
+    def over_time():
+        return a.time_limit > 0 and time.perf_counter() - t_begin >= a.time_limit
+
+    def run_steps():
+        warm_done = 0
+        for i in range(a.warmup):
+            if over_time():
+                break
+            t0 = time.perf_counter()
+            step()
+            sync()
+            warm_done += 1
+            progress("warm-up", i + 1, a.warmup, (time.perf_counter() - t0) * 1000.0)
+        sync()
+        if gpu:
+            torch.cuda.reset_peak_memory_stats(dev)
+        ms = []
+        loss = None
+        for i in range(a.steps):
+            if ms and over_time():
+                break
+            t0 = time.perf_counter()
+            loss = step()
+            sync()  # GPU kernels run asynchronously: the step ends when its work has
+            ms.append((time.perf_counter() - t0) * 1000.0)
+            progress("timed", i + 1, a.steps, ms[-1])
+        return warm_done, ms, loss
+
+    try:
+        warm_done, ms, loss = run_steps()
+    except RuntimeError as e:
+        # torch 2.x's CPU fp16 autocast exists but not every kernel has an f16 CPU version (e.g. oneDNN's LSTM
+        # on a CPU without AVX512-FP16: "could not create a primitive descriptor"): that is PyTorch's answer.
+        if gpu or a.precision != "fp16":
+            raise
+        return unsupported(a, out, unit, "torch %s: a CPU fp16 autocast step fails: %s"
+                           % (torch.__version__, str(e).strip().splitlines()[0]))
+    cut = None
+    if warm_done < a.warmup or len(ms) < a.steps:
+        cut = "time limit %g s: %d of %d warm-up and %d of %d timed steps run" % (
+            a.time_limit, warm_done, a.warmup, len(ms), a.steps)
     srt = sorted(ms)
     n = len(srt)
     med = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])
@@ -309,7 +366,8 @@ def main(argv):
     else:
         amp = "O1 %s (torch.autocast('%s')), loss scale %s" % (
             {"bf16": "bf16", "fp16": "f16"}[a.precision], dev.type, "dynamic" if scaler is not None else "none")
-    out.update({"amp": amp, "warmup": a.warmup, "steps": a.steps, "median_ms": med, "min_ms": srt[0],
+    out.update({"amp": amp, "warmup": warm_done, "steps": len(ms), "steps_requested": a.steps, "cut": cut,
+                "median_ms": med, "min_ms": srt[0],
                 "max_ms": srt[-1], "step_ms": ms, "throughput": units / (med / 1000.0), "unit": unit,
                 # torch keeps no CPU allocator statistics (see the module docstring); on a GPU its caching
                 # allocator's peak of allocated bytes is what mixprec's peak_bytes counts too
@@ -317,6 +375,16 @@ def main(argv):
                 "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 "final_loss": last if math.isfinite(last) else None,
                 "skipped_steps": skipped[0],
+                "threads": torch.get_num_threads(), "device": device_name(a)})
+    emit(out, a.json)
+    return 0
+
+
+def unsupported(a, out, unit, reason):
+    """Prints the JSON object with "unsupported" set to the reason and null timings; exit status 0."""
+    out.update({"amp": None, "unsupported": reason, "warmup": a.warmup, "steps": a.steps, "median_ms": None,
+                "min_ms": None, "max_ms": None, "step_ms": [], "throughput": None, "unit": unit,
+                "peak_bytes": None, "max_rss_bytes": None, "final_loss": None, "skipped_steps": None,
                 "threads": torch.get_num_threads(), "device": device_name(a)})
     emit(out, a.json)
     return 0
