@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Install what mixprec needs from Debian (idempotent; skips packages already present).
+# Install what mixprec needs: Debian packages, then oneDNN 3.2 from PyPI into .deps/onednn
+# (scripts/install-onednn.sh). Idempotent: skips what is already present.
 set -euo pipefail
 # --bench adds what the side-by-side benchmarks need: Debian's PyTorch and OpenBLAS (without it,
 # Debian's torch runs its f32 matmuls on the reference libblas3, ~50x slower: a straw man).
-# ocl-icd-opencl-dev: Debian's libdnnl-dev only recommends it, but its dnnl-config.cmake calls
-# find_package(OpenCL) and fails without the OpenCL headers and libOpenCL.so (seen on a fresh machine).
-pkgs=(build-essential cmake libdnnl-dev ocl-icd-opencl-dev libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
+# python3-pip: installs the oneDNN wheels (Debian 12 ships oneDNN 2.6 only; mixprec uses 3.2).
+pkgs=(build-essential cmake python3-pip libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox)
 if [ "${1:-}" = "--bench" ]; then
   # python3-venv: scripts/setup-bench-venv.sh (run last) makes .venv-bench/ with PyPI's newest torch, the
@@ -26,6 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+"$(dirname "$0")/install-onednn.sh"
 if [ "${1:-}" = "--bench" ]; then
   "$(dirname "$0")/setup-bench-venv.sh"
 fi

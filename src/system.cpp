@@ -1,7 +1,5 @@
 #include "mp/system.hpp"
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <functional>
 
 #include "backend/cpu/bf16_policy.hpp"
@@ -22,8 +20,7 @@ SystemInfo system_info() {
   SystemInfo s;
   s.version = "0.1.0";
   s.cpu = cpu_features();
-  const dnnl_version_t* v = dnnl_version();
-  s.onednn_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  s.onednn_version = backend::cpu::onednn_version();
   auto impl = [](DType dt) {
     try {
       return backend::cpu::matmul_impl_info(backend::cpu::MatmulArgs::contiguous(1, 256, 256, 256, dt, DType::f32));

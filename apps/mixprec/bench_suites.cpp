@@ -34,12 +34,18 @@ namespace {
 namespace tr = mp::train;
 using Json = nlohmann::ordered_json;
 
+/// The PyTorch users run: PyPI's newest torch in the bench set-up's .venv-bench (scripts/setup.sh --bench), else
+/// the system's (Debian's 1.13).
+std::string default_python() {
+  return std::filesystem::exists(".venv-bench/bin/python") ? ".venv-bench/bin/python" : "/usr/bin/python3";
+}
+
 /// Flags every suite takes.
 struct SuiteArgs {
   std::string report;                            ///< output folder ("" = report/bench-SUITE)
   bool quick = false;                            ///< small sizes (minutes on a 2-core CPU)
   std::string pytorch = "auto";                  ///< auto (when found), on (required) or off
-  std::string python = "/usr/bin/python3";       ///< interpreter with torch (Debian's python3-torch)
+  std::string python = default_python();         ///< interpreter with torch
   std::string script = "bench/pytorch/bench_step.py";  ///< PyTorch's side of bench step
   int64_t warmup = -1;                           ///< untimed steps per configuration (-1 = suite default)
   int64_t steps = -1;                            ///< timed steps per configuration (-1 = suite default)

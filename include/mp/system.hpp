@@ -22,7 +22,7 @@ struct GpuInfo {
 struct SystemInfo {
   std::string version;                 ///< mixprec version
   CpuFeatures cpu;                     ///< CPU features
-  std::string onednn_version;          ///< e.g. "2.6.3"
+  std::string onednn_version;          ///< e.g. "3.2.0"
   std::string onednn_bf16_matmul_impl;  ///< kernel oneDNN picks for a bf16 matmul, e.g. "brg:avx512_core_amx"
   std::string onednn_f32_matmul_impl;   ///< kernel oneDNN picks for an f32 matmul
   std::string bf16_path;                ///< a forced bf16 rule ("native_gemm", "native", "via_f32") or "cpu_default"

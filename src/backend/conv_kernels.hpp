@@ -3,8 +3,8 @@
 // (MemoryFormat::channels_last, NHWC in memory with the same logical dims), weights OIHW
 // ([O, C/groups, kH, kW]), PyTorch semantics (symmetric zero padding, dilation 1 = dense kernel).
 // x and weight share one dtype: f32, f64, bf16 or f16. f32 and bf16 run on oneDNN with f32 accumulation;
-// f64 runs plain loops (gradient checks); f16 is storage-only on the CPU (oneDNN 2.6 has no f16
-// convolution there) and computes through f32, rounding the result once.
+// f64 runs plain loops (gradient checks); f16 computes through f32 on the CPU, rounding the result once
+// (oneDNN 3.x has f16 convolutions only on CPUs with AVX512-FP16 or AMX-FP16).
 #include <array>
 #include <cstdint>
 

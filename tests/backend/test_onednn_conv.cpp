@@ -1,10 +1,11 @@
 // oneDNN conv2d (forward, backward data, backward weights) against double-precision reference loops, in f32
-// and bf16: strides, padding, dilation, groups, depthwise, 1x1, odd and rectangular shapes, errors, caching
-// and the AMX kernel choice.
+// and bf16 (and f16 where the CPU has oneDNN's f16 kernels): strides, padding, dilation, groups, depthwise,
+// 1x1, odd and rectangular shapes, errors, caching and the AMX kernel choice.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -17,7 +18,7 @@
 namespace mp::backend::cpu {
 namespace {
 
-constexpr DType kF32 = DType::f32, kBf16 = DType::bf16;
+constexpr DType kF32 = DType::f32, kBf16 = DType::bf16, kF16 = DType::f16;
 
 // A dense tensor of `storage` dtype whose float mirror holds exactly what the kernel reads. Values are
 // also rounded to `compute` (the dtype the kernel computes in), so a dtype conversion inside the backend
@@ -34,9 +35,13 @@ struct Tensor {
     for (int64_t i = 0; i < count; ++i) {
       float v = dist(rng);
       if (compute == kBf16 || storage == kBf16) v = static_cast<float>(BFloat16(v));
+      if (compute == kF16 || storage == kF16) v = static_cast<float>(Half(v));
       values[i] = v;
       if (storage == kBf16) {
         const BFloat16 h(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      } else if (storage == kF16) {
+        const Half h(v);
         std::memcpy(bytes.data() + 2 * i, &h, 2);
       } else {
         std::memcpy(bytes.data() + 4 * i, &v, 4);
@@ -46,6 +51,11 @@ struct Tensor {
   float get(int64_t i) const {
     if (storage == kBf16) {
       BFloat16 h;
+      std::memcpy(&h, bytes.data() + 2 * i, 2);
+      return static_cast<float>(h);
+    }
+    if (storage == kF16) {
+      Half h;
       std::memcpy(&h, bytes.data() + 2 * i, 2);
       return static_cast<float>(h);
     }
@@ -90,10 +100,10 @@ void for_each_tap(const Conv2dArgs& a, F&& f) {
 // Tolerance (see the matmul test for the argument): products of bf16 inputs are exact in f32, so both
 // dtypes differ from the exact sum only by the f32 accumulation, bounded by 1e-5*sqrt(L)*scale with L the
 // number of terms (generous against the typical sqrt(L)*2^-24*scale, tiny against any indexing bug). A bf16
-// output adds its rounding, at most half an ulp; we allow 2^-8 |value|.
+// output adds its rounding, at most half an ulp; we allow 2^-8 |value| (f16: 2^-10).
 void expect_close(const char* what, const Tensor& got, const Reference& ref, int64_t terms, DType out_dtype) {
   const double rel = 1e-5 * std::sqrt(static_cast<double>(std::max<int64_t>(terms, 1)));
-  const double out_rel = out_dtype == kBf16 ? std::ldexp(1.0, -8) : 0.0;
+  const double out_rel = out_dtype == kBf16 ? std::ldexp(1.0, -8) : out_dtype == kF16 ? std::ldexp(1.0, -10) : 0.0;
   int failures = 0;
   for (size_t i = 0; i < ref.value.size(); ++i) {
     const double g = got.get(static_cast<int64_t>(i));
@@ -226,6 +236,29 @@ TEST(OnednnConv, ResNetLikeChannels) {
   }
 }
 
+// f16 operands reach oneDNN 3.x, which has f16 convolution kernels on CPUs with AVX512-FP16 or AMX-FP16:
+// every pass is right wherever its primitive is created, and a CPU without one says so in an mp::Error that
+// names the oneDNN call and the problem.
+TEST(OnednnConv, F16ComputesOrSaysWhy) {
+  for (const DtypeCase& d : {DtypeCase{kF16, kF16}, DtypeCase{kF16, kF32}})
+    for (Conv2dArgs a : {shape(2, 16, 6, 6, 16, 3), shape(2, 16, 6, 6, 32, 1)}) {
+      a.pad_h = a.pad_w = a.kh / 2, a.src_dtype = d.src, a.dst_dtype = d.dst;
+      SCOPED_TRACE(detail::str_cat("f16 -> ", dtype_name(d.dst), " k", a.kh));
+      try {
+        check_conv(a, true);
+        std::printf("[   INFO   ] f16 -> %s convolution k%lld runs on %s / %s / %s\n", dtype_name(d.dst),
+                    static_cast<long long>(a.kh), conv2d_impl_info(a, ConvPass::forward, true).c_str(),
+                    conv2d_impl_info(a, ConvPass::backward_data).c_str(),
+                    conv2d_impl_info(a, ConvPass::backward_weights, true).c_str());
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        for (const char* part : {"dnnl::convolution", "f16", "unimplemented"})
+          EXPECT_NE(msg.find(part), std::string::npos) << part << " missing from: " << msg;
+        std::printf("[   INFO   ] no f16 convolution on this CPU: %s\n", msg.c_str());
+      }
+    }
+}
+
 TEST(OnednnConv, EmptyBatch) {
   Conv2dArgs a = shape(0, 3, 5, 5, 4, 3);
   float dst = 1, diff_w[4 * 3 * 9], diff_b[4];
@@ -249,8 +282,8 @@ TEST(OnednnConv, ErrorsNameTheProblem) {
     }
   };
   Conv2dArgs a = shape(1, 4, 5, 5, 4, 3);
-  a.src_dtype = DType::f16;
-  expect_error(a, "f16");
+  a.src_dtype = DType::f64;
+  expect_error(a, "f64");
   a = shape(1, 4, 5, 5, 6, 3);
   a.groups = 4;
   expect_error(a, "multiples of groups");

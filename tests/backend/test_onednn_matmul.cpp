@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -32,6 +33,10 @@ struct Buffer {
       const BFloat16 h(v);
       values[i] = static_cast<float>(h);  // the reference sees the rounded input
       std::memcpy(bytes.data() + 2 * i, &h, 2);
+    } else if (dtype == DType::f16) {
+      const Half h(v);
+      values[i] = static_cast<float>(h);
+      std::memcpy(bytes.data() + 2 * i, &h, 2);
     } else {
       values[i] = v;
       std::memcpy(bytes.data() + 4 * i, &v, 4);
@@ -40,6 +45,11 @@ struct Buffer {
   float get(int64_t i) const {  // read back what the kernel wrote
     if (dtype == DType::bf16) {
       BFloat16 h;
+      std::memcpy(&h, bytes.data() + 2 * i, 2);
+      return static_cast<float>(h);
+    }
+    if (dtype == DType::f16) {
+      Half h;
       std::memcpy(&h, bytes.data() + 2 * i, 2);
       return static_cast<float>(h);
     }
@@ -61,7 +71,8 @@ int64_t extent(int64_t batch, int64_t rows, int64_t cols, const int64_t st[3]) {
 // about sqrt(k)*u*sum|a*b| typically; we allow 1e-5*sqrt(k) (~170x the typical value, still far below the
 // O(1) error any indexing bug gives) relative to scale = sum|a*b| + |bias| + |old C|, which stays
 // meaningful when the sum cancels. A bf16 C adds the output rounding: at most half an ulp = 2^-9 |c|;
-// we allow 2^-8 |c| because the f32 value being rounded is itself slightly off.
+// we allow 2^-8 |c| because the f32 value being rounded is itself slightly off (f16: 2^-11, allowed 2^-10).
+// f16 products are exact in f32 too (11 x 11 significant bits).
 void check_matmul(const MatmulArgs& args, uint32_t seed = 1) {
   std::mt19937 rng(seed);
   Buffer a(args.a_dtype, extent(args.batch, args.m, args.k, args.a_strides), rng);
@@ -72,7 +83,9 @@ void check_matmul(const MatmulArgs& args, uint32_t seed = 1) {
   matmul(args, a.data(), b.data(), c.data(), args.has_bias ? bias.data() : nullptr);
 
   const double rel = 1e-5 * std::sqrt(static_cast<double>(std::max<int64_t>(args.k, 1)));
-  const double out_rel = args.c_dtype == DType::bf16 ? std::ldexp(1.0, -8) : 0.0;
+  const double out_rel = args.c_dtype == DType::bf16  ? std::ldexp(1.0, -8)
+                         : args.c_dtype == DType::f16 ? std::ldexp(1.0, -10)
+                                                      : 0.0;
   int failures = 0;
   for (int64_t bb = 0; bb < args.batch; ++bb)
     for (int64_t i = 0; i < args.m; ++i)
@@ -220,7 +233,6 @@ TEST(OnednnMatmul, ErrorsNameTheProblem) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error(MatmulArgs::contiguous(1, 2, 2, 2, DType::f16, kF32), "f16");
   expect_error(MatmulArgs::contiguous(1, 2, 2, 2, DType::i32, kF32), "i32");
   expect_error(MatmulArgs::contiguous(1, 2, 2, 2, kF32, kBf16), "bf16 C");
   MatmulArgs mixed = MatmulArgs::contiguous(1, 2, 2, 2);
@@ -235,7 +247,48 @@ TEST(OnednnMatmul, ErrorsNameTheProblem) {
   MatmulArgs no_bias = MatmulArgs::contiguous(1, 2, 2, 2);
   no_bias.has_bias = true;
   expect_error(no_bias, "bias is null");
-  EXPECT_THROW(to_dnnl(DType::f16, "test"), Error);
+  MatmulArgs f16_c = MatmulArgs::contiguous(1, 2, 2, 2, kBf16, DType::f16);
+  expect_error(f16_c, "f16 C");
+  EXPECT_EQ(to_dnnl(DType::f16, "test"), dnnl::memory::data_type::f16);
+  try {
+    to_dnnl(DType::f64, "conv2d (input)");
+    ADD_FAILURE() << "expected an mp::Error for f64";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("conv2d (input)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f64"), std::string::npos) << e.what();
+  }
+}
+
+// f16 operands reach oneDNN 3.x, which has f16 matmul kernels on CPUs with AVX512-FP16 or AMX-FP16: the
+// product is right wherever a primitive is created, and a CPU without one says so in an mp::Error that names
+// the oneDNN call and the problem.
+TEST(OnednnMatmul, F16ComputesOrSaysWhy) {
+  for (const auto& [ab, c] : {DtypeCase{DType::f16, kF32}, DtypeCase{DType::f16, DType::f16}}) {
+    const MatmulArgs args = MatmulArgs::contiguous(2, 33, 17, 65, ab, c);
+    SCOPED_TRACE(detail::str_cat("f16 -> ", dtype_name(c)));
+    std::string impl;
+    try {
+      impl = matmul_impl_info(args);
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const char* part : {"dnnl::matmul", "f16", "unimplemented"})
+        EXPECT_NE(msg.find(part), std::string::npos) << part << " missing from: " << msg;
+      std::printf("[   INFO   ] no f16 matmul on this CPU: %s\n", msg.c_str());
+      continue;
+    }
+    EXPECT_FALSE(impl.empty());
+    std::printf("[   INFO   ] f16 -> %s matmul runs on %s\n", dtype_name(c), impl.c_str());
+    check_matmul(args);
+  }
+}
+
+TEST(OnednnCommon, ReferenceImplementationsAreRecognised) {
+  for (const char* ref : {"ref:any", "ref_int8:any", "gemm:ref", "x64:gemm:ref", "ref"})
+    EXPECT_TRUE(onednn_reference_impl(ref)) << ref;
+  for (const char* fast : {"brg:avx512_core_amx", "gemm:jit", "jit:avx512_core", "x64:gemm:jit", "brgconv:avx512_core",
+                           "brg_matmul:avx512_core_bf16", ""})
+    EXPECT_FALSE(onednn_reference_impl(fast)) << fast;
+  EXPECT_EQ(onednn_version().substr(0, 2), "3.");
 }
 
 TEST(OnednnCommon, FailedOnednnCallsBecomeErrorsNamingCallAndShapes) {

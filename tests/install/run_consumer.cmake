@@ -1,6 +1,7 @@
 # Installs the already-built mixprec into WORK_DIR/prefix, then configures, builds and runs
 # a small outside project that uses find_package(mixprec) and links mixprec::mixprec; then moves the
-# prefix and runs the installed CLI from there (it must load the libmixprec installed beside it).
+# prefix and runs the installed CLI from there (it must load the libmixprec installed beside it, and the
+# oneDNN the build used).
 file(REMOVE_RECURSE ${WORK_DIR})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -38,5 +39,13 @@ if(EXISTS ${WORK_DIR}/prefix/bin/mixprec)
       message(FATAL_ERROR "the installed CLI loads libmixprec from outside its prefix: ${line}")
     endif()
     message(STATUS "installed CLI: ${line}")
+    # oneDNN is not installed with mixprec: the installed libmixprec finds it where the build found it
+    # (scripts/setup.sh's .deps/onednn) through its RUNPATH.
+    string(REGEX MATCH "libdnnl[^\n]*" dnnl "${deps}")
+    if(NOT dnnl OR dnnl MATCHES "not found")
+      message(FATAL_ERROR "the installed CLI does not find oneDNN (ldd: '${dnnl}'); the installed libmixprec's "
+                          "RUNPATH should name the folder of the libdnnl.so.3 it was built against:\n${deps}")
+    endif()
+    message(STATUS "installed CLI: ${dnnl}")
   endif()
 endif()

@@ -15,7 +15,7 @@ namespace mp {
 /// c0, w_ih, w_hh and both biases (the libraries add the two biases, so both get the same gradient).
 /// Under autocast x, h0, w_ih, w_hh and the biases follow lstm_layer's "lower" policy; c0 keeps its
 /// precision. Without autocast x, h0, w_ih and w_hh must share a dtype. Compute dtypes: f32 and bf16 on
-/// the CPU (oneDNN 2.6 has no f16 or f64 LSTM); f32, f16 and bf16 on CUDA (bf16 needs cuDNN >= 9.13).
+/// the CPU (oneDNN has no f16 or f64 LSTM there); f32, f16 and bf16 on CUDA (bf16 needs cuDNN >= 9.13).
 /// See Note [library LSTM] in src/ops/rnn_library.cpp.
 std::tuple<Tensor, Tensor, Tensor> lstm_layer_library(const Tensor& x, const Tensor& h0, const Tensor& c0,
                                                       const Tensor& w_ih, const Tensor& w_hh,

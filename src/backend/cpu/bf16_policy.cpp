@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/onednn_matmul.hpp"
 #include "mp/core/error.hpp"
 
 namespace mp::backend::cpu {
@@ -16,8 +17,11 @@ namespace {
 // only the order of the sums and the denormal handling differ; one rounding of the result; activations stay
 // bf16 in memory), and for convolutions with few output pixels im2col + one bf16 GEMM. The fastest differs
 // from CPU to CPU and shape to shape (Note [kernel paths chosen by measurement]), so it is measured; native is
-// the default. f16 computes through f32: oneDNN 2.6 has no f16 matmul or convolution on the CPU. A forced rule
-// (set_bf16_path, MP_BF16) overrides the measurement for bf16; tests use it to run every path on any CPU.
+// the default. f16 has native kernels in oneDNN 3.x only on CPUs with AVX512-FP16 or AMX-FP16; elsewhere (and
+// for bf16 on CPUs without AVX-512, where oneDNN 3.2 has no bf16 kernel at all) the 16-bit kernel is no
+// candidate and the call computes through f32. Where both exist for f16, through f32 stays the default (oneDNN's
+// f16 kernels have to earn their place by measurement). A forced rule (set_bf16_path, MP_BF16) overrides the
+// measurement for bf16; tests use it to run every path on any CPU.
 std::atomic<Bf16Path> g_path{Bf16Path::cpu_default};
 
 Bf16Path parse_env() {
@@ -26,6 +30,20 @@ Bf16Path parse_env() {
   for (const Bf16Path p : {Bf16Path::native_gemm, Bf16Path::native, Bf16Path::via_f32})
     if (std::string(e) == bf16_path_name(p)) return p;
   MP_FAIL("MP_BF16: expected native_gemm, native or via_f32, got '", e, "'; unset it to choose paths by measurement");
+}
+
+// Whether oneDNN has a non-reference matmul kernel for `dt` on this CPU (an unimplemented one: no).
+bool probe_native(DType dt) {
+  try {
+    return !onednn_reference_impl(matmul_impl_info(MatmulArgs::contiguous(1, 64, 64, 64, dt, dt)));
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+bool onednn_has_native(DType dt) {
+  static const bool bf16 = probe_native(DType::bf16), f16 = probe_native(DType::f16);
+  return dt == DType::bf16 ? bf16 : f16;
 }
 
 }  // namespace
@@ -56,13 +74,18 @@ Bf16Path bf16_path() {
 KernelPath choose_16bit_path(DType dt, bool gemm_ok, const std::function<std::string()>& key,
                              const std::function<void(KernelPath)>& run) {
   MP_ASSERT(dt == DType::bf16 || dt == DType::f16, "choose_16bit_path: not a 16-bit dtype: ", dtype_name(dt));
-  if (dt == DType::f16) return KernelPath::via_f32;
+  if (dt == DType::f16) {
+    if (!onednn_has_native(DType::f16)) return KernelPath::via_f32;
+    static constexpr KernelPath kF16[] = {KernelPath::via_f32, KernelPath::native};
+    return choose_kernel_path(key(), kF16, run);
+  }
   switch (bf16_path()) {
     case Bf16Path::native_gemm: return gemm_ok ? KernelPath::gemm : KernelPath::native;
     case Bf16Path::native: return KernelPath::native;
     case Bf16Path::via_f32: return KernelPath::via_f32;
     case Bf16Path::cpu_default: break;
   }
+  if (!onednn_has_native(DType::bf16)) return KernelPath::via_f32;
   std::vector<KernelPath> candidates{KernelPath::native, KernelPath::via_f32};
   if (gemm_ok) candidates.push_back(KernelPath::gemm);
   return choose_kernel_path(key(), candidates, run);

@@ -1,7 +1,7 @@
 // CPU conv2d: oneDNN for f32; for bf16, per shape and pass by measurement (Note [kernel paths chosen by
 // measurement] in kernel_paths.cpp), oneDNN's bf16 primitives, its f32 ones on widened operands, or im2col + one
-// bf16 GEMM; f16 through f32 (oneDNN 2.6 has no f16 convolution on the CPU: f16 is storage-only here, the result
-// is rounded to f16 once); plain OpenMP loops in double for f64 (gradient checks: correctness over speed).
+// bf16 GEMM; f16 through f32 (oneDNN has f16 kernels only with AVX512-FP16/AMX-FP16, where they are measured too;
+// the result is rounded to f16 once); plain OpenMP loops in double for f64 (gradient checks: correctness over speed).
 #include <omp.h>
 
 #include <cstring>

@@ -33,21 +33,30 @@ dnnl::memory::data_type to_dnnl(DType t, const char* op) {
   switch (t) {
     case DType::f32: return dnnl::memory::data_type::f32;
     case DType::bf16: return dnnl::memory::data_type::bf16;
-    case DType::f16:
-      MP_FAIL(op,
-              ": dtype f16 is not supported on CPU (oneDNN 2.6 has no f16 matmul/convolution kernels; "
-              "f16 on CPU is storage-only). Convert the operands to f32 or bf16 first.");
+    case DType::f16: return dnnl::memory::data_type::f16;
     default: break;
   }
-  MP_FAIL(op, ": oneDNN computes in f32 or bf16, got dtype ", dtype_name(t), ". Convert the operands first.");
+  MP_FAIL(op, ": oneDNN computes in f32, bf16 or f16, got dtype ", dtype_name(t), ". Convert the operands first.");
+}
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
+bool onednn_reference_impl(const std::string& impl) {
+  return impl.starts_with("ref") || impl.find("ref:") != std::string::npos ||
+         impl.find("gemm:ref") != std::string::npos;
 }
 
 void throw_onednn_error(const char* call, const dnnl::error& e, const std::string& context) {
   const bool unimplemented = e.status == dnnl_unimplemented;
   MP_FAIL("oneDNN call ", call, " failed with ", dnnl_status2str(e.status), " (", e.what(), ") for ", context,
-          unimplemented ? ". oneDNN 2.6 has no CPU implementation for this combination of shapes, dtypes and "
-                          "layouts; try f32 or contiguous operands."
-                        : ".");
+          unimplemented ? detail::str_cat(". oneDNN ", onednn_version(),
+                                          " has no implementation for this combination of shapes, dtypes and "
+                                          "layouts on this CPU (its f16 kernels need AVX512-FP16 or AMX-FP16, "
+                                          "its bf16 kernels AVX-512); try f32 or contiguous operands.")
+                        : std::string("."));
 }
 
 namespace {

@@ -16,6 +16,11 @@
 #include "mp/core/dtype.hpp"
 #include "mp/core/error.hpp"
 
+static_assert(DNNL_VERSION_MAJOR == 3,
+              "mixprec is written for the oneDNN 3.x API, and these oneDNN headers are another major version "
+              "(Debian's libdnnl-dev is 2.6): run scripts/setup.sh, which installs oneDNN 3.2 into .deps/onednn, "
+              "and configure again");
+
 namespace mp::backend::cpu {
 
 /// The process-wide oneDNN CPU engine (created on first use; initialisation is thread-safe).
@@ -24,9 +29,19 @@ dnnl::engine& onednn_engine();
 /// The in-order oneDNN stream of the calling thread on onednn_engine(); see Note [one stream per thread].
 dnnl::stream& onednn_stream();
 
-/// oneDNN data type of a compute dtype: f32 and bf16. Anything else throws mp::Error naming `op` and the
-/// dtype (f16 too: oneDNN 2.6 has no f16 matmul/convolution on CPU, so f16 on CPU is storage-only).
+/// oneDNN data type of a compute dtype: f32, bf16 and f16. Anything else throws mp::Error naming `op` and the
+/// dtype. oneDNN 3.x has f16 matmul/convolution kernels only on CPUs with AVX512-FP16 or AMX-FP16 (elsewhere
+/// primitive creation fails, or picks a reference kernel: see onednn_reference_impl()).
 dnnl::memory::data_type to_dnnl(DType t, const char* op = "oneDNN");
+
+/// The version of the oneDNN library loaded at run time, e.g. "3.2.0".
+std::string onednn_version();
+
+/// Whether `impl` (a primitive descriptor's impl_info_str()) names one of oneDNN's reference (slow, plain C++)
+/// implementations: it starts with "ref" or contains "ref:" / "gemm:ref", e.g. "ref:any", "ref_int8:any",
+/// "gemm:ref". For matmul and convolution; not for RNNs, whose gemm-based generic driver is also named "ref"
+/// (oneDNN 3.2's f32 LSTM on AVX-512 says "ref" and runs on its jit sgemm).
+bool onednn_reference_impl(const std::string& impl);
 
 /// Throw mp::Error for a failed oneDNN call, naming the call, oneDNN's status and message and `context`.
 [[noreturn]] void throw_onednn_error(const char* call, const dnnl::error& e, const std::string& context);

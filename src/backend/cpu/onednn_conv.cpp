@@ -15,8 +15,8 @@ using dnnl::memory;
 using tag = memory::format_tag;
 
 // Note [convolution layouts]
-// The caller's tensors are plain NCHW / OIHW. Measured here (Sapphire Rapids, 2 threads, batch 32, median of
-// 15 interleaved fwd+bwd_data+bwd_weights steps, reorders from/to plain included; ms per step):
+// The caller's tensors are plain NCHW / OIHW. Measured with oneDNN 2.6 (Sapphire Rapids, 2 threads, batch 32,
+// median of 15 interleaved fwd+bwd_data+bwd_weights steps, reorders from/to plain included; ms per step):
 //
 //   shape                     f32: nchw   any   nhwc     bf16: nchw   any   nhwc
 //   3->64    32x32 3x3             9.2   10.0   13.9           10.4    6.1    6.0
@@ -40,10 +40,11 @@ using tag = memory::format_tag;
 bool use_plain_layout(const Conv2dArgs& a) { return a.kh == 1 && a.kw == 1 && a.pad_h == 0 && a.pad_w == 0; }
 
 // Note [backward data as a forward convolution]
-// oneDNN 2.6 has brgemm convolution kernels (brgconv, AMX tiles) for the forward pass only; backward data
-// runs its older jit:avx512_core_amx_bf16 kernel, measured here 1.2-2x slower than the forward kernel on the
-// same shape (ResNet-18, batch 32, 2 threads: 512->512 at 4x4 16.5 vs 8.6 ms per call, 256->256 at 8x8 7.1 vs
-// 4.5 ms). For stride 1 the data gradient IS a forward convolution:
+// Measured with oneDNN 2.6 (3.x adds brgemm backward-data kernels; MP_CONV_BWD_DATA_AS_FORWARD=0 is the A/B switch for
+// re-measuring). oneDNN 2.6 has brgemm convolution kernels (brgconv, AMX tiles) for the forward pass only; backward
+// data runs its older jit:avx512_core_amx_bf16 kernel, measured here 1.2-2x slower than the forward kernel on the same
+// shape (ResNet-18, batch 32, 2 threads: 512->512 at 4x4 16.5 vs 8.6 ms per call, 256->256 at 8x8 7.1 vs 4.5 ms). For
+// stride 1 the data gradient IS a forward convolution:
 //   dx[n, c, y, x] = sum_{o, i, j} dy[n, o, y + p - d i, x + p - d j] W[o, c, i, j]
 //                  = conv(dy, W')[n, c, y, x]   with  W'[c, o, i, j] = W[o, c, k-1-i, k-1-j],
 // padding p' = d (k - 1) - p and the same dilation d. The transpose of W' is free (the user-side weight
@@ -175,10 +176,10 @@ PlanArg make_arg(int arg, const memory::desc& user_md, const memory::desc& prim_
 ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
   using dt = memory::data_type;
   // Compute dtypes: input, weight and (for the backward passes) diff_dst are computed in src_dtype; a
-  // different caller dtype is converted by the reorder. Forward writes dst_dtype directly when it is bf16
-  // compute (f32 compute with a bf16 output has no kernel: written f32, converted by the reorder).
+  // different caller dtype is converted by the reorder. Forward writes dst_dtype directly when it computes in
+  // 16 bits (f32 compute with a 16-bit output is written f32 and converted by the reorder).
   const dt ct = to_dnnl(a.src_dtype);
-  const dt fwd_dst = a.src_dtype == DType::bf16 ? to_dnnl(a.dst_dtype) : dt::f32;
+  const dt fwd_dst = a.src_dtype != DType::f32 ? to_dnnl(a.dst_dtype) : dt::f32;
   const memory::dims strides{a.stride_h, a.stride_w}, dil{a.dil_h - 1, a.dil_w - 1}, pad{a.pad_h, a.pad_w};
   const memory::dims src_dims{a.n, a.c, a.h, a.w}, dst_dims{a.n, a.oc, a.out_h(), a.out_w()};
   // Note [convolution layouts]; with channels-last activations even 1x1 ones choose (plain NHWC with plain
@@ -194,9 +195,9 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
   const dnnl::engine& eng = onednn_engine();
   auto fwd_pd = [&](dt dst_dt, bool bias, const dnnl::primitive_attr& at) {
     const memory::desc d(dst_dims, dst_dt, act);
-    const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                               prim_src, prim_wei, bias ? bias_md : no_bias, d, strides, dil, pad, pad);
-    return dnnl::convolution_forward::primitive_desc(desc, at, eng);
+    return dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training,
+                                                     dnnl::algorithm::convolution_direct, prim_src, prim_wei,
+                                                     bias ? bias_md : no_bias, d, strides, dil, pad, pad, at);
   };
   ConvPlan plan;
   const memory::desc user_src(src_dims, ct, user_act);
@@ -219,10 +220,9 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
         const memory::dims one{1, 1};
         const memory::desc s(dst_dims, ct, tag::any), w({a.c, a.oc, a.kh, a.kw}, ct, tag::any),
             d(src_dims, ct, tag::any);
-        const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training,
-                                                   dnnl::algorithm::convolution_direct, s, w, no_bias, d, one, dil,
-                                                   tpad, tpad);
-        const dnnl::convolution_forward::primitive_desc pd(desc, attr, eng);
+        const dnnl::convolution_forward::primitive_desc pd(eng, dnnl::prop_kind::forward_training,
+                                                           dnnl::algorithm::convolution_direct, s, w, no_bias, d, one,
+                                                           dil, tpad, tpad, attr);
         plan.prim = dnnl::convolution_forward(pd);
         plan.impl = pd.impl_info_str();
         plan.scratch_md = pd.scratchpad_desc();
@@ -236,9 +236,8 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
       }
       const auto hint = fwd_pd(ct, false, dnnl::primitive_attr());
       const memory::desc diff_dst(dst_dims, ct, act);
-      const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, prim_src, prim_wei,
-                                                       diff_dst, strides, dil, pad, pad);
-      const dnnl::convolution_backward_data::primitive_desc pd(desc, attr, eng, hint);
+      const dnnl::convolution_backward_data::primitive_desc pd(eng, dnnl::algorithm::convolution_direct, prim_src,
+                                                               prim_wei, diff_dst, strides, dil, pad, pad, hint, attr);
       plan.prim = dnnl::convolution_backward_data(pd);
       plan.impl = pd.impl_info_str();
       plan.scratch_md = pd.scratchpad_desc();
@@ -251,10 +250,9 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
       const auto hint = fwd_pd(ct, with_bias, dnnl::primitive_attr());
       const memory::desc diff_dst(dst_dims, ct, act);
       const memory::desc diff_wei = weights_md(a, dt::f32, choose);
-      const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, prim_src, diff_wei,
-                                                          with_bias ? bias_md : no_bias, diff_dst, strides, dil, pad,
-                                                          pad);
-      const dnnl::convolution_backward_weights::primitive_desc pd(desc, attr, eng, hint);
+      const dnnl::convolution_backward_weights::primitive_desc pd(eng, dnnl::algorithm::convolution_direct, prim_src,
+                                                                  diff_wei, with_bias ? bias_md : no_bias, diff_dst,
+                                                                  strides, dil, pad, pad, hint, attr);
       plan.prim = dnnl::convolution_backward_weights(pd);
       plan.impl = pd.impl_info_str();
       plan.scratch_md = pd.scratchpad_desc();
@@ -301,7 +299,7 @@ void run_plan(const ConvPlan& plan, const Conv2dArgs& a, ConvPass pass, const vo
         if (plan.flip_weights) {
           const int64_t taps = a.kh * a.kw, blocks = a.oc * a.c;
           void* flipped = thread_scratch(ScratchSlot::staging, md_bytes(plan.in[1].user_md));
-          if (a.src_dtype == DType::bf16)
+          if (dtype_size(a.src_dtype) == 2)
             flip_taps(static_cast<const uint16_t*>(in1), static_cast<uint16_t*>(flipped), blocks, taps);
           else
             flip_taps(static_cast<const uint32_t*>(in1), static_cast<uint32_t*>(flipped), blocks, taps);

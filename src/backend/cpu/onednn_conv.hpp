@@ -1,5 +1,6 @@
 #pragma once
-// 2-D convolution (forward, backward data, backward weights) on raw pointers through oneDNN, f32 and bf16.
+// 2-D convolution (forward, backward data, backward weights) on raw pointers through oneDNN: f32, bf16, and f16 where
+// oneDNN has f16 kernels (CPUs with AVX512-FP16 or AMX-FP16).
 
 #include <cstdint>
 #include <string>
@@ -19,8 +20,8 @@ struct Conv2dArgs {
   int64_t pad_h = 0, pad_w = 0;        ///< zero padding on each side (>= 0)
   int64_t dil_h = 1, dil_w = 1;        ///< dilations as in PyTorch: 1 = dense kernel
   int64_t groups = 1;                  ///< c and oc must be multiples of groups (groups == c == oc: depthwise)
-  DType src_dtype = DType::f32;        ///< dtype of input and weight (and of diff_src): f32 or bf16
-  DType dst_dtype = DType::f32;        ///< dtype of output (and of diff_dst): f32 or bf16
+  DType src_dtype = DType::f32;        ///< dtype of input and weight (and of diff_src): f32, bf16 or f16
+  DType dst_dtype = DType::f32;        ///< dtype of output (and of diff_dst): f32, bf16 or f16
   bool channels_last = false;          ///< activations are NHWC in memory (else NCHW)
 
   /// Output height: (h + 2*pad_h - dil_h*(kh-1) - 1) / stride_h + 1.

@@ -86,12 +86,13 @@ void validate(const MatmulArgs& a) {
            dtype_name(a.b_dtype), "; convert one of them");
   to_dnnl(a.a_dtype, "matmul (A, B)");
   to_dnnl(a.c_dtype, "matmul (C)");
-  MP_CHECK(!(a.a_dtype == DType::f32 && a.c_dtype == DType::bf16),
-           "matmul: f32 A and B with a bf16 C is not supported by oneDNN 2.6; use an f32 C (or bf16 inputs)");
+  MP_CHECK(a.c_dtype == DType::f32 || a.c_dtype == a.a_dtype, "matmul: ", dtype_name(a.a_dtype), " A and B with a ",
+           dtype_name(a.c_dtype), " C is not supported (C must be f32 or the dtype of A and B); use an f32 C (or ",
+           dtype_name(a.c_dtype), " inputs)");
   if (a.has_bias) {
     to_dnnl(a.bias_dtype, "matmul (bias)");
-    MP_CHECK(!(a.a_dtype == DType::f32 && a.bias_dtype == DType::bf16), "matmul: a bf16 bias needs bf16 A and B, got ",
-             describe(a), "; pass an f32 bias");
+    MP_CHECK(a.bias_dtype == DType::f32 || a.bias_dtype == a.a_dtype,
+             "matmul: the bias must be f32 or the dtype of A and B, got ", describe(a), "; pass an f32 bias");
   }
   for (int i = 0; i < 3; ++i)
     MP_CHECK(a.a_strides[i] >= 0 && a.b_strides[i] >= 0 && a.c_strides[i] >= 0,
@@ -127,7 +128,7 @@ MatmulPlan build_plan(const MatmulArgs& args, const Operand ops[3]) {
     if (args.accumulate) po.append_sum(1.0f);
     // The ReLU runs on the f32 accumulator (+ bias) before C is rounded to its dtype; rounding is
     // monotonic and keeps 0, so this equals rounding first and applying ReLU to C.
-    if (args.relu) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    if (args.relu) po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
     attr.set_post_ops(po);
   }
   MatmulPlan plan;
@@ -135,30 +136,28 @@ MatmulPlan build_plan(const MatmulArgs& args, const Operand ops[3]) {
     plan.bias_md = three_d ? memory::desc({1, 1, args.n}, to_dnnl(args.bias_dtype), memory::format_tag::abc)
                            : memory::desc({1, args.n}, to_dnnl(args.bias_dtype), memory::format_tag::ab);
   // First try: give oneDNN every operand whose layout it accepts as is. If it has no kernel for that
-  // combination, retry with every non-dense operand packed.
+  // combination, retry with every non-dense operand packed (when that changes anything).
+  bool repack_differs = false;
+  for (int i = 0; i < 3; ++i) repack_differs |= !onednn_friendly(ops[i], i == 2) != !is_dense(ops[i]);
   for (int attempt = 0; attempt < 2; ++attempt) {
-    bool changed = false;
     for (int i = 0; i < 3; ++i) {
-      const bool pack = attempt == 0 ? !onednn_friendly(ops[i], i == 2) : !is_dense(ops[i]);
-      changed |= pack != plan.pack[i];
-      plan.pack[i] = pack;
-      plan.md[i] = operand_md(pack ? densified(ops[i]) : ops[i], three_d, dts[i]);
+      plan.pack[i] = attempt == 0 ? !onednn_friendly(ops[i], i == 2) : !is_dense(ops[i]);
+      plan.md[i] = operand_md(plan.pack[i] ? densified(ops[i]) : ops[i], three_d, dts[i]);
     }
-    if (attempt == 1 && !changed) break;
     try {
-      const dnnl::matmul::desc d = args.has_bias ? dnnl::matmul::desc(plan.md[0], plan.md[1], plan.bias_md, plan.md[2])
-                                                 : dnnl::matmul::desc(plan.md[0], plan.md[1], plan.md[2]);
-      const dnnl::matmul::primitive_desc pd(d, attr, onednn_engine());
+      // A zero bias descriptor (no bias) disables the bias term.
+      const dnnl::matmul::primitive_desc pd(onednn_engine(), plan.md[0], plan.md[1], plan.bias_md, plan.md[2], attr);
       plan.impl = pd.impl_info_str();
       plan.scratch_md = pd.scratchpad_desc();
       plan.prim = dnnl::matmul(pd);
       record_onednn_impl("matmul", plan.impl);
       return plan;
     } catch (const dnnl::error& e) {
-      if (attempt == 1 || e.status != dnnl_unimplemented) throw_onednn_error("dnnl::matmul", e, describe(args));
+      if (attempt == 1 || e.status != dnnl_unimplemented || !repack_differs)
+        throw_onednn_error(attempt == 1 ? "dnnl::matmul (operands packed)" : "dnnl::matmul", e, describe(args));
     }
   }
-  MP_FAIL("matmul: oneDNN 2.6 has no CPU kernel for ", describe(args), " even with packed operands");
+  MP_FAIL("matmul: unreachable: both attempts at ", describe(args), " returned");
 }
 
 // Copy a [batch, rows, cols] matrix stack between two strided layouts (elements of `bytes` bytes).
@@ -183,14 +182,19 @@ void copy_strided(size_t bytes, const void* src, const int64_t ss[3], void* dst,
 }
 
 float load(const void* p, DType t, int64_t i) {
-  return t == DType::bf16 ? static_cast<float>(static_cast<const BFloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+  switch (t) {
+    case DType::bf16: return static_cast<float>(static_cast<const BFloat16*>(p)[i]);
+    case DType::f16: return static_cast<float>(static_cast<const Half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
 }
 
 void store(void* p, DType t, int64_t i, float v) {
-  if (t == DType::bf16)
-    static_cast<BFloat16*>(p)[i] = BFloat16(v);
-  else
-    static_cast<float*>(p)[i] = v;
+  switch (t) {
+    case DType::bf16: static_cast<BFloat16*>(p)[i] = BFloat16(v); break;
+    case DType::f16: static_cast<Half*>(p)[i] = Half(v); break;
+    default: static_cast<float*>(p)[i] = v;
+  }
 }
 
 // k == 0: the product is zero, so C = (accumulate ? C : 0) + bias. oneDNN is not asked (it would leave C

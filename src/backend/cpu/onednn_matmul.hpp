@@ -1,5 +1,6 @@
 #pragma once
-// Batched strided matmul on raw pointers through oneDNN (f32, and bf16 with f32 accumulation).
+// Batched strided matmul on raw pointers through oneDNN (f32, and bf16 / f16 with f32 accumulation; f16 only
+// where oneDNN has f16 kernels: CPUs with AVX512-FP16 or AMX-FP16).
 
 #include <cstdint>
 #include <string>
@@ -15,14 +16,14 @@ namespace mp::backend::cpu {
 /// oneDNN cannot take (e.g. zero row strides) are packed into a per-thread buffer first.
 struct MatmulArgs {
   int64_t batch = 1, m = 0, n = 0, k = 0;  ///< problem sizes (all >= 0)
-  DType a_dtype = DType::f32;              ///< f32 or bf16; must equal b_dtype
-  DType b_dtype = DType::f32;              ///< f32 or bf16; must equal a_dtype
-  DType c_dtype = DType::f32;              ///< f32, or bf16 when A and B are bf16 (accumulation is f32 either way)
+  DType a_dtype = DType::f32;              ///< f32, bf16 or f16; must equal b_dtype
+  DType b_dtype = DType::f32;              ///< f32, bf16 or f16; must equal a_dtype
+  DType c_dtype = DType::f32;              ///< f32, or the dtype of A and B (accumulation is f32 either way)
   int64_t a_strides[3] = {0, 0, 0};        ///< A strides (batch, row, col); batch stride 0 broadcasts A over batch
   int64_t b_strides[3] = {0, 0, 0};        ///< B strides (batch, row, col); batch stride 0 broadcasts B over batch
   int64_t c_strides[3] = {0, 0, 0};        ///< C strides (batch, row, col); C must not overlap itself
   bool accumulate = false;                 ///< C += A*B (+ bias) instead of C = A*B (+ bias): gradient accumulation
-  DType bias_dtype = DType::f32;           ///< dtype of the bias vector (f32, or bf16 with bf16 A and B)
+  DType bias_dtype = DType::f32;           ///< dtype of the bias vector (f32, or the dtype of A and B)
   bool has_bias = false;                   ///< add bias[j] (a vector of n elements) to every row of C
   bool relu = false;                       ///< C = max(A*B (+ bias), 0): a ReLU epilogue (not with accumulate)
 

@@ -1,4 +1,4 @@
-// CPU kernels of mp::lstm_layer_library: oneDNN 2.6's LSTM primitive (lstm_forward with
+// CPU kernels of mp::lstm_layer_library: oneDNN's LSTM primitive (lstm_forward with
 // forward_training and a workspace, lstm_backward), f32 and bf16, with primitives and weight reorders
 // cached per shape. Contract: src/backend/rnn_library_kernels.hpp; Note [library LSTM] in
 // src/ops/rnn_library.cpp.
@@ -7,8 +7,8 @@
 // oneDNN's LSTM has the gate order i, f, c~, o -- PyTorch's i, f, g, o -- and ONE bias per gate
 // (bias {L, D, 4, H}, ldgo): we pass b_ih + b_hh in f32, and both biases get diff_bias as gradient.
 // Its weights are {L, D, in, 4, H}; PyTorch's w_ih [4H, I] is that tensor in the ldgoi layout. oneDNN
-// 2.6 takes no ldgoi weights in the forward (only ldigo, or `any`), and with plain ldigo bf16 weights
-// it falls back to its reference kernel: the weights are given as `any` (measured here, T 35, B 20,
+// (2.6 and 3.2) takes no ldgoi weights in the forward (only ldigo, or `any`), and with plain ldigo bf16
+// weights it falls back to its reference kernel: the weights are given as `any` (measured on 2.6, T 35, B 20,
 // I = H = 650: f32 picks padded ldigo, bf16 a blocked layout for its brgemm/AMX kernel) and reordered
 // from the user's ldgoi by cached reorder primitives on every call (weights change every step). The
 // backward wants yet other weight layouts (its own reorders); its diff weights (`any`, f32) are
@@ -16,16 +16,17 @@
 // states ldnc ([B, H] with L = D = 1).
 //
 // Note [oneDNN LSTM data types]
-// Measured on oneDNN 2.6.3 (primitive creation): f32 everything f32; bf16 takes bf16 src/weights/
+// Measured on oneDNN 2.6.3 (primitive creation; 3.2 creates the same configurations, test_lstm_library):
+// f32 everything f32; bf16 takes bf16 src/weights/
 // dst with f32 bias and an f32 cell state (src_iter_c/dst_iter_c), so c stays f32 as in mp::lstm_layer.
 // Its backward only exists with every diff tensor f32 (diff_src_layer, diff_src_iter(_c), diff weights,
 // diff_bias, diff_dst_*): bf16 or mixed diffs are unimplemented. So the bf16 backward converts dy and
-// dh_n to f32 and returns f32 gradients. f16 and f64 LSTMs do not exist in oneDNN 2.6 on the CPU.
+// dh_n to f32 and returns f32 gradients. oneDNN has no f16 or f64 LSTM on the CPU.
 //
 // Note [bf16 LSTM without AVX-512]
-// oneDNN 2.6 implements the bf16 LSTM only on CPUs with avx512_core (its brgemm kernels; with
-// ONEDNN_MAX_CPU_ISA=AVX2 primitive creation answers "unimplemented"), where bf16 matmuls still run
-// (on its reference kernel). There the bf16 layer runs oneDNN's f32 LSTM on the widened bf16 operands
+// oneDNN (2.6 and 3.2) implements the bf16 LSTM only on CPUs with avx512_core (its brgemm kernels; with
+// ONEDNN_MAX_CPU_ISA=AVX2 primitive creation answers "unimplemented"; 2.6 still ran bf16 matmuls there on
+// its reference kernel, 3.2 has no bf16 matmul or convolution there at all). There the bf16 layer runs oneDNN's f32 LSTM on the widened bf16 operands
 // (exact conversions) and rounds y and h_n to bf16 once at the end: the same products with f32
 // accumulation, the one difference being that h is not rounded to bf16 between steps. The f32 plan's
 // workspace and f32 outputs are kept for the backward.
@@ -128,9 +129,8 @@ LstmPlan build_plan(const LstmKey& k) {
   const memory::desc w_layer_user({1, 1, k.I, 4, k.H}, dt, tag::ldgoi);
   const memory::desc w_iter_user({1, 1, k.H, 4, k.H}, dt, tag::ldgoi);
   const auto prop = k.training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
-  const dnnl::lstm_forward::desc fd(prop, dir, p.src_layer, p.src_iter, p.src_iter_c, w_layer_any, w_iter_any, p.bias,
-                                    p.dst_layer, p.dst_iter, p.dst_iter_c);
-  const dnnl::lstm_forward::primitive_desc fpd(fd, attr, eng);
+  const dnnl::lstm_forward::primitive_desc fpd(eng, prop, dir, p.src_layer, p.src_iter, p.src_iter_c, w_layer_any,
+                                               w_iter_any, p.bias, p.dst_layer, p.dst_iter, p.dst_iter_c, attr);
   MP_ASSERT(fpd.src_layer_desc() == p.src_layer && fpd.dst_layer_desc() == p.dst_layer &&
                 fpd.src_iter_c_desc() == p.src_iter_c,
             "oneDNN LSTM changed a plain activation layout for ", describe(k));
@@ -152,11 +152,11 @@ LstmPlan build_plan(const LstmKey& k) {
   p.diff_dst_layer = memory::desc({k.T, k.B, k.H}, ddt::f32, tag::tnc);
   const memory::desc dw_layer_any({1, 1, k.I, 4, k.H}, ddt::f32, tag::any),
       dw_iter_any({1, 1, k.H, 4, k.H}, ddt::f32, tag::any);
-  const dnnl::lstm_backward::desc bd(dnnl::prop_kind::backward, dir, p.src_layer, p.src_iter, p.src_iter_c, w_layer_any,
-                                     w_iter_any, p.bias, p.dst_layer, p.dst_iter, p.dst_iter_c, p.diff_src_layer,
-                                     p.diff_iter, p.diff_iter, dw_layer_any, dw_iter_any, p.bias, p.diff_dst_layer,
-                                     p.diff_iter, p.diff_iter);
-  const dnnl::lstm_backward::primitive_desc bpd(bd, attr, eng, fpd);
+  const dnnl::lstm_backward::primitive_desc bpd(eng, dnnl::prop_kind::backward, dir, p.src_layer, p.src_iter,
+                                                p.src_iter_c, w_layer_any, w_iter_any, p.bias, p.dst_layer, p.dst_iter,
+                                                p.dst_iter_c, p.diff_src_layer, p.diff_iter, p.diff_iter, dw_layer_any,
+                                                dw_iter_any, p.bias, p.diff_dst_layer, p.diff_iter, p.diff_iter, fpd,
+                                                attr);
   MP_ASSERT(bpd.workspace_desc() == p.workspace, "oneDNN LSTM backward wants another workspace than its forward for ",
             describe(k));
   MP_ASSERT(bpd.diff_src_layer_desc() == p.diff_src_layer && bpd.diff_dst_layer_desc() == p.diff_dst_layer &&
@@ -200,7 +200,7 @@ bool bf16_lstm_available() {
 
 LstmKey key_of(const LstmLibraryInputs& in, bool training) {
   const DType dt = in.x.dtype();
-  MP_CHECK(dt == DType::f32 || dt == DType::bf16, kOp, ": oneDNN 2.6's LSTM computes in f32 or bf16, got ",
+  MP_CHECK(dt == DType::f32 || dt == DType::bf16, kOp, ": oneDNN's LSTM computes in f32 or bf16 on the CPU, got ",
            dtype_name(dt),
            " (oneDNN has no f16 or f64 LSTM on the CPU); convert the operands with .to(mp::DType::f32) or "
            ".to(mp::DType::bf16), or use mp::lstm_layer (nn::LstmImpl::fused), which takes every floating dtype");
