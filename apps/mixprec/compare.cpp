@@ -155,8 +155,9 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
         "live before the model was built.\n";
   const mp::KernelPathRecord& kp = runs.back().kernel_paths;
   if (!kp.choices.empty())
-    md << "16-bit kernel paths are chosen per shape by timing them on this CPU (" << mp::kernel_path_summary(kp)
-       << "; native = oneDNN's 16-bit kernels, via_f32 = widened to f32, gemm = im2col + one 16-bit GEMM).\n";
+    md << "16-bit kernel paths are chosen per shape by timing them on this CPU (native = oneDNN's 16-bit kernels, "
+          "via_f32 = widened to f32, gemm = im2col + one 16-bit GEMM): "
+       << mp::kernel_path_summary(kp) << ".\n";
   out << "\n" << md.str();
 
   if (dir.empty()) return;

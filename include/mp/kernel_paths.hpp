@@ -42,7 +42,7 @@ KernelPathRecord kernel_path_record();
 /// path) and choices (key -> path).
 std::string kernel_path_record_json(const KernelPathRecord& record);
 
-/// One line for people: "native 14, gemm 3, via_f32 1 (18 measured in 1.6 s)"; "none" without choices.
+/// One line for people: "native 14, gemm 3, via_f32 1; 18 measured in 1.6 s, ..."; "none" without choices.
 std::string kernel_path_summary(const KernelPathRecord& record);
 
 /// Each candidate's measured median in ms for the call named `key` (this process's timing or the cache

@@ -103,6 +103,16 @@ std::string describe_safetensors_file(const std::string& path) {
               << (cfg.ema_decay > 0 ? " (weight averages)" : "") << "\n";
         }
       }
+      if (const auto k = md.find("kernel_paths"); k != md.end()) {  // Note [kernel paths chosen by measurement]
+        const nlohmann::json j = nlohmann::json::parse(k->second, nullptr, /*allow_exceptions=*/false);
+        std::map<std::string, int> per_path;
+        if (j.is_object())
+          for (const auto& [key, v] : j.items()) ++per_path[v.is_string() ? v.get<std::string>() : "?"];
+        std::string line;
+        for (const auto& [p, n] : per_path) line += (line.empty() ? "" : ", ") + p + " " + std::to_string(n);
+        out << "  16-bit CPU kernel paths: " << (j.is_object() ? line + " (a resume reuses them)" : "damaged record")
+            << "\n";
+      }
     } catch (const Error& e) {
       out << "  run: the stored config does not parse (" << e.what() << ")\n";
     }

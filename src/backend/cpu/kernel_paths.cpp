@@ -275,7 +275,7 @@ std::string kernel_path_summary(const KernelPathRecord& r) {
   std::string s;
   for (const auto& [p, n] : per_path) s += (s.empty() ? "" : ", ") + p + " " + std::to_string(n);
   char buf[160];
-  std::snprintf(buf, sizeof buf, " (%d measured in %.1f s, %d from the cache, %d from the checkpoint)", r.measured,
+  std::snprintf(buf, sizeof buf, "; %d measured in %.1f s, %d from the cache, %d from the checkpoint", r.measured,
                 r.measure_seconds, r.from_cache, r.from_record);
   return s + buf;
 }
