@@ -105,16 +105,14 @@ tr::TrainConfig compare_run_config(const tr::TrainConfig& base, const std::strin
 std::string kernel_paths_cell(const tr::RunSummary& r) {
   if (r.config.precision == "fp32" || r.config.device != "cpu") return "-";
   const std::string dt = r.config.precision == "bf16" ? "bf16" : "f16";
-  std::map<std::string, int> n;
+  std::map<std::string, std::string> own;  // the choices of the run's dtype
   for (const auto& [key, path] : r.kernel_paths.choices) {
     const size_t sp = key.find(' ');
     const std::string dts = sp == std::string::npos ? "" : key.substr(sp + 1, dt.size() + 1);
-    if (dts == dt + " " || dts == dt + ">") ++n[path];
+    if (dts == dt + " " || dts == dt + ">") own[key] = path;
   }
-  if (n.empty()) return dt == "f16" ? "via_f32" : "-";
-  std::string cell;
-  for (const auto& [path, count] : n) cell += (cell.empty() ? "" : ", ") + path + " " + std::to_string(count);
-  return cell;
+  if (own.empty()) return dt == "f16" ? "via_f32" : "-";
+  return mp::kernel_path_counts(own);
 }
 
 void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::string& dir, std::ostream& out) {

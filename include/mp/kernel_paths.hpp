@@ -42,6 +42,9 @@ KernelPathRecord kernel_path_record();
 /// path) and choices (key -> path).
 std::string kernel_path_record_json(const KernelPathRecord& record);
 
+/// How many calls take each path, for people: "gemm 3, native 14" ("" for none).
+std::string kernel_path_counts(const std::map<std::string, std::string>& choices);
+
 /// One line for people: "native 14, gemm 3, via_f32 1; 18 measured in 1.6 s, ..."; "none" without choices.
 std::string kernel_path_summary(const KernelPathRecord& record);
 

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mp/kernel_paths.hpp"
 #include "mp/core/error.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/progress.hpp"
@@ -105,12 +106,11 @@ std::string describe_safetensors_file(const std::string& path) {
       }
       if (const auto k = md.find("kernel_paths"); k != md.end()) {  // Note [kernel paths chosen by measurement]
         const nlohmann::json j = nlohmann::json::parse(k->second, nullptr, /*allow_exceptions=*/false);
-        std::map<std::string, int> per_path;
+        std::map<std::string, std::string> choices;
         if (j.is_object())
-          for (const auto& [key, v] : j.items()) ++per_path[v.is_string() ? v.get<std::string>() : "?"];
-        std::string line;
-        for (const auto& [p, n] : per_path) line += (line.empty() ? "" : ", ") + p + " " + std::to_string(n);
-        out << "  16-bit CPU kernel paths: " << (j.is_object() ? line + " (a resume reuses them)" : "damaged record")
+          for (const auto& [key, v] : j.items()) choices[key] = v.is_string() ? v.get<std::string>() : "?";
+        out << "  16-bit CPU kernel paths: "
+            << (j.is_object() ? kernel_path_counts(choices) + " (a resume reuses them)" : "damaged record")
             << "\n";
       }
     } catch (const Error& e) {

@@ -268,16 +268,20 @@ std::string kernel_path_record_json(const KernelPathRecord& r) {
   return j.dump();
 }
 
-std::string kernel_path_summary(const KernelPathRecord& r) {
-  if (r.choices.empty()) return "none";
+std::string kernel_path_counts(const std::map<std::string, std::string>& choices) {
   std::map<std::string, int> per_path;
-  for (const auto& [k, p] : r.choices) ++per_path[p];
+  for (const auto& [k, p] : choices) ++per_path[p];
   std::string s;
   for (const auto& [p, n] : per_path) s += (s.empty() ? "" : ", ") + p + " " + std::to_string(n);
+  return s;
+}
+
+std::string kernel_path_summary(const KernelPathRecord& r) {
+  if (r.choices.empty()) return "none";
   char buf[160];
   std::snprintf(buf, sizeof buf, "; %d measured in %.1f s, %d from the cache, %d from the checkpoint", r.measured,
                 r.measure_seconds, r.from_cache, r.from_record);
-  return s + buf;
+  return kernel_path_counts(r.choices) + buf;
 }
 
 std::map<std::string, double> kernel_path_timings(const std::string& key) {
@@ -296,12 +300,9 @@ std::string kernel_path_cache_summary() {
   const backend::cpu::PathTable t = backend::cpu::load_path_cache(file, identity, why);
   if (!why.empty()) return "ignored: " + why;
   if (t.empty()) return "nothing measured yet";
-  std::map<std::string, int> per_path;
-  for (const auto& [k, v] : t) ++per_path[v.path];
-  std::string s = std::to_string(t.size()) + " shapes:";
-  for (const auto& [p, n] : per_path) s += " " + p + " " + std::to_string(n) + ",";
-  s.pop_back();
-  return s;
+  std::map<std::string, std::string> choices;
+  for (const auto& [k, v] : t) choices[k] = v.path;
+  return std::to_string(t.size()) + " shapes: " + kernel_path_counts(choices);
 }
 
 void adopt_kernel_paths(const std::map<std::string, std::string>& choices) {
