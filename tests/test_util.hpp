@@ -92,9 +92,9 @@ struct ScopedBf16Path {
 };
 
 /// Runs `body` once per way a bf16 matmul or convolution can run on the CPU: oneDNN's bf16 primitives with the
-/// small-convolution GEMM paths, without them, and through f32 (by default the CPU picks one: Note [bf16 through
-/// f32 without AMX] in src/backend/cpu/bf16_policy.cpp, Note [GEMM paths need AMX] in conv.cpp), so all are
-/// tested on any CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body` throws.
+/// small-convolution GEMM paths, without them, and through f32 (by default each shape's path is measured, or pinned
+/// to oneDNN's kernels in the tests: Note [kernel paths chosen by measurement] in src/backend/cpu/kernel_paths.cpp),
+/// so all are tested on any CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body` throws.
 template <class Body>
 void for_each_bf16_path(Body&& body) {
   using backend::cpu::Bf16Path;

@@ -365,7 +365,7 @@ TEST(LstmLayer, Bf16KeepsF32CellStateAndTracksF32) {
 }
 
 TEST(LstmLayer, WideningTheWeightOnceIsTheKernelsOwnWidening) {
-  // Where the matmul computes bf16 through f32 (Note [bf16 through f32 without AMX]), lstm_layer widens the
+  // Where the matmul computes bf16 through f32 (KernelPath::via_f32, chosen per shape), lstm_layer widens the
   // recurrent weight once per pass and rounds each f32 product itself (Note [lstm_layer]). That is bit for bit
   // what the kernel does when it widens the operands itself, for the forward's linear and the backward's matmul.
   manual_seed(19);
