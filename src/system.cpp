@@ -43,6 +43,7 @@ SystemInfo system_info() {
     s.cuda_status = "no CUDA device: " + cu::no_device_reason() + " (" + versions + ")";
   } else {
     s.cuda_status = std::to_string(n) + (n == 1 ? " device (" : " devices (") + versions + ")";
+    s.cudnn_status = cu::cudnn_summary();
     for (int i = 0; i < n; ++i) {
       try {
         const cu::DeviceProperties& p = cu::device_properties(i);

@@ -60,6 +60,7 @@ void add_info_command(CLI::App& app) {
     std::printf("  f16 %s\n\n", s.cpu.avx512_fp16 ? "has oneDNN's f16 kernels here (AVX512-FP16), measured against f32"
                                                    : "computes through f32 here (oneDNN's f16 kernels need AVX512-FP16 or AMX-FP16)");
     std::printf("CUDA: %s\n", s.cuda_status.c_str());
+    if (!s.cudnn_status.empty()) std::printf("  %s\n", s.cudnn_status.c_str());
     for (const auto& g : s.gpus) {
       const bool tensor_cores = g.cc_major >= 7;
       std::printf("  cuda:%d %s: compute capability %d.%d%s, %.1f GiB, %d SMs\n", g.index, g.name.c_str(),

@@ -28,6 +28,7 @@ struct SystemInfo {
   std::string bf16_path;                ///< a forced bf16 rule ("native_gemm", "native", "via_f32") or "cpu_default"
   bool cuda_built = false;             ///< the CUDA backend is compiled in
   std::string cuda_status;             ///< "n device(s)" and the CUDA versions, or why there is none
+  std::string cudnn_status;            ///< cuDNN loaded / compiled versions and library folders (with a device)
   std::vector<GpuInfo> gpus;           ///< visible GPUs
 };
 

@@ -49,11 +49,24 @@ inline Device dev() { return self_check_mode() ? kCPU : Device(DeviceType::cuda,
 /// Whether the tests can run: a CUDA device exists, or the self-check mode is on.
 inline bool device_available() { return self_check_mode() || backend::cuda::device_count() > 0; }
 
-/// Skip the test when there is neither a CUDA device nor the self-check mode.
+/// Whether MP_CUDA_TESTS_REQUIRE_GPU=1 (scripts/gpu-check sets it on the GPU machine): then a test that
+/// needs a device FAILS when there is none, instead of skipping, so a machine whose GPU is not seen (a
+/// driver mismatch, CUDA_VISIBLE_DEVICES) cannot pass every CUDA test by skipping them all.
+inline bool gpu_required() {
+  const char* e = std::getenv("MP_CUDA_TESTS_REQUIRE_GPU");
+  return e != nullptr && std::string(e) == "1";
+}
+
+/// Skip the test when there is neither a CUDA device nor the self-check mode (fail instead when
+/// gpu_required()).
 #define MP_SKIP_WITHOUT_GPU()                                                                          \
-  if (!::mp::cuda_test::device_available())                                                           \
-  GTEST_SKIP() << "no CUDA device (" << ::mp::backend::cuda::no_device_reason()                      \
-               << "); MP_CUDA_TESTS_ON_CPU=1 runs these tests with the CPU standing in for the device"
+  if (!::mp::cuda_test::device_available()) {                                                         \
+    if (::mp::cuda_test::gpu_required())                                                              \
+      GTEST_FAIL() << "MP_CUDA_TESTS_REQUIRE_GPU=1 but there is no CUDA device: "                     \
+                   << ::mp::backend::cuda::no_device_reason();                                        \
+    GTEST_SKIP() << "no CUDA device (" << ::mp::backend::cuda::no_device_reason()                    \
+                 << "); MP_CUDA_TESTS_ON_CPU=1 runs these tests with the CPU standing in for the device"; \
+  }
 
 /// The floating dtypes every op is checked in.
 inline const std::vector<DType> kFloatTypes = {DType::f32, DType::f16, DType::bf16, DType::f64};

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/allocator.hpp"
 #include "backend/cuda/runtime.hpp"
+#include "cuda/cuda_test_util.hpp"
 #include "mp/mp.hpp"
 #include "mp/system.hpp"
 #include "test_util.hpp"
@@ -19,8 +20,15 @@ namespace {
 
 const Device kCuda{DeviceType::cuda, 0};
 
-#define MP_SKIP_WITHOUT_GPU() \
-  if (cu::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cu::no_device_reason()
+// The runtime tests use cuda:0 itself (no self-check mode): their own skip, failing like the others' when
+// MP_CUDA_TESTS_REQUIRE_GPU=1.
+#undef MP_SKIP_WITHOUT_GPU
+#define MP_SKIP_WITHOUT_GPU()                                                                        \
+  if (cu::device_count() == 0) {                                                                    \
+    if (::mp::cuda_test::gpu_required())                                                            \
+      GTEST_FAIL() << "MP_CUDA_TESTS_REQUIRE_GPU=1 but there is no CUDA device: " << cu::no_device_reason(); \
+    GTEST_SKIP() << "no CUDA device: " << cu::no_device_reason();                                   \
+  }
 #define MP_SKIP_WITH_GPU() \
   if (cu::device_count() > 0) GTEST_SKIP() << "a CUDA device is present; this test is for machines without one"
 
@@ -76,7 +84,29 @@ TEST(CudaRuntime, OutOfRangeDeviceIsAnError) {
   EXPECT_TRUE(contains(msg, "cuda:64")) << msg;
 }
 
+// Note [sync check]: how MP_CUDA_SYNC_CHECK is read (the waiting itself runs on a GPU, under gpu-check).
+TEST(CudaRuntime, SyncCheckSwitchIsReadStrictly) {
+  EXPECT_FALSE(cu::parse_sync_check(nullptr));
+  EXPECT_FALSE(cu::parse_sync_check(""));
+  EXPECT_FALSE(cu::parse_sync_check("0"));
+  EXPECT_TRUE(cu::parse_sync_check("1"));
+  const std::string msg = test::error_of([] { cu::parse_sync_check("yes"); });
+  EXPECT_TRUE(contains(msg, "MP_CUDA_SYNC_CHECK")) << msg;
+  EXPECT_TRUE(contains(msg, "got 'yes'")) << msg;
+  EXPECT_TRUE(contains(msg, "expected 1")) << msg;
+}
+
 #if defined(MP_HAVE_CUDA)
+// In sync-check mode a kernel launch is followed by a wait, and a working op still works (gpu-check runs
+// every CUDA test with the switch on; this one says whether it was on).
+TEST(CudaRuntime, SyncCheckModeRunsKernels) {
+  MP_SKIP_WITHOUT_GPU();
+  const Tensor x = mp::arange(0, 1000, 1, {.dtype = DType::f64}).to(kCuda);
+  const Tensor y = mp::sum(mp::mul(x, x)).to(kCPU);
+  EXPECT_EQ(y.item<double>(), 332833500.0);  // sum of i^2 below 1000, exact in f64
+  std::printf("MP_CUDA_SYNC_CHECK is %s\n", cu::sync_check_enabled() ? "on" : "off");
+}
+
 TEST(CudaRuntime, FailedCallMessageNamesCallErrorAndRemedy) {
   // 2 = cudaErrorMemoryAllocation, 35 = cudaErrorInsufficientDriver (stable values of the CUDA ABI).
   std::string msg = test::error_of([] { cu::throw_cuda_error(2, "cudaMalloc(&p, n)", __FILE__, __LINE__); });

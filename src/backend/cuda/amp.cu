@@ -128,7 +128,7 @@ bool unscale_cuda(std::span<const Tensor> ts, double inv_scale, bool write) {
   unscale_kernel_impl<<<blocks_for(table.nchunks * kThreads, kThreads, dev), kThreads, 0, stream>>>(
       static_cast<const TensorEntry*>(table.device_table.raw_data()), table.ntensors, table.nchunks,
       static_cast<float>(inv_scale), inv_scale, write, flag.data_ptr<int>());
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
   int found = 0;
   MP_CUDA_CHECK(cudaMemcpyAsync(&found, flag.raw_data(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   MP_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -213,7 +213,7 @@ UnderflowCounts underflow_cuda(std::span<const Tensor> ts, double scale) {
   underflow_kernel_impl<<<blocks_for(table.nchunks * kThreads, kThreads, dev), kThreads, 0, stream>>>(
       static_cast<const TensorEntry*>(table.device_table.raw_data()), table.ntensors, table.nchunks,
       static_cast<float>(scale), static_cast<unsigned long long*>(counts.raw_data()));
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
   int64_t host[4] = {0, 0, 0, 0};
   MP_CUDA_CHECK(cudaMemcpyAsync(host, counts.raw_data(), sizeof(host), cudaMemcpyDeviceToHost, stream));
   MP_CUDA_CHECK(cudaStreamSynchronize(stream));

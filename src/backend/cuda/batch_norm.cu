@@ -314,11 +314,11 @@ void launch_stats(const Tensor& x, const Tensor& mean, const Tensor& var, const 
     column_partials<3, T, ColumnWelfordAcc<T, S>><<<column_grid(C, split), dim3(kColTile, kRowLanes), 0,
                                                     stream_of(x)>>>(static_cast<const T*>(x.raw_data()), nullptr,
                                                                     N * SP, C, split, ColumnWelfordAcc<T, S>{}, pp);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
     bn_stats_finalize<S><<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream_of(x)>>>(
         pp, C, split.parts, eps, static_cast<S*>(mean.raw_data()), static_cast<S*>(var.raw_data()),
         static_cast<S*>(invstd.raw_data()));
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
     return;
   }
   const int vec = vec_width_for<T>(SP, {x.raw_data()});
@@ -333,11 +333,11 @@ void launch_stats(const Tensor& x, const Tensor& mean, const Tensor& var, const 
     bn_stats_partials<T, S, kVec><<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, C, Sv, Mv, split, pp);
   else
     bn_stats_partials<T, S, 1><<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, C, Sv, Mv, split, pp);
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
   bn_stats_finalize<S><<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream_of(x)>>>(
       pp, C, split.parts, eps, static_cast<S*>(mean.raw_data()), static_cast<S*>(var.raw_data()),
       static_cast<S*>(invstd.raw_data()));
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
 }
 
 // Whether this batch norm call may go to cuDNN (Note [batch norm on cuDNN]).
@@ -420,7 +420,7 @@ void cudnn_forward_training(const Tensor& y, const Tensor& mean, const Tensor& v
     bn_unbias_to_biased<double><<<grid, kDnnThreads, 0, stream>>>(static_cast<double*>(var.raw_data()), C, factor);
   else
     bn_unbias_to_biased<float><<<grid, kDnnThreads, 0, stream>>>(static_cast<float*>(var.raw_data()), C, factor);
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
   if (yo.raw_data() != y.raw_data())
     MP_CUDA_CHECK(cudaMemcpyAsync(y.raw_data(), yo.raw_data(), static_cast<size_t>(y.numel()) * y.element_size(),
                                   cudaMemcpyDeviceToDevice, stream));
@@ -470,7 +470,7 @@ void batch_norm_forward_cuda(const Tensor& y, const Tensor& mean, const Tensor& 
       } else {
         bn_invstd<S><<<blocks_for(C, kDnnThreads, dev.index), kDnnThreads, 0, stream_of(x)>>>(
             static_cast<const S*>(var.raw_data()), static_cast<S*>(invstd.raw_data()), C, eps);
-        check_launch();
+        MP_CUDA_CHECK_LAUNCH();
       }
       launch_apply<T>(yo, x, mean, invstd, w, b, fuse ? residual : Tensor(), fuse && relu);
     });
@@ -557,7 +557,7 @@ void batch_norm_backward_cuda(const Tensor& dx, const Tensor& dweight, const Ten
         dweight.defined() ? static_cast<S*>(dweight.raw_data()) : nullptr,
         dbias.defined() ? static_cast<S*>(dbias.raw_data()) : nullptr,
         coef.defined() ? static_cast<S*>(coef.raw_data()) : nullptr);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
     if (!dx.defined() || x.numel() == 0) return;
     const bool rows = channels_last_rows(xc);
     const ElementwiseShape e = elementwise_shape<T>(xc, rows, {dyc.raw_data(), xc.raw_data(), dxo.raw_data()});

@@ -403,7 +403,7 @@ void fill_uniform(const Tensor& t, uint64_t seed) {
   visit_floating(t.dtype(), "time_gemm_tflops", [&]<class T>() {
     fill_uniform_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, current_stream(t.device().index)>>>(
         static_cast<T*>(t.raw_data()), n, seed);
-    MP_CUDA_CHECK(cudaGetLastError());
+    MP_CUDA_CHECK_LAUNCH();
   });
 }
 

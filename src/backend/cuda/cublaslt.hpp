@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/runtime.hpp"
 #include "mp/core/dtype.hpp"
 
 #if defined(MP_HAVE_CUDA)
@@ -125,13 +126,16 @@ double time_gemm_tflops(DType dtype, int64_t m, int64_t n, int64_t k, int iters,
 }  // namespace mp::backend::cuda
 
 /// Check a cuBLASLt call returning cublasStatus_t; on failure throw naming the call, the status and
-/// `context_expr` (a std::string expression, evaluated only on failure).
+/// `context_expr` (a std::string expression, evaluated only on failure). In sync-check mode (Note [sync
+/// check]) it then waits for the device and names the call when its work faulted.
 #define MP_CUBLASLT_CHECK(call, context_expr)                                                            \
   do {                                                                                                   \
     const auto mp_cublas_status_ = (call);                                                               \
     if (static_cast<int>(mp_cublas_status_) != 0) [[unlikely]]                                           \
       ::mp::backend::cuda::throw_cublas_error(static_cast<int>(mp_cublas_status_), #call, (context_expr), \
                                               __FILE__, __LINE__);                                       \
+    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                                          \
+      ::mp::backend::cuda::sync_check(#call, __FILE__, __LINE__, __func__);                              \
   } while (0)
 
 #endif  // MP_HAVE_CUDA

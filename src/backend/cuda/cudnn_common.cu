@@ -222,9 +222,11 @@ CudnnHandle::CudnnHandle(int device) {
   if (st.handle == nullptr) {
     DeviceGuard g(Device(DeviceType::cuda, device), "cudnn");
     const size_t version = cudnnGetVersion();
-    MP_CHECK(version / 10000 == CUDNN_MAJOR, "cudnn: mixprec was built against cuDNN ", CUDNN_MAJOR, ".",
-             CUDNN_MINOR, " but the libcudnn loaded at run time is version ", version / 10000, ".",
-             version / 100 % 100, "; put a cuDNN ", CUDNN_MAJOR, " library first on the library path or rebuild");
+    MP_CHECK(version / 10000 == CUDNN_MAJOR && version >= static_cast<size_t>(CUDNN_VERSION),
+             "cudnn: mixprec was built against cuDNN ", CUDNN_MAJOR, ".", CUDNN_MINOR,
+             " but the libcudnn loaded at run time is version ", version / 10000, ".", version / 100 % 100,
+             "; put a cuDNN ", CUDNN_MAJOR, ".", CUDNN_MINOR, " or newer ", CUDNN_MAJOR,
+             ".x library first on the library path or rebuild");
     cudnnHandle_t h = nullptr;
     MP_CUDNN_CHECK(cudnnCreate(&h));
     const cudnnStatus_t s = cudnnSetStream(h, current_stream(device));
@@ -387,7 +389,7 @@ void convert_dtype_into(const Tensor& dst, const Tensor& src, bool accumulate) {
     visit_float_type(src.dtype(), "convert_dtype_into", [&]<class S>() {
       convert_kernel<D, S><<<blocks_for(n, kDnnThreads, dev), kDnnThreads, 0, stream_of(dst)>>>(
           static_cast<D*>(dst.raw_data()), static_cast<const S*>(src.raw_data()), n, accumulate);
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     });
   });
 }
@@ -406,7 +408,7 @@ Tensor param_vector(const Tensor& t, int64_t n, DType dt, double fill, Device de
   visit_float_type(dt, "param_vector", [&]<class T>() {
     fill_kernel<T><<<blocks_for(n, kDnnThreads, dev.index), kDnnThreads, 0, stream_of(out)>>>(
         static_cast<T*>(out.raw_data()), n, scalar_cast<T>(fill));
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   });
   return out;
 }
@@ -459,11 +461,11 @@ void per_channel_sums(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tens
       column_partials<2, T, ColumnSumAcc<T, S>><<<column_grid(C, split), dim3(kColTile, kRowLanes), 0, stream>>>(
           static_cast<const T*>(dy.raw_data()), with_x ? static_cast<const T*>(x.raw_data()) : nullptr, R, C, split,
           ColumnSumAcc<T, S>{with_x ? static_cast<const S*>(mean.raw_data()) : nullptr}, pp);
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
       channel_sums_finalize<<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream>>>(
           pp, C, split.parts, static_cast<double*>(sum_dy.raw_data()),
           with_x ? static_cast<double*>(sum_dy_xmu.raw_data()) : nullptr);
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
       return;
     }
     constexpr int kVec = static_cast<int>(16 / sizeof(T));
@@ -480,11 +482,11 @@ void per_channel_sums(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tens
       channel_sums_partials<T, S, kVec><<<grid, kDnnThreads, 0, stream>>>(dyp, xp, mp_, C, Sv, Mv, split, pp);
     else
       channel_sums_partials<T, S, 1><<<grid, kDnnThreads, 0, stream>>>(dyp, xp, mp_, C, Sv, Mv, split, pp);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
     channel_sums_finalize<<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream>>>(
         pp, C, split.parts, static_cast<double*>(sum_dy.raw_data()),
         with_x ? static_cast<double*>(sum_dy_xmu.raw_data()) : nullptr);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   });
 }
 

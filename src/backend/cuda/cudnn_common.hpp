@@ -59,11 +59,14 @@ constexpr bool cudnn_not_supported(cudnnStatus_t s) { return static_cast<int>(s)
 #define MP_CUDNN_CHECK(call) MP_CUDNN_CHECK_CTX(call, std::string())
 
 /// MP_CUDNN_CHECK with a description of the problem (a std::string expression, evaluated on failure only).
+/// In sync-check mode (Note [sync check]) it then waits for the device and names the call when its work faulted.
 #define MP_CUDNN_CHECK_CTX(call, context)                                                                   \
   do {                                                                                                      \
     const cudnnStatus_t mp_cudnn_status_ = (call);                                                          \
     if (mp_cudnn_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                              \
       ::mp::backend::cuda::throw_cudnn_error(mp_cudnn_status_, #call, (context), __FILE__, __LINE__);       \
+    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                                             \
+      ::mp::backend::cuda::sync_check(#call, __FILE__, __LINE__, __func__);                                 \
   } while (0)
 
 namespace mp::backend::cuda {
@@ -324,7 +327,7 @@ void launch_elementwise(const ElementwiseShape& e, bool rows, Launch&& launch) {
     if (rows) launch.template operator()<1, true>();
     else launch.template operator()<1, false>();
   }
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
 }
 
 /// Walks the positions j = n S + s of one channel c of a contiguous [N, C, S] tensor (units as in

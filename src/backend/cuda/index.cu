@@ -96,7 +96,7 @@ void embedding_cuda(const Tensor& out, const Tensor& weight, const Tensor& indic
     const size_t row_bytes = static_cast<size_t>(D) * weight.element_size();
     if (row_bytes == 0) {
       embedding_check_kernel<I><<<blocks_for(M, kThreads, dev), kThreads, 0, stream>>>(idx, M, V, bad);
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     } else {
       const int u = copy_unit(row_bytes, out.raw_data(), weight.raw_data());
       const int64_t units = static_cast<int64_t>(row_bytes) / u;
@@ -106,7 +106,7 @@ void embedding_cuda(const Tensor& out, const Tensor& weight, const Tensor& indic
         embedding_gather_kernel<U, I><<<grid, kThreads, 0, stream>>>(static_cast<U*>(out.raw_data()),
                                                                      static_cast<const U*>(weight.raw_data()), idx, M,
                                                                      V, units, IntDivider(units), use32, bad);
-        check_launch();
+        MP_CUDA_CHECK_LAUNCH();
       };
       switch (u) {
         case 16: launch.template operator()<uint4>(); break;
@@ -211,7 +211,7 @@ void launch_run_sum(const Tensor& gw, const Tensor& go, const uint32_t* keys, co
   auto launch = [&]<class G>() {
     embedding_run_sum_kernel<G, A>
         <<<grid, kRunWarps * kWarpSize, 0, stream>>>(out, g, go.dtype(), gsize, keys, pos, M, V, D, pad);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   };
   if (go.dtype() == dtype_of<A>()) return launch.template operator()<A>();
   if constexpr (std::is_same_v<A, float>) {
@@ -241,7 +241,7 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
     auto* pout = pos_out.data_ptr<int32_t>();
     embedding_keys_kernel<I><<<blocks_for(M, kThreads, dev), kThreads, 0, stream>>>(indices.data_ptr<I>(), kin, pin,
                                                                                    M, V);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
     const int bits = key_bits(V);
     const int n = static_cast<int>(M);
     size_t temp_bytes = 0;
@@ -374,7 +374,7 @@ void dropout_cuda(const Tensor& out, const Tensor& mask, const Tensor& in, float
     const bool vec = drop_vec_ok<T>(op, ip, mp);
     dropout_kernel_impl<T><<<blocks_for((n + kDropVec - 1) / kDropVec, kThreads, dev), kThreads, 0, stream_of(out)>>>(
         op, mp, ip, n, p, static_cast<A>(scale), st.seed, st.offset, vec);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   });
 }
 
@@ -403,7 +403,7 @@ void dropout_backward_cuda(const Tensor& grad_in, const Tensor& grad_out, const 
     dropout_backward_kernel_impl<T>
         <<<blocks_for((n + kDropVec - 1) / kDropVec, kThreads, dev), kThreads, 0, stream_of(grad_in)>>>(
             gp, op, mp, n, static_cast<A>(scale), vec);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -177,7 +177,7 @@ void launch_rows(int64_t rows, int64_t n, int dev, cudaStream_t stream, void (*w
     block_kernel<<<blocks_for(rows * kBlockRowThreads, kBlockRowThreads, dev), kBlockRowThreads, 0, stream>>>(
         args...);
   }
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
 }
 
 // A [N] parameter as the statistics dtype (converted on the device when needed); undefined stays undefined.
@@ -262,9 +262,9 @@ void ln_backward_typed(const Tensor& dx, const Tensor& dweight, const Tensor& db
     const dim3 grid(static_cast<unsigned>((N + kWarpSize - 1) / kWarpSize), static_cast<unsigned>(chunks));
     ln_column_partials_kernel<T><<<grid, dim3(kWarpSize, kColLanes), 0, stream>>>(pwp, pbp, dyp, xp, mp, rp, M, N,
                                                                                   rows_per_chunk);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
     ln_column_finish_kernel<S><<<blocks_for(N, kThreads, dev), kThreads, 0, stream>>>(dwp, dbp, pwp, pbp, chunks, N);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   });
   if (done) return;
   // Mixed dtypes: dy and x as S, dx through an S temporary, rounded once.

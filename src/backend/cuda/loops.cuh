@@ -17,7 +17,7 @@
 //   VecN<T, N>, load_vec<N>(p, out), store_vec<N>(p, in), vec_width<Ts...>(), is_aligned(p, bytes)
 //   same_dense_layout(a, b)       one shape and one dense layout (a flat loop pairs their elements)
 //   IntDivider, OffsetCalc<N>, make_offset_calc<N>(sizes, strides)
-//   kThreads, blocks_for(work, threads, device), check_launch(), stream_of(t), upload(host, bytes, dev)
+//   kThreads, blocks_for(work, threads, device), MP_CUDA_CHECK_LAUNCH() (runtime.hpp), stream_of(t), upload(host, bytes, dev)
 #pragma once
 #if !defined(__CUDACC__)
 #error "loops.cuh is for CUDA sources (.cu) only"
@@ -320,9 +320,6 @@ inline unsigned blocks_for(int64_t work, int threads, int device) {
   const int64_t need = (work + threads - 1) / threads;
   return static_cast<unsigned>(std::clamp<int64_t>(std::min(need, wave), 1, INT32_MAX));
 }
-
-/// Throw the error of the last kernel launch, if any (call right after every <<<...>>>).
-inline void check_launch() { MP_CUDA_CHECK(cudaGetLastError()); }
 
 /// The stream of the device that holds t (Note [one stream per device]).
 inline cudaStream_t stream_of(const Tensor& t) { return current_stream(t.device().index); }

@@ -71,7 +71,7 @@ void bias_rows(const Tensor& out, const Tensor& bias, bool accumulate) {
     bias_rows_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, current_stream(dev)>>>(
         static_cast<T*>(out.raw_data()), total, m, n, out.stride(0), out.stride(1), out.stride(2), pb,
         bias_acc.defined() ? bias_acc.stride(0) : 0, accumulate);
-    MP_CUDA_CHECK(cudaGetLastError());
+    MP_CUDA_CHECK_LAUNCH();
   });
 }
 

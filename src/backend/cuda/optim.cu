@@ -145,7 +145,7 @@ void launch_step(const Tensor& param, const Tensor& master, const Tensor& grad, 
                             is_aligned(s1, V * sizeof(C)) && is_aligned(s2, V * sizeof(C));
     step_kernel<<<blocks_for(vectorized ? (n + V - 1) / V : n, kThreads, dev), kThreads, 0, current_stream(dev)>>>(
         o, step, vectorized);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   });
 }
 

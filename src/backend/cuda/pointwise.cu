@@ -145,7 +145,7 @@ void launch_strided(const Tensor& out, std::span<const Tensor> ins, const F& f) 
   const OffsetCalc<N> calc = make_offset_calc<N>(out.sizes(), spans);
   const int dev = out.device().index;
   strided_kernel<NIn, C><<<blocks_for(calc.numel, kThreads, dev), kThreads, 0, current_stream(dev)>>>(ops, calc, f);
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
 }
 
 template <int NIn, class TI, class TO, class C, class F>
@@ -162,7 +162,7 @@ bool launch_contiguous(const Tensor& out, std::span<const Tensor> ins, const F& 
   const int dev = out.device().index;
   contiguous_kernel<NIn, V, TI, TO, C>
       <<<blocks_for(std::max<int64_t>(n / V, 1), kThreads, dev), kThreads, 0, current_stream(dev)>>>(o, in, n, f, bf16);
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
   return true;
 }
 

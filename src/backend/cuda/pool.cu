@@ -311,7 +311,7 @@ void max_pool2d_forward_cuda(const Tensor& out, const Tensor& indices, const Ten
         max_pool_forward_kernel<T, I><<<blocks_for(numel, kPoolThreads, dev), kPoolThreads, 0, stream_of(o)>>>(
             static_cast<T*>(o.raw_data()), indices.data_ptr<I>(), static_cast<const T*>(xi.raw_data()), g, numel,
             d);
-        check_launch();
+        MP_CUDA_CHECK_LAUNCH();
       };
       if (indices.dtype() == DType::i32) launch.template operator()<int32_t>();
       else launch.template operator()<int64_t>();
@@ -336,7 +336,7 @@ void max_pool2d_backward_cuda(const Tensor& dx, const Tensor& dy, const Tensor& 
         max_pool_backward_kernel<T, I><<<grid, kPlaneWarps * kWarpSize, 0, stream_of(o)>>>(
             static_cast<T*>(o.raw_data()), static_cast<const T*>(gi.raw_data()), indices.data_ptr<I>(),
             scratch.defined() ? scratch.data_ptr<A>() : nullptr, planes, in_plane, out_plane);
-        check_launch();
+        MP_CUDA_CHECK_LAUNCH();
       };
       if (indices.dtype() == DType::i32) launch.template operator()<int32_t>();
       else launch.template operator()<int64_t>();
@@ -355,7 +355,7 @@ void avg_pool2d_forward_cuda(const Tensor& out, const Tensor& x, const Pool2dWin
     visit_floating(xi.dtype(), "avg_pool2d", [&]<class T>() {
       avg_pool_forward_kernel<T><<<blocks_for(numel, kPoolThreads, dev), kPoolThreads, 0, stream_of(o)>>>(
           static_cast<T*>(o.raw_data()), static_cast<const T*>(xi.raw_data()), g, count_include_pad, numel, d);
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     });
   });
 }
@@ -371,7 +371,7 @@ void avg_pool2d_backward_cuda(const Tensor& dx, const Tensor& dy, const Pool2dWi
     visit_floating(o.dtype(), "avg_pool2d_backward", [&]<class T>() {
       avg_pool_backward_kernel<T><<<blocks_for(numel, kPoolThreads, dev), kPoolThreads, 0, stream_of(o)>>>(
           static_cast<T*>(o.raw_data()), static_cast<const T*>(gi.raw_data()), g, count_include_pad, numel, d);
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     });
   });
 }
@@ -393,7 +393,7 @@ void adaptive_avg_pool2d_forward_cuda(const Tensor& out, const Tensor& x) {
         adaptive_avg_forward_kernel<T><<<blocks_for(numel, kPoolThreads, dev), kPoolThreads, 0, stream_of(o)>>>(
             op, xp, g, numel, decomp(numel, g.OH, g.OW));
       }
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     });
   });
 }
@@ -408,7 +408,7 @@ void adaptive_avg_pool2d_backward_cuda(const Tensor& dx, const Tensor& dy) {
     visit_floating(o.dtype(), "adaptive_avg_pool2d_backward", [&]<class T>() {
       adaptive_avg_backward_kernel<T><<<blocks_for(numel, kPoolThreads, dev), kPoolThreads, 0, stream_of(o)>>>(
           static_cast<T*>(o.raw_data()), static_cast<const T*>(gi.raw_data()), g, numel, decomp(numel, g.H, g.W));
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     });
   });
 }

@@ -249,14 +249,14 @@ void reduce_typed(const Tensor& out, const Tensor& in, int64_t nreduce) {
     } else {
       reduce_row_kernel<T, A, Op, false><<<grid, kThreads, 0, stream>>>(src, sink, kc, rc, R, split_len, gx);
     }
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   } else {
     const int64_t blocks_x = std::min((nout + kColX - 1) / kColX, wave);
     split_len = choose_split(R, blocks_x, kColY * 32, dev);
     use_partials();
     const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(splits));
     reduce_col_kernel<T, A, Op><<<grid, dim3(kColX, kColY), 0, stream>>>(src, sink, kc, rc, R, split_len);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   }
   if (splits > 1) {  // second pass: combine the [splits, nout] partials column-wise into out
     sink.partial = nullptr;
@@ -264,7 +264,7 @@ void reduce_typed(const Tensor& out, const Tensor& in, int64_t nreduce) {
     const int64_t blocks_x = std::min((nout + kColX - 1) / kColX, wave);
     reduce_col_kernel<A, A, FinalOp<Op, A>><<<dim3(static_cast<unsigned>(blocks_x)), dim3(kColX, kColY), 0, stream>>>(
         partial.data_ptr<A>(), sink, calc_of(pk), calc_of(pr), splits, splits);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   }
 }
 
@@ -377,7 +377,7 @@ void arg_reduce_cuda(bool is_max, const Tensor& values, const Tensor& indices, c
         static_cast<const T*>(in.raw_data()), calc_of(keep), keep.numel, n, in.strides().back(), is_max,
         static_cast<char*>(values.raw_data()), values.dtype(), static_cast<int>(values.element_size()),
         indices.data_ptr<int64_t>(), gx);
-    check_launch();
+    MP_CUDA_CHECK_LAUNCH();
   });
 }
 

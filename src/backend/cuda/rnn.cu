@@ -235,7 +235,7 @@ void lstm_gates_forward_cuda(const Tensor& h_out, const Tensor& c_out, const Ten
         const LstmShape s = lstm_shape(B, H, 1);
         lstm_forward_typed<T, 1><<<blocks_for(s.groups, kThreads, dev), kThreads, 0, stream>>>(ho, co, gp, cp, s);
       }
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     });
     return;
   }
@@ -244,7 +244,7 @@ void lstm_gates_forward_cuda(const Tensor& h_out, const Tensor& c_out, const Ten
   if (gates.dtype() == DType::f64 || c.dtype() == DType::f64)
     lstm_forward_dyn<double><<<grid, kThreads, 0, stream>>>(dyn(h_out), dyn(c_out), dyn(gates), dyn(c), s);
   else lstm_forward_dyn<float><<<grid, kThreads, 0, stream>>>(dyn(h_out), dyn(c_out), dyn(gates), dyn(c), s);
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
 }
 
 void lstm_gates_backward_cuda(const Tensor& dgates, const Tensor& dc, const Tensor& dh_out, const Tensor& dc_out,
@@ -273,7 +273,7 @@ void lstm_gates_backward_cuda(const Tensor& dgates, const Tensor& dc, const Tens
         lstm_backward_typed<T, 1>
             <<<blocks_for(s.groups, kThreads, dev), kThreads, 0, stream>>>(dg, dcp, dh, dco, gp, cp, s);
       }
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     });
     return;
   }
@@ -285,7 +285,7 @@ void lstm_gates_backward_cuda(const Tensor& dgates, const Tensor& dc, const Tens
   else
     lstm_backward_dyn<float>
         <<<grid, kThreads, 0, stream>>>(dyn(dgates), dyn(dc), dyn(dh_out), dyn(dc_out), dyn(gates), dyn(c), s);
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

@@ -34,10 +34,10 @@ const char* remedy(cudaError_t e) {
     case cudaErrorIllegalInstruction:
     case cudaErrorHardwareStackError:
       return "a kernel faulted and the CUDA context is unusable: restart the process; rerun with "
-             "CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find the kernel (please report it)";
+             "MP_CUDA_SYNC_CHECK=1 (names the kernel) or under compute-sanitizer to find it (please report it)";
     default:
       return "check the call's arguments; errors of asynchronous work surface at a later call, so rerun "
-             "with CUDA_LAUNCH_BLOCKING=1 to see where it starts";
+             "with MP_CUDA_SYNC_CHECK=1 to see where it starts";
   }
 }
 
@@ -98,6 +98,17 @@ void throw_cuda_error(int status, const char* call, const char* file, int line) 
   ::mp::detail::throw_error(file, line,
                             ::mp::detail::str_cat("CUDA call ", call, " failed: ", cudaGetErrorName(e), " (",
                                                   cudaGetErrorString(e), "); ", remedy(e)));
+}
+
+void sync_check(const char* what, const char* file, int line, const char* function) {
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  ::mp::detail::throw_error(
+      file, line,
+      ::mp::detail::str_cat("CUDA sync check (MP_CUDA_SYNC_CHECK=1): the device failed in or before ", what, " at ",
+                            file, ":", line, " in ", function, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
+                            "); ", remedy(e)));
 }
 
 int device_count() { return runtime().count; }

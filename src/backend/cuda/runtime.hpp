@@ -36,6 +36,18 @@ std::string no_device_reason();
 /// how many there are when the index is out of range).
 void check_device(Device d, const char* op);
 
+/// Note [sync check]: MP_CUDA_SYNC_CHECK=1 makes the CUDA backend wait for the device after every kernel
+/// launch and every cuBLASLt / cuDNN call, and throw naming that launch or call (its source file, line
+/// and function) when the device reports an error. Without it a faulting kernel surfaces at the next
+/// synchronisation, usually an unrelated device-to-host copy, which the message would then name. Slow:
+/// for finding a faulting kernel (scripts/gpu-check's first pass runs with it), not for training.
+/// Read once per process; "0" or unset is off, "1" is on, anything else is refused with a message.
+bool sync_check_enabled();
+
+/// The value of MP_CUDA_SYNC_CHECK `value` (may be null) as a switch; throws mp::Error naming the
+/// variable, the value and the two accepted ones for anything but null, "", "0" and "1".
+bool parse_sync_check(const char* value);
+
 /// CUDA runtime version as major*1000 + minor*10 (13000 for 13.0); 0 in builds without CUDA.
 int runtime_version();
 /// Version of the installed driver's CUDA API, same encoding; 0 when no driver is installed.
@@ -92,6 +104,15 @@ class DeviceGuard {
 /// Throw the mp::Error of a failed CUDA runtime call: names the call, the error (name and text)
 /// and what to do. `status` is the cudaError_t value. Clears the thread's non-sticky error state.
 [[noreturn]] void throw_cuda_error(int status, const char* call, const char* file, int line);
+
+/// Which cuDNN runs: the loaded and the compiled version, its CUDA runtime and the folders of its
+/// libraries (Note [one cuDNN install] in cudnn_version.cu), or why there is none.
+std::string cudnn_summary();
+
+/// Note [sync check]: wait for all work of the current device and throw mp::Error naming `what` (a
+/// launch or library call) at file:line in `function` when the device reports an error. Call only
+/// when sync_check_enabled().
+void sync_check(const char* what, const char* file, int line, const char* function);
 #endif
 
 }  // namespace mp::backend::cuda
@@ -105,6 +126,15 @@ class DeviceGuard {
     const cudaError_t mp_cuda_status_ = (call);                                                   \
     if (mp_cuda_status_ != cudaSuccess) [[unlikely]]                                             \
       ::mp::backend::cuda::throw_cuda_error(static_cast<int>(mp_cuda_status_), #call, __FILE__, __LINE__); \
+  } while (0)
+
+/// After a kernel launch: throw the launch's error, if any, and in sync-check mode (Note [sync check])
+/// wait for the kernel and name it when it faulted.
+#define MP_CUDA_CHECK_LAUNCH()                                                                     \
+  do {                                                                                            \
+    MP_CUDA_CHECK(cudaGetLastError());                                                            \
+    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                                   \
+      ::mp::backend::cuda::sync_check("kernel launch", __FILE__, __LINE__, __func__);             \
   } while (0)
 
 namespace mp::backend::cuda {

@@ -382,7 +382,7 @@ void launch_rows(int64_t rows, int64_t n, int dev, cudaStream_t stream, void (*w
     const unsigned grid = blocks_for(rows * kBlockRowThreads, kBlockRowThreads, dev);
     block_kernel<<<grid, kBlockRowThreads, 0, stream>>>(args...);
   }
-  check_launch();
+  MP_CUDA_CHECK_LAUNCH();
 }
 
 // The tensor as dtype dt (itself when it already is).
@@ -422,7 +422,7 @@ void softmax_cuda(bool log, const Tensor& out, const Tensor& in, const SoftmaxSh
       const int64_t cols = s.outer * s.inner;
       softmax_cols_kernel<T><<<blocks_for(cols, kColThreads, dev), kColThreads, 0, stream>>>(op, ip, cols, s.n,
                                                                                             s.inner, log);
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     }
   });
 }
@@ -451,7 +451,7 @@ void softmax_backward_cuda(bool log, const Tensor& grad_in, const Tensor& grad_o
       const int64_t cols = s.outer * s.inner;
       softmax_backward_cols_kernel<T><<<blocks_for(cols, kColThreads, dev), kColThreads, 0, stream>>>(
           gp, gop, yp, cols, s.n, s.inner, log);
-      check_launch();
+      MP_CUDA_CHECK_LAUNCH();
     }
   });
 }
@@ -493,7 +493,7 @@ void class_loss_cuda(const char* op, const Tensor& losses, const Tensor& stats, 
       } else {
         class_loss_cols_kernel<T>
             <<<blocks_for(rows, kColThreads, dev), kColThreads, 0, stream>>>(L, S, xp, tgt, a, bad);
-        check_launch();
+        MP_CUDA_CHECK_LAUNCH();
       }
     });
   };
@@ -540,7 +540,7 @@ void class_loss_backward_cuda(const Tensor& grad_input, const Tensor& grad_rows,
       } else {
         class_loss_backward_cols_kernel<T>
             <<<blocks_for(rows, kColThreads, dev), kColThreads, 0, stream>>>(gp, W, shared, xp, S, tgt, a);
-        check_launch();
+        MP_CUDA_CHECK_LAUNCH();
       }
     });
     finish_out(grad_input, gi);
