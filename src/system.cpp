@@ -62,6 +62,11 @@ SystemInfo system_info() {
   return s;
 }
 
+CudnnConvCounts cudnn_conv_counts() {
+  const backend::cuda::CudnnConvCounters c = backend::cuda::cudnn_conv_counters();
+  return {.calls = c.calls, .nhwc_calls = c.nhwc_calls, .nchw_fallbacks = c.nchw_fallbacks};
+}
+
 std::vector<KernelPathProbe> probe_kernel_paths() {
   const TensorOptions bf{.dtype = DType::bf16};
   auto act = [](const Shape& s) {

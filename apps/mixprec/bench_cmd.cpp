@@ -273,9 +273,13 @@ Json run_bench_step(const BenchStepOptions& raw) {
   j["threads"] = omp_get_max_threads();
   j["kernel_paths"] = Json::parse(mp::kernel_path_record_json(mp::kernel_path_record()));
   j["device"] = "cpu: " + (s.cpu.brand.empty() ? std::string("unknown CPU") : s.cpu.brand);
-  if (dev.is_cuda())
+  if (dev.is_cuda()) {
     for (const GpuInfo& g : s.gpus)
       if (g.index == dev.index) j["device"] = dev.str() + ": " + g.name;
+    // Note [conv layout counters]: a channels-last run whose convolutions fell back to NCHW says so.
+    const CudnnConvCounts cc = cudnn_conv_counts();
+    j["cudnn_conv"] = {{"calls", cc.calls}, {"nhwc_calls", cc.nhwc_calls}, {"nchw_fallbacks", cc.nchw_fallbacks}};
+  }
   if (o.profile) {
     // Per kernel label, per timed step. "kernel_ms" is their sum; the rest of a step is framework
     // time (autograd, allocation, dispatch).

@@ -1,4 +1,5 @@
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,6 +32,16 @@ struct SystemInfo {
   std::string cudnn_status;            ///< cuDNN loaded / compiled versions and library folders (with a device)
   std::vector<GpuInfo> gpus;           ///< visible GPUs
 };
+
+/// cuDNN convolution calls of this process (Note [conv layout counters]): all of them, those asked for in
+/// channels-last (NHWC), and those of the latter that ran in NCHW because cuDNN had no NHWC algorithm.
+/// All zero without the CUDA backend or cuDNN.
+struct CudnnConvCounts {
+  int64_t calls = 0;
+  int64_t nhwc_calls = 0;
+  int64_t nchw_fallbacks = 0;
+};
+CudnnConvCounts cudnn_conv_counts();
 
 /// Gather SystemInfo (builds two tiny oneDNN primitives to see which kernels they choose).
 SystemInfo system_info();

@@ -58,6 +58,7 @@
 // chunks are independent; the weight gradient adds the chunks' results (beta = 1 for f32/f64, an
 // f32 accumulation of each chunk's 16-bit result for f16/bf16).
 #if defined(MP_HAVE_CUDNN)
+#include <cstdio>
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -367,6 +368,15 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
   }
   // An NHWC problem without a usable algorithm keeps its empty plan: the caller runs it in NCHW instead
   // (Note [cuDNN convolution layouts]).
+  if (cudnn_options().log) {
+    if (plan->choices.empty())
+      std::fprintf(stderr, "mixprec cuDNN: %s: no usable NHWC algorithm, runs in NCHW (two copies per call)\n",
+                   pr.str().c_str());
+    else
+      std::fprintf(stderr, "mixprec cuDNN: %s: algorithm %d, math %d, workspace %zu bytes (%zu candidates)\n",
+                   pr.str().c_str(), plan->choices.front().algo, static_cast<int>(plan->choices.front().math),
+                   plan->choices.front().workspace, plan->choices.size());
+  }
   MP_CHECK(pr.nhwc || !plan->choices.empty(), "conv2d on cuda: cuDNN offers no usable ",
            cudnn_options().deterministic ? "deterministic " : "", "algorithm for ", pr.str(),
            cudnn_options().deterministic ? "; MP_CUDNN_DETERMINISTIC=0 admits the non-deterministic ones" : "",
@@ -385,7 +395,10 @@ bool run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double b
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, build_plan<D>(handle.get(), pr, a, dev)).first;
   ConvPlan& plan = *it->second;
-  if (pr.nhwc && plan.choices.empty()) return false;
+  if (pr.nhwc && plan.choices.empty()) {
+    count_cudnn_conv_call(true, true);
+    return false;
+  }
   const void* alpha = cudnn_scale(plan.compute, 1.0);
   const void* b = cudnn_scale(plan.compute, beta);
   size_t failed_bytes = SIZE_MAX;  // a workspace this large could not be allocated in this call
@@ -408,13 +421,22 @@ bool run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double b
     }
     plan.conv.set_math(ch.math);
     last = Dir<D>::run(handle.get(), plan, ch.algo, a, ws.defined() ? ws.raw_data() : nullptr, ch.workspace, alpha, b);
-    if (last == CUDNN_STATUS_SUCCESS) return true;
+    if (last == CUDNN_STATUS_SUCCESS) {
+      count_cudnn_conv_call(pr.nhwc, false);
+      return true;
+    }
     if (!cudnn_not_supported(last))
       throw_cudnn_error(last, Dir<D>::kRun, detail::str_cat(pr.str(), ", algorithm ", ch.algo), __FILE__, __LINE__);
     plan.choices.erase(plan.choices.begin() + static_cast<std::ptrdiff_t>(i));  // never offered again
   }
   if (oom) std::rethrow_exception(oom);
-  if (pr.nhwc) return false;
+  if (pr.nhwc) {
+    if (cudnn_options().log)
+      std::fprintf(stderr, "mixprec cuDNN: %s: every NHWC algorithm answered NOT_SUPPORTED, runs in NCHW\n",
+                   pr.str().c_str());
+    count_cudnn_conv_call(true, true);
+    return false;
+  }
   throw_cudnn_error(last, Dir<D>::kRun, pr.str() + "; every algorithm cuDNN proposed answered NOT_SUPPORTED",
                     __FILE__, __LINE__);
 }

@@ -245,6 +245,7 @@ const CudnnOptions& cudnn_options() {
     o.benchmark = env_flag("MP_CUDNN_BENCHMARK", false);
     o.deterministic = env_flag("MP_CUDNN_DETERMINISTIC", true);
     o.batch_norm = env_flag("MP_CUDNN_BATCH_NORM", true);
+    o.log = env_flag("MP_CUDNN_LOG", false);
     return o;
   }();
   return opts;

@@ -22,6 +22,9 @@
 //                             default 1. See Note [cuDNN algorithm choice] in conv.cu.
 //   MP_CUDNN_BATCH_NORM=0     run batch norm on mixprec's own kernels only (for comparisons and
 //                             debugging); default 1. See Note [batch norm on cuDNN] in batch_norm.cu.
+//   MP_CUDNN_LOG=1            print to stderr, once per convolution problem, the algorithm, math type,
+//                             workspace and layout cuDNN's plan starts with, or that an NHWC problem
+//                             falls back to NCHW (Note [conv layout counters] in runtime.hpp).
 #pragma once
 #if defined(MP_HAVE_CUDNN)
 #if !defined(__CUDACC__)
@@ -94,6 +97,7 @@ struct CudnnOptions {
   bool benchmark = false;     ///< MP_CUDNN_BENCHMARK: time the algorithms on first use of a shape
   bool deterministic = true;  ///< MP_CUDNN_DETERMINISTIC: only algorithms cuDNN reports deterministic
   bool batch_norm = true;     ///< MP_CUDNN_BATCH_NORM: allow cuDNN's batch norm
+  bool log = false;           ///< MP_CUDNN_LOG: print each convolution problem's chosen algorithm and layout
 };
 
 /// The process's cuDNN switches.

@@ -3,6 +3,7 @@
 // Note [one cuDNN install]: cuDNN 9 dlopens its sub-libraries (libcudnn_engines_*, libcudnn_graph, ...)
 // at run time; a toolkit copy and PyTorch's wheel copy side by side can mix, so the folders of every
 // libcudnn*.so mapped into the process are listed and more than one is called out.
+#include <atomic>
 #include <set>
 #include <string>
 
@@ -15,6 +16,21 @@
 #endif
 
 namespace mp::backend::cuda {
+
+namespace {
+std::atomic<int64_t> g_conv_calls{0}, g_conv_nhwc{0}, g_conv_fallbacks{0};
+}  // namespace
+
+void count_cudnn_conv_call(bool nhwc, bool fallback) {
+  g_conv_calls.fetch_add(1, std::memory_order_relaxed);
+  if (nhwc) g_conv_nhwc.fetch_add(1, std::memory_order_relaxed);
+  if (fallback) g_conv_fallbacks.fetch_add(1, std::memory_order_relaxed);
+}
+
+CudnnConvCounters cudnn_conv_counters() {
+  return {g_conv_calls.load(std::memory_order_relaxed), g_conv_nhwc.load(std::memory_order_relaxed),
+          g_conv_fallbacks.load(std::memory_order_relaxed)};
+}
 
 #if defined(MP_HAVE_CUDNN)
 namespace {

@@ -14,6 +14,7 @@
 // quotes it. The answer is computed once per process and cached.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "mp/core/device.hpp"
@@ -47,6 +48,17 @@ bool sync_check_enabled();
 /// The value of MP_CUDA_SYNC_CHECK `value` (may be null) as a switch; throws mp::Error naming the
 /// variable, the value and the two accepted ones for anything but null, "", "0" and "1".
 bool parse_sync_check(const char* value);
+
+/// Note [conv layout counters]: cuDNN convolution calls of this process, and how many of the channels-last
+/// (NHWC) ones ran in NCHW because cuDNN offered no usable NHWC algorithm (Note [cuDNN convolution
+/// layouts] in conv.cu: two extra copies per call). A benchmark reports them, so that a channels-last
+/// measurement cannot show NCHW speed unnoticed. Zero in builds without cuDNN.
+struct CudnnConvCounters {
+  int64_t calls = 0;            ///< cuDNN convolution calls (forward, data and weight gradient)
+  int64_t nhwc_calls = 0;       ///< of those, asked for in NHWC
+  int64_t nchw_fallbacks = 0;   ///< NHWC calls that ran in NCHW instead
+};
+CudnnConvCounters cudnn_conv_counters();
 
 /// CUDA runtime version as major*1000 + minor*10 (13000 for 13.0); 0 in builds without CUDA.
 int runtime_version();
@@ -104,6 +116,10 @@ class DeviceGuard {
 /// Throw the mp::Error of a failed CUDA runtime call: names the call, the error (name and text)
 /// and what to do. `status` is the cudaError_t value. Clears the thread's non-sticky error state.
 [[noreturn]] void throw_cuda_error(int status, const char* call, const char* file, int line);
+
+/// Count one cuDNN convolution call (Note [conv layout counters]): nhwc when asked for in NHWC, fallback
+/// when that one ran in NCHW instead.
+void count_cudnn_conv_call(bool nhwc, bool fallback);
 
 /// Which cuDNN runs: the loaded and the compiled version, its CUDA runtime and the folders of its
 /// libraries (Note [one cuDNN install] in cudnn_version.cu), or why there is none.
