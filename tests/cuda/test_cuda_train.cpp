@@ -162,9 +162,11 @@ TEST(CudaTrain, MlpSgdMomentumStepsMatchTheCpu) {
 // measured, not guessed: a CPU run in f32 with the same skipped steps shows how far 16-bit rounding moves
 // this trajectory at all, and the device's 16-bit run may differ from the CPU's 16-bit run by at most
 // twice that (per step for the loss, per tensor for the weights, plus the rounding of the result). A
-// wrong 16-bit kernel moves a run much further than its own rounding does.
-static void compare_modules_against_noise(const std::string& what, const nn::Module& device_model, const nn::Module& cpu_model,
-                                          const nn::Module& f32_model) {
+// wrong 16-bit kernel moves a run much further than its own rounding does. f32 runs drift too, less: a
+// ReLU input or a max-pool tie on the edge flips with the summation order, so the channels-last f32 run
+// is judged the same way, against the CPU's NCHW f32 run (the same arithmetic in other orders).
+static void compare_modules_against_noise(const std::string& what, const nn::Module& device_model,
+                                          const nn::Module& cpu_model, const nn::Module& f32_model) {
   const nn::StateDict d = device_model.state_dict(), c = cpu_model.state_dict(), r = f32_model.state_dict();
   ASSERT_EQ(d.size(), c.size()) << what;
   for (const auto& [name, t] : c) {
@@ -180,7 +182,8 @@ static void compare_modules_against_noise(const std::string& what, const nn::Mod
     }
     const double noise = max(abs(sub(t.to(DType::f64), rt->to(DType::f64)))).item<double>();
     Tol tol{.ulps = 2, .atol = 2 * noise,
-            .why = "2 x the largest |16-bit CPU - f32 CPU| of this tensor + 2 ulps: Note [16-bit runs against 16-bit noise]"};
+            .why = "2 x the largest |CPU - CPU reference run| of this tensor + 2 ulps: Note [16-bit runs against 16-bit "
+                   "noise]"};
     EXPECT_TRUE(close(what + " " + name, *dt, t, tol));
   }
 }
@@ -193,6 +196,7 @@ TEST(CudaTrain, ResNet8InF32Bf16O2AndF16O2) {
   constexpr int kSteps = 8, kPoisoned = 3;  // step 3 overflows on purpose (f16 run only)
   // NCHW activations, and channels-last ones (cuDNN NHWC convolutions, the column-reduction batch norm;
   // the CPU reference runs its channels-last path).
+  std::shared_ptr<nn::UnaryModule> cpu_f32_nchw;  // the CPU's f32 NCHW run, kept for the channels-last one
   for (MemoryFormat fmt : {MemoryFormat::contiguous, MemoryFormat::channels_last})
   for (const Precision& p : precisions()) {
     const std::string tag = std::string("ResNet-8 ") + memory_format_name(fmt) + " " + p.name;
@@ -281,9 +285,16 @@ TEST(CudaTrain, ResNet8InF32Bf16O2AndF16O2) {
     EXPECT_LT(last_pass, 0.9 * first_pass) << tag << ": the device run does not learn";
     // Weights and batch-norm statistics after the run: f32 as the losses; 16-bit ones against the
     // 16-bit noise of this trajectory (Note [16-bit runs against 16-bit noise]).
-    if (p.dtype == DType::f32) {
+    if (p.dtype == DType::f32 && fmt == MemoryFormat::channels_last && cpu_f32_nchw) {
+      // The CPU's NCHW f32 run is the same arithmetic in other summation orders: its distance from the
+      // CPU's channels-last run is this trajectory's f32 noise (seen on an H200, 2026-11-26: the CPU's
+      // channels-last run ended 7e-6 from the NCHW runs' last loss, which the device's matched, with
+      // weights up to 4e-4 from the device's).
+      compare_modules_against_noise(tag + " final", *trained[1], *trained[0], *cpu_f32_nchw);
+    } else if (p.dtype == DType::f32) {
       compare_modules(tag + " final", *trained[1], *trained[0],
                       Tol{.ulps = 8, .normwise = 1e-4, .why = "f32 training: see the file comment"});
+      cpu_f32_nchw = trained[0];
     } else {
       compare_modules_against_noise(tag + " final", *trained[1], *trained[0], *ref_model);
     }
