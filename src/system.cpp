@@ -67,6 +67,8 @@ CudnnConvCounts cudnn_conv_counts() {
   return {.calls = c.calls, .nhwc_calls = c.nhwc_calls, .nchw_fallbacks = c.nchw_fallbacks};
 }
 
+int64_t cuda_host_syncs() { return backend::cuda::host_sync_count(); }
+
 std::vector<KernelPathProbe> probe_kernel_paths() {
   const TensorOptions bf{.dtype = DType::bf16};
   auto act = [](const Shape& s) {

@@ -234,6 +234,7 @@ Json run_bench_step(const BenchStepOptions& raw) {
   // spin-waiting, and on a GPU it is the host's time only.
   std::vector<double> cpu_ms;
   cpu_ms.reserve(static_cast<size_t>(o.steps));
+  const int64_t syncs0 = cuda_host_syncs();
   for (int64_t i = 0; i < o.steps; ++i) {
     const auto t0 = Clock::now();
     const double c0 = process_cpu_ms();
@@ -242,6 +243,7 @@ Json run_bench_step(const BenchStepOptions& raw) {
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     cpu_ms.push_back(process_cpu_ms() - c0);
   }
+  const int64_t syncs = cuda_host_syncs() - syncs0;
   prof.reset();
   const int64_t peak = memory::memory_stats(dev).peak_allocated;
   const double med = median(ms);
@@ -279,6 +281,9 @@ Json run_bench_step(const BenchStepOptions& raw) {
     // Note [conv layout counters]: a channels-last run whose convolutions fell back to NCHW says so.
     const CudnnConvCounts cc = cudnn_conv_counts();
     j["cudnn_conv"] = {{"calls", cc.calls}, {"nhwc_calls", cc.nhwc_calls}, {"nchw_fallbacks", cc.nchw_fallbacks}};
+    // Note [host synchronisation counter]: host waits per timed step, this benchmark's own end-of-step
+    // synchronize included (so 1 is the least a step can show).
+    j["host_syncs_per_step"] = static_cast<double>(syncs) / static_cast<double>(std::max<int64_t>(o.steps, 1));
   }
   if (o.profile) {
     // Per kernel label, per timed step. "kernel_ms" is their sum; the rest of a step is framework

@@ -43,6 +43,10 @@ struct CudnnConvCounts {
 };
 CudnnConvCounts cudnn_conv_counts();
 
+/// Times the host has waited for a CUDA device in this process (device-to-host copies and read-backs,
+/// synchronize(), staging buffers still in flight; Note [host synchronisation counter]); 0 without CUDA.
+int64_t cuda_host_syncs();
+
 /// Gather SystemInfo (builds two tiny oneDNN primitives to see which kernels they choose).
 SystemInfo system_info();
 

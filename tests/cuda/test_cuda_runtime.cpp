@@ -85,6 +85,16 @@ TEST(CudaRuntime, OutOfRangeDeviceIsAnError) {
 }
 
 // Note [sync check]: how MP_CUDA_SYNC_CHECK is read (the waiting itself runs on a GPU, under gpu-check).
+// Note [host synchronisation counter]: CPU work never counts.
+TEST(CudaRuntime, HostSyncCounterIgnoresTheCpu) {
+  const int64_t before = cu::host_sync_count();
+  Tensor t = mp::rand({64, 64});
+  t.fill_(2.0);
+  EXPECT_GT(mp::sum(mp::matmul(t, t)).item<float>(), 0.0f);
+  synchronize(kCPU);
+  EXPECT_EQ(cu::host_sync_count(), before);
+}
+
 TEST(CudaRuntime, SyncCheckSwitchIsReadStrictly) {
   EXPECT_FALSE(cu::parse_sync_check(nullptr));
   EXPECT_FALSE(cu::parse_sync_check(""));
@@ -105,6 +115,22 @@ TEST(CudaRuntime, SyncCheckModeRunsKernels) {
   const Tensor y = mp::sum(mp::mul(x, x)).to(kCPU);
   EXPECT_EQ(y.item<double>(), 332833500.0);  // sum of i^2 below 1000, exact in f64
   std::printf("MP_CUDA_SYNC_CHECK is %s\n", cu::sync_check_enabled() ? "on" : "off");
+}
+
+// Note [small uploads do not wait]: fill_ (a scalar upload and a broadcast kernel) queued behind a long
+// GEMM does not make the host wait for the device; the values arrive.
+TEST(CudaRuntime, SmallUploadsDoNotWaitForTheDevice) {
+  MP_SKIP_WITHOUT_GPU();
+  const Tensor a = mp::rand({4096, 4096}, {.dtype = DType::f32}).to(kCuda);
+  Tensor t = mp::empty({1000}, {.dtype = DType::f32, .device = kCuda});
+  synchronize(kCuda);
+  const int64_t before = cu::host_sync_count();
+  const Tensor busy = mp::matmul(a, a);  // ~137 GFLOP of true f32: milliseconds of device work
+  for (int i = 1; i <= 20; ++i) t.fill_(static_cast<double>(i));
+  EXPECT_EQ(cu::host_sync_count(), before) << "a small upload waited for the device";
+  const std::vector<float> v = t.to(kCPU).to_vector<float>();  // one counted wait
+  EXPECT_EQ(cu::host_sync_count(), before + 1);
+  for (float x : v) ASSERT_EQ(x, 20.0f);
 }
 
 TEST(CudaRuntime, FailedCallMessageNamesCallErrorAndRemedy) {

@@ -130,8 +130,7 @@ bool unscale_cuda(std::span<const Tensor> ts, double inv_scale, bool write) {
       static_cast<float>(inv_scale), inv_scale, write, flag.data_ptr<int>());
   MP_CUDA_CHECK_LAUNCH();
   int found = 0;
-  MP_CUDA_CHECK(cudaMemcpyAsync(&found, flag.raw_data(), sizeof(int), cudaMemcpyDeviceToHost, stream));
-  MP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  read_to_host(&found, flag.raw_data(), sizeof(int), stream);
   return found != 0;
 }
 
@@ -215,8 +214,7 @@ UnderflowCounts underflow_cuda(std::span<const Tensor> ts, double scale) {
       static_cast<float>(scale), static_cast<unsigned long long*>(counts.raw_data()));
   MP_CUDA_CHECK_LAUNCH();
   int64_t host[4] = {0, 0, 0, 0};
-  MP_CUDA_CHECK(cudaMemcpyAsync(host, counts.raw_data(), sizeof(host), cudaMemcpyDeviceToHost, stream));
-  MP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  read_to_host(host, counts.raw_data(), sizeof(host), stream);
   return {host[0], host[1], host[2], host[3]};
 }
 

@@ -13,6 +13,13 @@
 //   device -> host: returns when the data is in host memory (waits for earlier kernels too).
 //   device -> other device: cudaMemcpyPeerAsync after the target's stream is idle (its block may
 //     have been used by queued work), then waits for it.
+// Note [small uploads do not wait]: a small host -> device copy (a scalar for fill_, an index table,
+// the backward seed) goes through a ring of kSmallSlots pinned slots of kSmallCopyBytes, each with its
+// event, and the slot index (like the large copies' buffer index) continues across calls. A slot is
+// reused kSmallSlots uploads later, whose transfer has normally long finished: the host does not wait
+// for the device. (With one buffer per call starting at index 0, every small upload waited for the
+// previous one, and through stream order for every kernel queued before it: a host synchronisation per
+// fill_.) Waits that do happen are counted (Note [host synchronisation counter] in runtime.hpp).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -27,11 +34,28 @@
 namespace mp::backend::cuda {
 namespace {
 
+// Note [small uploads do not wait].
+inline constexpr size_t kSmallCopyBytes = size_t{64} << 10;
+inline constexpr size_t kSmallSlots = 32;
+
 struct Staging {
   std::mutex mu;
   void* buf[2] = {nullptr, nullptr};
   cudaEvent_t done[2] = {nullptr, nullptr};
+  size_t next_buf = 0;  // the large-copy buffer the next chunk uses
+  char* ring = nullptr;  // kSmallSlots slots of kSmallCopyBytes
+  cudaEvent_t ring_done[kSmallSlots] = {};
+  size_t next_slot = 0;
 };
+
+// Wait until event e has happened; counts a host synchronisation only when it had not yet.
+void wait_event(cudaEvent_t e) {
+  const cudaError_t q = cudaEventQuery(e);
+  if (q == cudaSuccess) return;
+  if (q != cudaErrorNotReady) MP_CUDA_CHECK(q);
+  count_host_sync();
+  MP_CUDA_CHECK(cudaEventSynchronize(e));
+}
 
 // The staging state of each device; never destroyed (Note [leaked runtime state] in runtime.cu).
 Staging& staging(int device) {
@@ -50,6 +74,13 @@ void ensure_staging(Staging& st) {
     if (st.buf[b] == nullptr) MP_CUDA_CHECK(cudaHostAlloc(&st.buf[b], kStagingChunkBytes, cudaHostAllocPortable));
     if (st.done[b] == nullptr) MP_CUDA_CHECK(cudaEventCreateWithFlags(&st.done[b], cudaEventDisableTiming));
   }
+  if (st.ring == nullptr) {
+    void* p = nullptr;
+    MP_CUDA_CHECK(cudaHostAlloc(&p, kSmallSlots * kSmallCopyBytes, cudaHostAllocPortable));
+    st.ring = static_cast<char*>(p);
+  }
+  for (cudaEvent_t& e : st.ring_done)
+    if (e == nullptr) MP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 void host_to_device(char* dst, const char* src, size_t n, int dev) {
@@ -58,11 +89,21 @@ void host_to_device(char* dst, const char* src, size_t n, int dev) {
   std::lock_guard<std::mutex> lock(st.mu);
   ensure_staging(st);
   cudaStream_t stream = current_stream(dev);
-  size_t chunk = 0;
-  for (size_t off = 0; off < n; off += kStagingChunkBytes, ++chunk) {
-    const size_t b = chunk & 1;
+  if (n <= kSmallCopyBytes) {  // Note [small uploads do not wait]
+    const size_t slot = st.next_slot;
+    st.next_slot = (st.next_slot + 1) % kSmallSlots;
+    wait_event(st.ring_done[slot]);  // the upload that used this slot kSmallSlots uploads ago
+    char* buf = st.ring + slot * kSmallCopyBytes;
+    std::memcpy(buf, src, n);
+    MP_CUDA_CHECK(cudaMemcpyAsync(dst, buf, n, cudaMemcpyHostToDevice, stream));
+    MP_CUDA_CHECK(cudaEventRecord(st.ring_done[slot], stream));
+    return;
+  }
+  for (size_t off = 0; off < n; off += kStagingChunkBytes) {
+    const size_t b = st.next_buf;
+    st.next_buf ^= 1;
     const size_t len = std::min(kStagingChunkBytes, n - off);
-    MP_CUDA_CHECK(cudaEventSynchronize(st.done[b]));  // the transfer that last used this buffer is done
+    wait_event(st.done[b]);  // the transfer that last used this buffer is done
     std::memcpy(st.buf[b], src + off, len);
     MP_CUDA_CHECK(cudaMemcpyAsync(dst + off, st.buf[b], len, cudaMemcpyHostToDevice, stream));
     MP_CUDA_CHECK(cudaEventRecord(st.done[b], stream));
@@ -75,6 +116,7 @@ void device_to_host(char* dst, const char* src, size_t n, int dev) {
   std::lock_guard<std::mutex> lock(st.mu);
   ensure_staging(st);
   cudaStream_t stream = current_stream(dev);
+  count_host_sync();  // the host waits for the data, and through stream order for the work before it
   const size_t chunks = (n + kStagingChunkBytes - 1) / kStagingChunkBytes;
   // Queue chunk i, then drain chunk i-1 while it transfers. Buffer i&1 last held chunk i-2, which
   // was drained in the previous iteration, and stream order puts this transfer after any earlier
@@ -100,6 +142,7 @@ void device_to_device(char* dst, int dst_dev, const char* src, int src_dev, size
     MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, current_stream(dst_dev)));
     return;
   }
+  count_host_sync();
   {
     DeviceGuard g(Device(DeviceType::cuda, dst_dev), "to");
     MP_CUDA_CHECK(cudaStreamSynchronize(current_stream(dst_dev)));

@@ -117,12 +117,10 @@ void embedding_cuda(const Tensor& out, const Tensor& weight, const Tensor& indic
       }
     }
     unsigned long long first_bad = 0;
-    MP_CUDA_CHECK(cudaMemcpyAsync(&first_bad, bad, sizeof(first_bad), cudaMemcpyDeviceToHost, stream));
-    MP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    read_to_host(&first_bad, bad, sizeof(first_bad), stream);
     if (first_bad == ULLONG_MAX) return;
     I value{};
-    MP_CUDA_CHECK(cudaMemcpyAsync(&value, idx + first_bad, sizeof(I), cudaMemcpyDeviceToHost, stream));
-    MP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    read_to_host(&value, idx + first_bad, sizeof(I), stream);
     MP_FAIL("embedding: index ", static_cast<int64_t>(value), " (at flat position ", static_cast<int64_t>(first_bad),
             ") is out of range for a weight with V = ", V, " rows; expected 0 <= index < ", V);
   });

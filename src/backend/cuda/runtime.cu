@@ -179,7 +179,14 @@ void DeviceGuard::restore_device_noexcept(int index) noexcept {
 
 void synchronize(Device d) {
   DeviceGuard g(d, "synchronize");
+  count_host_sync();
   MP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void read_to_host(void* host, const void* device_ptr, size_t bytes, cudaStream_t stream) {
+  count_host_sync();
+  MP_CUDA_CHECK(cudaMemcpyAsync(host, device_ptr, bytes, cudaMemcpyDeviceToHost, stream));
+  MP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 cudaStream_t current_stream(int device) {

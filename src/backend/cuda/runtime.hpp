@@ -60,6 +60,13 @@ struct CudnnConvCounters {
 };
 CudnnConvCounters cudnn_conv_counters();
 
+/// Note [host synchronisation counter]: every time the host waits for a device (a device-to-host copy
+/// or read-back, synchronize(), a staging buffer still in flight) counts one; benchmarks report the
+/// count per training step (target on the device path: one per optimizer step, the loss-scale check).
+/// Process-wide, thread-safe; 0 in builds without CUDA.
+void count_host_sync();
+int64_t host_sync_count();
+
 /// CUDA runtime version as major*1000 + minor*10 (13000 for 13.0); 0 in builds without CUDA.
 int runtime_version();
 /// Version of the installed driver's CUDA API, same encoding; 0 when no driver is installed.
@@ -160,6 +167,10 @@ namespace mp::backend::cuda {
 /// to this one stream, so work is ordered and the caching allocator may hand a freed block to the
 /// next request at once (its earlier uses are queued before any new one).
 cudaStream_t current_stream(int device);
+
+/// Copy `bytes` bytes of device memory to host memory and wait for them (and, by stream order, for the
+/// work queued before): a counted host synchronisation (Note [host synchronisation counter]).
+void read_to_host(void* host, const void* device_ptr, size_t bytes, cudaStream_t stream);
 
 }  // namespace mp::backend::cuda
 #endif

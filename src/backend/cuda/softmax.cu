@@ -500,12 +500,10 @@ void class_loss_cuda(const char* op, const Tensor& losses, const Tensor& stats, 
   if (losses.dtype() == DType::f64) run.template operator()<double>();
   else run.template operator()<float>();
   unsigned long long first_bad = 0;
-  MP_CUDA_CHECK(cudaMemcpyAsync(&first_bad, bad, sizeof(first_bad), cudaMemcpyDeviceToHost, stream));
-  MP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  read_to_host(&first_bad, bad, sizeof(first_bad), stream);
   if (first_bad == ULLONG_MAX) return;
   int64_t value = 0;
-  MP_CUDA_CHECK(cudaMemcpyAsync(&value, tgt + first_bad, sizeof(value), cudaMemcpyDeviceToHost, stream));
-  MP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  read_to_host(&value, tgt + first_bad, sizeof(value), stream);
   MP_FAIL(op, ": target ", value, " (at flat position ", static_cast<int64_t>(first_bad), ") is out of range for ",
           s.n, " classes; expected 0 <= target < ", s.n, " or target == ignore_index (", p.ignore_index, ")");
 }
