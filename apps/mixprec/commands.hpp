@@ -41,6 +41,32 @@ void add_bench_suites(CLI::App* bench);
 /// `mixprec bench kernels` (bench_kernels.cpp): GEMM TFLOP/s and element-wise bandwidth.
 void add_bench_kernels(CLI::App* bench);
 
+/// Note [a run described in a file]: `--config FILE.json` reads a TrainConfig in the JSON form checkpoints
+/// store (what `--print_config` writes; keys are the flag names, absent keys keep their defaults, unknown
+/// ones are refused), and every flag given on the command line overrides the file's value. So a run is a
+/// file plus a few flags, and a file is made by `--print_config` from the flags of a run.
+struct ConfigFileOptions {
+  std::string path;    ///< --config
+  bool print = false;  ///< --print_config: write the resolved config as JSON and stop
+};
+
+/// Register --config and --print_config on cmd.
+inline void add_config_file_options(CLI::App* cmd, ConfigFileOptions& f) {
+  cmd->add_option("--config", f.path,
+                  "read the run's settings from this JSON file (keys are the flag names, as --print_config writes "
+                  "them); flags on the command line override it");
+  cmd->add_flag("--print_config", f.print,
+                "print the run's settings (the file, then the flags) as JSON and stop: a file for --config");
+}
+
+/// The settings of a run: those of the --config file when one is given, each flag given on the command line
+/// (of cmd, parsed into `flags`) overriding the file's value. Throws mp::Error naming the file or the field.
+mp::train::TrainConfig resolve_config(const CLI::App* cmd, const mp::train::TrainConfig& flags,
+                                      const std::string& path);
+
+/// The JSON `--print_config` writes (two-space indented, keys in declaration order).
+std::string config_json_pretty(const mp::train::TrainConfig& c);
+
 /// Register every TrainConfig field as a flag --name (bools as --name / --no-name), except `skip`.
 inline void add_config_options(CLI::App* cmd, mp::train::TrainConfig& c, const std::set<std::string>& skip = {}) {
   mp::train::visit_fields(c, [&](const char* name, auto& field, const char* help) {

@@ -226,11 +226,18 @@ void add_compare_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--report", a->report, "folder for compare.md, compare.json, run logs and plots ('' = none)")
       ->capture_default_str();
-  cmd->callback([a] {
+  auto file = std::make_shared<ConfigFileOptions>();
+  add_config_file_options(cmd, *file);  // Note [a run described in a file]: the base of every run
+  cmd->callback([cmd, a, file] {
     MP_CHECK(!a->runs.empty(), "--runs: give at least one precision");
+    const tr::TrainConfig base = resolve_config(cmd, a->config, file->path);
     std::vector<tr::TrainConfig> configs;
     for (const std::string& item : a->runs) {
-      configs.push_back(compare_run_config(a->config, item, a->report));  // all checked before the first run
+      configs.push_back(compare_run_config(base, item, a->report));  // all checked before the first run
+    }
+    if (file->print) {
+      for (const tr::TrainConfig& c : configs) std::printf("%s\n", config_json_pretty(c).c_str());
+      return;
     }
     std::vector<tr::RunSummary> runs;
     for (const tr::TrainConfig& c : configs) {

@@ -50,9 +50,17 @@ void install_stop_handlers() {
 
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train an image classifier or a word language model in any precision");
-  auto c = std::make_shared<mp::train::TrainConfig>();
-  add_config_options(cmd, *c);
-  cmd->callback([c] {
+  auto flags = std::make_shared<mp::train::TrainConfig>();
+  auto file = std::make_shared<ConfigFileOptions>();
+  add_config_options(cmd, *flags);
+  add_config_file_options(cmd, *file);  // Note [a run described in a file]
+  cmd->callback([cmd, flags, file] {
+    const auto c = std::make_shared<mp::train::TrainConfig>(resolve_config(cmd, *flags, file->path));
+    if (file->print) {
+      mp::train::validate(*c);
+      std::printf("%s\n", config_json_pretty(*c).c_str());
+      return;
+    }
     install_stop_handlers();  // Note [stopping a training run with a signal]
     const mp::train::RunSummary s = mp::train::train(*c, std::cout);
     const std::string how = s.diverged       ? "DIVERGED (loss became inf/NaN)"

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "mp/train/run_log.hpp"
 #include "test_util.hpp"
 
@@ -78,6 +80,53 @@ TEST(Cli, MistakesExitNonZeroWithAClearMessage) {
   expect_failure("train --device cuda:63 --epochs 1", "cuda");
   expect_failure("bench step --device cuda:63", "cuda");
   expect_failure("", "");  // no subcommand: usage and a non-zero exit
+}
+
+// Note [a run described in a file]: --print_config writes the settings, --config reads them back, and flags
+// on the command line win over the file.
+TEST(Cli, ARunDescribedInAFileWithFlagsOverIt) {
+  const fs::path dir = scratch_dir("cli", "config");
+  const std::string data = "--dataset text --data_dir " + corpus().string();
+  Result r = run("train " + data + " --model lstm --print_config --epochs 3 --precision bf16 --no-augment");
+  ASSERT_EQ(r.code, 0) << r.output;
+  nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["epochs"], 3);
+  EXPECT_EQ(j["precision"], "bf16");
+  EXPECT_EQ(j["augment"], false);
+  EXPECT_EQ(j["batch_size"], 128);  // a default, written out
+  const fs::path file = dir / "run.json";
+  std::ofstream(file) << r.output;
+
+  r = run("train --config " + file.string() + " --print_config --batch_size 7 --augment");
+  ASSERT_EQ(r.code, 0) << r.output;
+  j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["epochs"], 3);         // from the file
+  EXPECT_EQ(j["precision"], "bf16");  // from the file
+  EXPECT_EQ(j["batch_size"], 7);     // the flag wins
+  EXPECT_EQ(j["augment"], true);     // the flag wins
+
+  // The file runs: a short word-LM job from a file alone.
+  j["epochs"] = 1;
+  j["embed_size"] = 16;
+  j["hidden_size"] = 16;
+  j["batch_size"] = 4;
+  j["bptt"] = 8;
+  j["quiet"] = true;
+  std::ofstream(file) << j.dump();
+  r = run("train --config " + file.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("bf16 O2 summary: finished"), std::string::npos) << r.output;
+
+  // Mistakes name the file and the field.
+  expect_failure("train --config " + (dir / "missing.json").string(), "cannot read");
+  std::ofstream(dir / "typo.json") << R"({"epoch": 3})";
+  expect_failure("train --config " + (dir / "typo.json").string(), "unknown field 'epoch'");
+  std::ofstream(dir / "type.json") << R"({"epochs": "three"})";
+  expect_failure("train --config " + (dir / "type.json").string(), "'epochs' has the wrong type");
+  std::ofstream(dir / "value.json") << R"({"precision": "fp8"})";
+  expect_failure("train --config " + (dir / "value.json").string() + " --print_config", "fp8");
+  std::ofstream(dir / "broken.json") << "{";
+  expect_failure("train --config " + (dir / "broken.json").string(), "not valid JSON");
 }
 
 TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
