@@ -68,6 +68,28 @@ inline bool gpu_required() {
                  << "); MP_CUDA_TESTS_ON_CPU=1 runs these tests with the CPU standing in for the device"; \
   }
 
+/// Stops the test binary after a test that left the CUDA context broken (a kernel faulted: every later CUDA
+/// call of the process fails with the same sticky error), naming that test and the error, instead of
+/// failing every later case for the same cause. ctest runs each case in its own process; this matters when
+/// a binary runs whole (scripts/gpu-check, a developer's run).
+class StopAtStickyCudaError : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (self_check_mode() || backend::cuda::device_count() == 0) return;
+    const std::string e = backend::cuda::sticky_device_error();
+    if (e.empty()) return;
+    std::fprintf(stderr,
+                 "\n%s.%s left the CUDA context broken (%s): stopping this test binary here; every later test "
+                 "would fail for the same cause. Rerun that test with MP_CUDA_SYNC_CHECK=1 to name the kernel.\n",
+                 info.test_suite_name(), info.name(), e.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+};
+inline const bool kStopAtStickyCudaErrorRegistered = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new StopAtStickyCudaError);
+  return true;
+}();
+
 /// The floating dtypes every op is checked in.
 inline const std::vector<DType> kFloatTypes = {DType::f32, DType::f16, DType::bf16, DType::f64};
 /// Every dtype.

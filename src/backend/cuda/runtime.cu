@@ -111,6 +111,16 @@ void sync_check(const char* what, const char* file, int line, const char* functi
                             "); ", remedy(e)));
 }
 
+std::string sticky_device_error() {
+  if (device_count() == 0) return "";
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) return "";
+  (void)cudaGetLastError();
+  // A non-sticky error is cleared by cudaGetLastError; a sticky one stays and fails this call again.
+  if (cudaDeviceSynchronize() == cudaSuccess) return "";
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
 int device_count() { return runtime().count; }
 
 std::string no_device_reason() { return runtime().reason; }

@@ -60,6 +60,11 @@ struct CudnnConvCounters {
 };
 CudnnConvCounters cudnn_conv_counters();
 
+/// Wait for cuda:0's work and return the text of the error it reports when the context is broken (a
+/// sticky error: a kernel faulted; every later call of the process fails the same way), else "". For test
+/// harnesses, which stop there instead of failing every later case for the same cause. "" without devices.
+std::string sticky_device_error();
+
 /// Note [host synchronisation counter]: every time the host waits for a device (a device-to-host copy
 /// or read-back, synchronize(), a staging buffer still in flight) counts one; benchmarks report the
 /// count per training step (target on the device path: one per optimizer step, the loss-scale check).

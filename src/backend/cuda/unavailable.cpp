@@ -46,6 +46,7 @@ void check_device(Device d, const char* op) {
 }
 
 CudnnConvCounters cudnn_conv_counters() { return {}; }
+std::string sticky_device_error() { return ""; }
 
 int runtime_version() { return 0; }
 int driver_version() { return 0; }
