@@ -111,7 +111,7 @@ Tensor AmpModel::forward(const Tensor& x) {
     case OptLevel::O2:
     case OptLevel::O3: y = (*module_)(is_floating(x.dtype()) ? x.to(options_.dtype) : x); break;
   }
-  // The final output is f32 at every level: losses and metrics see f32 values (DESIGN.md 1.4).
+  // The final output is f32 at every level: losses and metrics see f32 values (docs/DESIGN.md 1.4).
   return is_floating(y.dtype()) ? y.to(DType::f32) : y;
 }
 

@@ -1,6 +1,6 @@
 // The autocast policy table: the one place that says which precision each op runs in.
 //
-// Why each class (DESIGN.md 1.4, and the reference articles):
+// Why each class (docs/DESIGN.md 1.4, and the reference articles):
 //  * lower: matrix products dominate the FLOPs and accumulate in f32 inside oneDNN/cuBLASLt/cuDNN,
 //    so 16-bit inputs lose little and run on AMX / tensor cores.
 //  * fp32: exp/log/pow amplify relative input error; softmax and the losses sum many exponentials;

@@ -1,4 +1,4 @@
-// Loss scaling (DESIGN.md 1.3, mp/amp/grad_scaler.hpp): why it is needed (gradients ~1e-8 vanish in
+// Loss scaling (docs/DESIGN.md 1.3, mp/amp/grad_scaler.hpp): why it is needed (gradients ~1e-8 vanish in
 // f16 and survive at scale 65536), and GradScaler's contract: skip on inf/NaN without touching
 // parameters or optimizer state, back off / grow / hysteresis / static / clamping, the stuck-at-minimum
 // error, unscale_ rules, gradient accumulation, clipping, the fused path, LR schedules, the disabled

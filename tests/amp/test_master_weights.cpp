@@ -1,4 +1,4 @@
-// f32 master weights (DESIGN.md 1.2; Optimizer::set_master_weights, Note [master weights in the fused
+// f32 master weights (docs/DESIGN.md 1.2; Optimizer::set_master_weights, Note [master weights in the fused
 // step] in src/backend/cpu/optim.cpp): an update smaller than half an ulp of a 16-bit weight is lost
 // when the optimizer writes the 16-bit weight directly, and kept when it accumulates in an f32 master.
 // Also the optimizer plumbing amp::initialize relies on (set_master, replace_parameter) and state

@@ -1,4 +1,4 @@
-// Opt levels O0-O3 (DESIGN.md 1.5, mp/amp/initialize.hpp): what initialize() does to the model and the
+// Opt levels O0-O3 (docs/DESIGN.md 1.5, mp/amp/initialize.hpp): what initialize() does to the model and the
 // optimizer, the per-level defaults, parsing, and end to end: a small CNN trains on a synthetic task to
 // the same accuracy at O0, O1 and O2 in f16 and bf16; O3 is run and its outcome printed.
 #include <gtest/gtest.h>

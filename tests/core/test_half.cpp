@@ -126,7 +126,7 @@ uint16_t bf16_rne_of_subnormal(uint32_t x) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Spot checks that need no hardware: the boundaries named in DESIGN.md section 1.1.
+// Spot checks that need no hardware: the boundaries named in docs/DESIGN.md section 1.1.
 
 TEST(Half, Boundaries) {
   auto h = [](float f) { return float_to_half_bits(f); };

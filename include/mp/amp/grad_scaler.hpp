@@ -1,5 +1,5 @@
 #pragma once
-// Loss scaling (DESIGN.md 1.3) with PyTorch's torch.amp.GradScaler semantics and defaults.
+// Loss scaling (docs/DESIGN.md 1.3) with PyTorch's torch.amp.GradScaler semantics and defaults.
 #include <cstdint>
 #include <unordered_map>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Opt levels O0-O3 (Apex's vocabulary, DESIGN.md 1.5) and the fastai-style one-call conversion.
+// Opt levels O0-O3 (Apex's vocabulary, docs/DESIGN.md 1.5) and the fastai-style one-call conversion.
 #include <memory>
 #include <optional>
 #include <string>

@@ -1,6 +1,6 @@
 #pragma once
 // The per-op precision policy of autocast: one table (src/amp/policy.cpp) puts every op of
-// include/mp/ops in a class. See DESIGN.md section 1.4.
+// include/mp/ops in a class. See docs/DESIGN.md section 1.4.
 #include <cstdint>
 
 #include "mp/core/device.hpp"

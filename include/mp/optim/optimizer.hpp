@@ -78,7 +78,7 @@ class Optimizer {
   /// The state of every parameter by index, hyper-parameters of every group. Buffers alias the
   /// live state (as PyTorch); clone them to snapshot.
   OptimizerStateDict state_dict() const;
-  /// Keep an f32 master copy of every 16-bit parameter (DESIGN.md 1.2): the fused step updates the
+  /// Keep an f32 master copy of every 16-bit parameter (docs/DESIGN.md 1.2): the fused step updates the
   /// master (stored in the state as "master", so state dicts carry it) and writes the rounded result
   /// into the parameter. Masters are created from the parameter's value at its first step.
   void set_master_weights(bool on) { master_weights_ = on; }
