@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DMP_WERROR=ON
 
-.PHONY: setup configure build run test bench bench-suites clean
+.PHONY: setup configure build run test test-sanitize bench bench-suites clean
 
 setup:
 	./scripts/setup.sh
@@ -14,12 +14,29 @@ configure: setup
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-run: build
-	./$(BUILD)/apps/mixprec/mixprec compare --dataset fashion-mnist --model resnet8 --epochs 5 --no-augment \
+# The main job builds only what it runs (the library and the CLI) in its own folder, with the CUDA backend
+# only where a GPU is present (override: make run RUN_CUDA=ON).
+RUN_BUILD ?= build-run
+RUN_CUDA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo AUTO || echo OFF)
+run: setup
+	cmake -S . -B $(RUN_BUILD) $(CMAKE_FLAGS) -DMP_CUDA=$(RUN_CUDA) -DMP_BUILD_TESTS=OFF -DMP_BUILD_BENCH=OFF
+	cmake --build $(RUN_BUILD) -j $(JOBS) --target mixprec_cli
+	./$(RUN_BUILD)/apps/mixprec/mixprec compare --dataset fashion-mnist --model resnet8 --epochs 5 --no-augment \
 	  --runs fp32,bf16 --report report/main
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# The sanitizer tier (CI runs it after `make test`): AddressSanitizer + UndefinedBehaviorSanitizer, CPU only,
+# on the fast unit-test folders (the training, CLI and install tests run minutes even without sanitizers).
+SAN_BUILD ?= build-sanitize
+SAN_LABELS ?= core|tensor|autograd|ops|backend|nn|optim|amp|data|models
+test-sanitize: setup
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMP_WERROR=ON -DMP_CUDA=OFF -DMP_BUILD_BENCH=OFF \
+	  -DMP_BUILD_APPS=OFF -DMP_SANITIZE=address,undefined
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	# detect_leaks=0: the runtime state and kernel caches are leaked on purpose (freed by the OS at exit).
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j $(JOBS) --timeout 900 -L '$(SAN_LABELS)'
 
 bench: build
 	./scripts/setup.sh --bench
@@ -34,4 +51,4 @@ bench-suites: build
 	./bench/compare_pytorch.sh $(BUILD) --quick
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(RUN_BUILD) $(SAN_BUILD)
