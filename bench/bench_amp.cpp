@@ -26,7 +26,7 @@ std::shared_ptr<nn::Sequential> cnn() {
   };
   auto block = [&](int64_t in, int64_t out) {
     return std::vector<std::shared_ptr<nn::UnaryModule>>{conv(in, out), std::make_shared<nn::BatchNorm2d>(out),
-                                                        std::make_shared<nn::ReLU>()};
+                                                         std::make_shared<nn::ReLU>()};
   };
   auto seq = std::make_shared<nn::Sequential>();
   for (auto& m : block(3, 64)) seq->push_back(m);

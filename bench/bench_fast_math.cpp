@@ -117,13 +117,14 @@ int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t{1} << 24);
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 15;
   const bool has_avx512 = backend::cpu::avx512_loops_enabled();
-  std::printf("# fast float transcendentals: n = %lld elements, %d threads, median of %d\n",
-              static_cast<long long>(n), omp_get_max_threads(), repeats);
+  std::printf("# fast float transcendentals: n = %lld elements, %d threads, median of %d\n", static_cast<long long>(n),
+              omp_get_max_threads(), repeats);
   std::printf("# cpu: %s; AVX-512 loops: %s\n\n", cpu_features_string().c_str(), has_avx512 ? "yes" : "no");
 
   std::printf("## 1. functions, ns per element (one thread, 4096 floats in cache)\n\n");
-  std::printf("| function | inputs | libm | fast, baseline loop | fast, AVX-512 loop | speed-up baseline | "
-              "speed-up AVX-512 |\n|---|---|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| function | inputs | libm | fast, baseline loop | fast, AVX-512 loop | speed-up baseline | "
+      "speed-up AVX-512 |\n|---|---|---:|---:|---:|---:|---:|\n");
   function_row<backend::ExpFn<float>, LibmExp>("exp", -80, 80, has_avx512, repeats);
   function_row<backend::LogFn<float>, LibmLog>("log", 1e-3f, 1e3f, has_avx512, repeats);
   function_row<backend::TanhFn<float>, LibmTanh>("tanh", -10, 10, has_avx512, repeats);
@@ -162,8 +163,11 @@ int main(int argc, char** argv) {
       {"tanh", "f32", 8, [&] { (void)mp::tanh(x32); }, libm_op(LibmTanh{}, out32, x32)},
       {"sigmoid", "f32", 8, [&] { (void)mp::sigmoid(x32); }, libm_op(LibmSigmoid{}, out32, x32)},
       {"gelu", "f32", 8, [&] { (void)mp::gelu(x32); }, libm_op(LibmGelu{}, out32, x32)},
-      {"gelu backward", "f32", 12,
-       [&] { pointwise(backend::PointwiseOp::gelu_backward, dx32, gelu_bwd_ins, DType::f32, {}); }, {}},
+      {"gelu backward",
+       "f32",
+       12,
+       [&] { pointwise(backend::PointwiseOp::gelu_backward, dx32, gelu_bwd_ins, DType::f32, {}); },
+       {}},
       {"exp", "bf16", 4, [&] { (void)mp::exp(x16); }, libm_op(LibmExp{}, out16, x16)},
       {"tanh", "bf16", 4, [&] { (void)mp::tanh(x16); }, libm_op(LibmTanh{}, out16, x16)},
       {"sigmoid", "bf16", 4, [&] { (void)mp::sigmoid(x16); }, libm_op(LibmSigmoid{}, out16, x16)},
@@ -171,7 +175,9 @@ int main(int argc, char** argv) {
       {"softmax [R,1024]", "f32", 8, [&] { (void)softmax(logits, 1); }, {}},
       {"log_softmax [R,1024]", "f32", 8, [&] { (void)log_softmax(logits, 1); }, {}},
       {"cross_entropy fwd", "f32", 4, [&] { (void)cross_entropy(logits, target); }, {}},
-      {"cross_entropy fwd+bwd", "f32", 12,
+      {"cross_entropy fwd+bwd",
+       "f32",
+       12,
        [&] {
          logits_leaf.set_grad(Tensor());
          cross_entropy(logits_leaf, target).backward();
@@ -180,8 +186,9 @@ int main(int argc, char** argv) {
       {"lstm_gates fwd", "f32", 28.0 / 4, [&] { (void)lstm_gates(gates, cell); }, {}},
   };
   std::printf("\n## 2. ops, copy bandwidth %.1f GB/s\n\n", copy_gbs);
-  std::printf("| op | dtype | libm loop ms | baseline ms | AVX-512 ms | GB/s (best) | %% of copy | speed-up vs libm |\n"
-              "|---|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| op | dtype | libm loop ms | baseline ms | AVX-512 ms | GB/s (best) | %% of copy | speed-up vs libm |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& c : cases) {
     const double t_libm = c.libm ? median_seconds(c.libm, repeats) : 0.0;
     backend::cpu::set_avx512_loops(false);

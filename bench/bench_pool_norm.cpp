@@ -84,11 +84,13 @@ std::string shape_text(const Shape& s) {
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 21;
   const std::string filter = argc > 2 ? argv[2] : "";
-  std::printf("# pooling / batch-norm kernels: %d threads, median of %d, GB/s = (bytes read + written) / time;\n"
-              "# 'copy' = memcpy of the input's bytes measured alternately with each case\n\n",
-              omp_get_max_threads(), repeats);
-  std::printf("| kernel | shape | dtype | ms | GB/s | copy GB/s | %% of copy | cpu ms | %% of copy (cpu) |\n"
-              "|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "# pooling / batch-norm kernels: %d threads, median of %d, GB/s = (bytes read + written) / time;\n"
+      "# 'copy' = memcpy of the input's bytes measured alternately with each case\n\n",
+      omp_get_max_threads(), repeats);
+  std::printf(
+      "| kernel | shape | dtype | ms | GB/s | copy GB/s | %% of copy | cpu ms | %% of copy (cpu) |\n"
+      "|---|---|---|---:|---:|---:|---:|---:|---:|\n");
 
   const std::vector<Shape> shapes = {{128, 32, 28, 28}, {128, 64, 14, 14}, {128, 256, 7, 7}};
   backend::Pool2dWindow w2;
@@ -135,9 +137,15 @@ int main(int argc, char** argv) {
           {"adaptive_avg_pool2d 1x1 bwd", A + X,
            [&] { backend::adaptive_avg_pool2d_backward_kernel.get(cpu)(dx, ady); }},
           {"batch_norm train fwd", 2 * X,
-           [&] { backend::batch_norm_forward_kernel.get(cpu)(y3, mean, var, invstd, x3, bw, bb, true, 1e-5, Tensor(), false); }},
+           [&] {
+             backend::batch_norm_forward_kernel.get(cpu)(y3, mean, var, invstd, x3, bw, bb, true, 1e-5, Tensor(),
+                                                         false);
+           }},
           {"batch_norm train bwd", 3 * X,
-           [&] { backend::batch_norm_backward_kernel.get(cpu)(dx3, dw, db, dy3, x3, mean, invstd, bw, true, Tensor(), Tensor()); }},
+           [&] {
+             backend::batch_norm_backward_kernel.get(cpu)(dx3, dw, db, dy3, x3, mean, invstd, bw, true, Tensor(),
+                                                          Tensor());
+           }},
       };
       for (const Case& c : cases) {
         if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

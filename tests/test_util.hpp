@@ -58,9 +58,7 @@ inline std::string read_file(const std::filesystem::path& p) {
 inline std::string error_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  } catch (const std::exception& e) { return e.what(); }
   return "(no error)";
 }
 
@@ -79,8 +77,8 @@ inline void expect_error(const std::function<void()>& f, const std::vector<std::
 inline ::testing::AssertionResult contains_format(const char* haystack_expr, const char* needle_expr,
                                                   const std::string& haystack, const std::string& needle) {
   if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << haystack_expr << " does not contain " << needle_expr << "\n  needle: "
-                                       << needle << "\n  message: " << haystack;
+  return ::testing::AssertionFailure() << haystack_expr << " does not contain " << needle_expr
+                                       << "\n  needle: " << needle << "\n  message: " << haystack;
 }
 
 /// Sets the CPU's bf16 path for a scope; restores the CPU's default when it ends, also by an exception.
@@ -94,7 +92,8 @@ struct ScopedBf16Path {
 /// Runs `body` once per way a bf16 matmul or convolution can run on the CPU: oneDNN's bf16 primitives with the
 /// small-convolution GEMM paths, without them, and through f32 (by default each shape's path is measured, or pinned
 /// to oneDNN's kernels in the tests: Note [kernel paths chosen by measurement] in src/backend/cpu/kernel_paths.cpp),
-/// so all are tested on any CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body` throws.
+/// so all are tested on any CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body`
+/// throws.
 template <class Body>
 void for_each_bf16_path(Body&& body) {
   using backend::cpu::Bf16Path;

@@ -77,8 +77,8 @@ BenchStepOptions resolved(BenchStepOptions o) {
     positive("num_classes", o.num_classes);
   }
   MP_CHECK(o.warmup >= 0, "bench step: --warmup must be >= 0, got ", o.warmup);
-  MP_CHECK(o.precision == "fp32" || o.precision == "fp16" || o.precision == "bf16",
-           "bench step: unknown --precision '", o.precision, "'; expected fp32, fp16 or bf16");
+  MP_CHECK(o.precision == "fp32" || o.precision == "fp16" || o.precision == "bf16", "bench step: unknown --precision '",
+           o.precision, "'; expected fp32, fp16 or bf16");
   if (o.opt_level.empty()) o.opt_level = o.precision == "fp32" ? "O0" : "O2";
   MP_CHECK(o.opt_level == "O0" || o.opt_level == "O1" || o.opt_level == "O2" || o.opt_level == "O3",
            "bench step: unknown --opt_level '", o.opt_level, "'; expected O0, O1, O2 or O3");
@@ -102,7 +102,8 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const BenchStepOptions& o, std:
 }
 
 amp::AmpOptions amp_options(const BenchStepOptions& o) {
-  return {.opt_level = amp::opt_level_from_string(o.opt_level), .dtype = o.precision == "fp16" ? DType::f16 : DType::bf16};
+  return {.opt_level = amp::opt_level_from_string(o.opt_level),
+          .dtype = o.precision == "fp16" ? DType::f16 : DType::bf16};
 }
 
 // "O2 bf16, loss scale none" / "O0 fp32".
@@ -114,12 +115,12 @@ std::string describe(const amp::AmpOptions& r) {
 
 /// One configuration ready to step.
 struct Workload {
-  std::function<Tensor()> step;                     ///< one training step; returns the f32 loss
-  std::function<int64_t()> skipped;                 ///< steps the loss scaler skipped so far
-  double units_per_step = 0;                        ///< images or tokens per step
-  std::string unit;                                 ///< "img/s" or "tok/s"
-  std::string amp;                                  ///< describe() of the resolved amp options
-  Json config;                                      ///< what defines the workload (the same keys as PyTorch's side)
+  std::function<Tensor()> step;      ///< one training step; returns the f32 loss
+  std::function<int64_t()> skipped;  ///< steps the loss scaler skipped so far
+  double units_per_step = 0;         ///< images or tokens per step
+  std::string unit;                  ///< "img/s" or "tok/s"
+  std::string amp;                   ///< describe() of the resolved amp options
+  Json config;                       ///< what defines the workload (the same keys as PyTorch's side)
 };
 
 Workload image_workload(const BenchStepOptions& o) {
@@ -149,16 +150,22 @@ Workload image_workload(const BenchStepOptions& o) {
   w.units_per_step = static_cast<double>(o.batch_size);
   w.unit = "img/s";
   w.amp = describe(setup->options());
-  w.config = {{"batch_size", o.batch_size}, {"in_channels", o.in_channels}, {"image_size", o.image_size},
-              {"num_classes", o.num_classes}, {"optimizer", o.optimizer}, {"lr", o.lr}, {"parameters", num_params},
-              {"memory_format", memory_format_name(spec.memory_format)}};
+  w.config = {{"batch_size", o.batch_size}, {"in_channels", o.in_channels},
+              {"image_size", o.image_size}, {"num_classes", o.num_classes},
+              {"optimizer", o.optimizer},   {"lr", o.lr},
+              {"parameters", num_params},   {"memory_format", memory_format_name(spec.memory_format)}};
   return w;
 }
 
 Workload lm_workload(const BenchStepOptions& o) {
-  auto model = std::make_shared<models::WordLM>(models::WordLMOptions{
-      .vocab_size = o.vocab_size, .embed_size = o.embed_size, .hidden_size = o.hidden_size,
-      .num_layers = o.num_layers, .cell = o.model, .dropout = o.dropout, .lstm_impl = nn::lstm_impl_from_flag(o.lstm_impl, bench_device(o))});
+  auto model = std::make_shared<models::WordLM>(
+      models::WordLMOptions{.vocab_size = o.vocab_size,
+                            .embed_size = o.embed_size,
+                            .hidden_size = o.hidden_size,
+                            .num_layers = o.num_layers,
+                            .cell = o.model,
+                            .dropout = o.dropout,
+                            .lstm_impl = nn::lstm_impl_from_flag(o.lstm_impl, bench_device(o))});
   const Device dev = bench_device(o);
   model->to(dev);
   model->train();
@@ -190,7 +197,7 @@ Workload lm_workload(const BenchStepOptions& o) {
   w.units_per_step = static_cast<double>(o.batch_size * o.seq_len);
   w.unit = "tok/s";
   w.amp = describe(r);
-  w.config = {{"batch_size", o.batch_size}, {"seq_len", o.seq_len},       {"vocab_size", o.vocab_size},
+  w.config = {{"batch_size", o.batch_size}, {"seq_len", o.seq_len},         {"vocab_size", o.vocab_size},
               {"embed_size", o.embed_size}, {"hidden_size", o.hidden_size}, {"num_layers", o.num_layers},
               {"dropout", o.dropout},       {"optimizer", o.optimizer},     {"lr", o.lr},
               {"parameters", num_params}};
@@ -292,8 +299,10 @@ Json run_bench_step(const BenchStepOptions& raw) {
     Json ops = Json::array();
     double kernel_ms = 0;
     for (const profiler::OpStats& op : profiler::snapshot()) {
-      ops.push_back({{"name", op.name}, {"calls", static_cast<double>(op.calls) / n},
-                     {"ms", op.seconds * 1e3 / n}, {"bytes", op.bytes / n}});
+      ops.push_back({{"name", op.name},
+                     {"calls", static_cast<double>(op.calls) / n},
+                     {"ms", op.seconds * 1e3 / n},
+                     {"bytes", op.bytes / n}});
       kernel_ms += op.seconds * 1e3 / n;
     }
     j["kernel_ms"] = kernel_ms;

@@ -28,11 +28,11 @@ using namespace mp;
 
 struct KernelBenchArgs {
   std::string device = "cpu";
-  int64_t m = 0, n = 0, k = 0;     ///< GEMM sizes (0 = 8192 on a GPU, 1024 on the CPU)
-  int64_t elements = 0;            ///< element-wise tensor size (0 = 2^28 on a GPU, 2^24 on the CPU)
-  int64_t iters = 0;               ///< timed repetitions (0 = 20 on a GPU, 3 on the CPU)
+  int64_t m = 0, n = 0, k = 0;  ///< GEMM sizes (0 = 8192 on a GPU, 1024 on the CPU)
+  int64_t elements = 0;         ///< element-wise tensor size (0 = 2^28 on a GPU, 2^24 on the CPU)
+  int64_t iters = 0;            ///< timed repetitions (0 = 20 on a GPU, 3 on the CPU)
   std::vector<std::string> dtypes{"f32", "tf32", "f16", "bf16"};
-  std::string json;                ///< also write the JSON object to this file
+  std::string json;  ///< also write the JSON object to this file
 };
 
 // Median seconds of `iters` timed calls of f after one untimed call, synchronizing the device.
@@ -75,8 +75,8 @@ Json run_kernels(const KernelBenchArgs& in) {
   Json gemm = Json::array();
   const Float32MatmulPrecision saved = float32_matmul_precision();
   for (const std::string& name : a.dtypes) {
-    MP_CHECK(name == "f32" || name == "tf32" || name == "f16" || name == "bf16", "bench kernels: unknown dtype '",
-             name, "' in --dtypes; expected f32, tf32, f16 or bf16");
+    MP_CHECK(name == "f32" || name == "tf32" || name == "f16" || name == "bf16", "bench kernels: unknown dtype '", name,
+             "' in --dtypes; expected f32, tf32, f16 or bf16");
     const DType dt = name == "f16" ? DType::f16 : name == "bf16" ? DType::bf16 : DType::f32;
     set_float32_matmul_precision(name == "tf32" ? Float32MatmulPrecision::high : Float32MatmulPrecision::highest);
     Json row{{"dtype", name}, {"m", a.m}, {"n", a.n}, {"k", a.k}};
@@ -88,9 +88,7 @@ Json run_kernels(const KernelBenchArgs& in) {
       const double sec = time_median(d, a.iters, [&] { y = matmul(x, w); });
       row["ms"] = sec * 1e3;
       row["tflops"] = 2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k) / sec / 1e12;
-    } catch (const Error& e) {
-      row["error"] = e.what();
-    }
+    } catch (const Error& e) { row["error"] = e.what(); }
     gemm.push_back(row);
   }
   set_float32_matmul_precision(saved);
@@ -124,9 +122,7 @@ Json run_kernels(const KernelBenchArgs& in) {
         const double sec = time_median(d, a.iters, [&] { r = op.f(); });
         row["ms"] = sec * 1e3;
         row["gbps"] = op.bytes / sec / 1e9;
-      } catch (const Error& e) {
-        row["error"] = e.what();
-      }
+      } catch (const Error& e) { row["error"] = e.what(); }
       ew.push_back(row);
     }
   }
@@ -138,8 +134,9 @@ Json run_kernels(const KernelBenchArgs& in) {
 
 void add_bench_kernels(CLI::App* bench) {
   auto a = std::make_shared<KernelBenchArgs>();
-  auto* cmd = bench->add_subcommand("kernels", "GEMM TFLOP/s per dtype and element-wise bandwidth through the public "
-                                               "ops (twin: bench/pytorch/bench_kernels.py)");
+  auto* cmd = bench->add_subcommand("kernels",
+                                    "GEMM TFLOP/s per dtype and element-wise bandwidth through the public "
+                                    "ops (twin: bench/pytorch/bench_kernels.py)");
   cmd->add_option("--device", a->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--m", a->m, "GEMM rows (0 = 8192 on a GPU, 1024 on the CPU)");
   cmd->add_option("--n", a->n, "GEMM columns (0 = m)");

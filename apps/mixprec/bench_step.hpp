@@ -7,29 +7,29 @@ namespace mixprec {
 
 /// What `mixprec bench step` measures; every field is the flag of the same name.
 struct BenchStepOptions {
-  std::string model = "resnet18";  ///< an image model name (mlp, mlp-WxL, resnetN, wrn-D-K) or lstm, gru, rnn
-  int64_t batch_size = 0;          ///< images or token streams per step (0 = 32 for images, 20 for the word LM)
-  int64_t image_size = 32;         ///< images: height = width
-  int64_t in_channels = 3;         ///< images: channels
-  int64_t num_classes = 10;        ///< images: classes
-  int64_t vocab_size = 10000;      ///< word LM: vocabulary
-  int64_t seq_len = 35;            ///< word LM: tokens per stream per step (bptt)
-  int64_t embed_size = 650;        ///< word LM: embedding size
-  int64_t hidden_size = 650;       ///< word LM: recurrent state size
-  int64_t num_layers = 2;          ///< word LM: stacked recurrent layers
-  double dropout = 0.5;            ///< word LM: dropout (the word_language_model example's medium model)
-  std::string precision = "fp32";  ///< fp32, fp16 or bf16
-  std::string opt_level;           ///< O0..O3; empty = O0 for fp32, O2 otherwise
-  std::string optimizer = "sgd";   ///< sgd (momentum 0.9) or adamw
-  double lr = 0;                   ///< learning rate (0 = 0.01 for sgd, 1e-3 for adamw)
-  int64_t warmup = 3;              ///< untimed steps first
-  int64_t steps = 10;              ///< timed steps
-  uint64_t seed = 0;               ///< seeds the initialisation, the batch and dropout
-  std::string json;                ///< also append the JSON object as one line to this file
-  std::string lstm_impl = "fused";  ///< word LM (lstm): basic, fused, onednn (cpu) or cudnn (cuda); see the flag
+  std::string model = "resnet18";      ///< an image model name (mlp, mlp-WxL, resnetN, wrn-D-K) or lstm, gru, rnn
+  int64_t batch_size = 0;              ///< images or token streams per step (0 = 32 for images, 20 for the word LM)
+  int64_t image_size = 32;             ///< images: height = width
+  int64_t in_channels = 3;             ///< images: channels
+  int64_t num_classes = 10;            ///< images: classes
+  int64_t vocab_size = 10000;          ///< word LM: vocabulary
+  int64_t seq_len = 35;                ///< word LM: tokens per stream per step (bptt)
+  int64_t embed_size = 650;            ///< word LM: embedding size
+  int64_t hidden_size = 650;           ///< word LM: recurrent state size
+  int64_t num_layers = 2;              ///< word LM: stacked recurrent layers
+  double dropout = 0.5;                ///< word LM: dropout (the word_language_model example's medium model)
+  std::string precision = "fp32";      ///< fp32, fp16 or bf16
+  std::string opt_level;               ///< O0..O3; empty = O0 for fp32, O2 otherwise
+  std::string optimizer = "sgd";       ///< sgd (momentum 0.9) or adamw
+  double lr = 0;                       ///< learning rate (0 = 0.01 for sgd, 1e-3 for adamw)
+  int64_t warmup = 3;                  ///< untimed steps first
+  int64_t steps = 10;                  ///< timed steps
+  uint64_t seed = 0;                   ///< seeds the initialisation, the batch and dropout
+  std::string json;                    ///< also append the JSON object as one line to this file
+  std::string lstm_impl = "fused";     ///< word LM (lstm): basic, fused, onednn (cpu) or cudnn (cuda); see the flag
   std::string memory_format = "auto";  ///< conv nets: auto, channels_last or contiguous; see the flag
-  bool profile = false;            ///< also time every kernel over the timed steps (JSON "ops")
-  std::string device = "cpu";      ///< cpu, cuda or cuda:N
+  bool profile = false;                ///< also time every kernel over the timed steps (JSON "ops")
+  std::string device = "cpu";          ///< cpu, cuda or cuda:N
   std::string matmul_precision = "highest";  ///< f32 matmuls/convs on CUDA: highest (f32) or high (TF32)
 };
 

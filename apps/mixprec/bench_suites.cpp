@@ -42,14 +42,14 @@ std::string default_python() {
 
 /// Flags every suite takes.
 struct SuiteArgs {
-  std::string report;                            ///< output folder ("" = report/bench-SUITE)
-  bool quick = false;                            ///< small sizes (minutes on a 2-core CPU)
-  std::string pytorch = "auto";                  ///< auto (when found), on (required) or off
-  std::string python = default_python();         ///< interpreter with torch
+  std::string report;                                  ///< output folder ("" = report/bench-SUITE)
+  bool quick = false;                                  ///< small sizes (minutes on a 2-core CPU)
+  std::string pytorch = "auto";                        ///< auto (when found), on (required) or off
+  std::string python = default_python();               ///< interpreter with torch
   std::string script = "bench/pytorch/bench_step.py";  ///< PyTorch's side of bench step
-  int64_t warmup = -1;                           ///< untimed steps per configuration (-1 = suite default)
-  int64_t steps = -1;                            ///< timed steps per configuration (-1 = suite default)
-  std::string device = "cpu";                    ///< cpu, cuda or cuda:N (both frameworks)
+  int64_t warmup = -1;                                 ///< untimed steps per configuration (-1 = suite default)
+  int64_t steps = -1;                                  ///< timed steps per configuration (-1 = suite default)
+  std::string device = "cpu";                          ///< cpu, cuda or cuda:N (both frameworks)
 };
 
 std::string fmt(const char* f, double v) {
@@ -64,11 +64,10 @@ std::string fmt(const char* f, double v) {
 Json try_step(const BenchStepOptions& o) {
   try {
     return run_bench_step(o);
-  } catch (const std::bad_alloc&) {
-    return {{"error", "out of memory"}, {"oom", true}};
-  } catch (const mp::Error& e) {
+  } catch (const std::bad_alloc&) { return {{"error", "out of memory"}, {"oom", true}}; } catch (const mp::Error& e) {
     const std::string msg = e.what();
-    return {{"error", msg}, {"oom", msg.find("out of") != std::string::npos && msg.find("memory") != std::string::npos}};
+    return {{"error", msg},
+            {"oom", msg.find("out of") != std::string::npos && msg.find("memory") != std::string::npos}};
   }
 }
 
@@ -83,8 +82,8 @@ std::string err_cell(const Json& j) { return j.value("oom", false) ? "OOM" : "fa
 class PyTorchSide {
  public:
   explicit PyTorchSide(const SuiteArgs& a) : a_(a) {
-    MP_CHECK(a.pytorch == "auto" || a.pytorch == "on" || a.pytorch == "off", "bench: --pytorch must be auto, on or off, got '",
-             a.pytorch, "'");
+    MP_CHECK(a.pytorch == "auto" || a.pytorch == "on" || a.pytorch == "off",
+             "bench: --pytorch must be auto, on or off, got '", a.pytorch, "'");
     if (a.pytorch == "off") {
       why_ = "PyTorch side switched off (--pytorch off)";
       return;
@@ -108,8 +107,8 @@ class PyTorchSide {
         << " --image_size " << o.image_size << " --in_channels " << o.in_channels << " --num_classes " << o.num_classes
         << " --vocab_size " << o.vocab_size << " --seq_len " << o.seq_len << " --embed_size " << o.embed_size
         << " --hidden_size " << o.hidden_size << " --num_layers " << o.num_layers << " --dropout " << o.dropout
-        << " --precision " << o.precision << " --optimizer " << o.optimizer << " --warmup " << o.warmup
-        << " --steps " << o.steps << " --seed " << o.seed << " --device " << o.device << " 2>&1";
+        << " --precision " << o.precision << " --optimizer " << o.optimizer << " --warmup " << o.warmup << " --steps "
+        << o.steps << " --seed " << o.seed << " --device " << o.device << " 2>&1";
     FILE* p = popen(cmd.str().c_str(), "r");
     if (p == nullptr) return {{"error", "could not start " + a_.python}};
     std::string out, line;
@@ -121,7 +120,8 @@ class PyTorchSide {
     while (std::getline(lines, line))
       if (!line.empty() && line[0] == '{') last = Json::parse(line, nullptr, false);
     if (rc != 0 || last.is_discarded() || last.is_null() || !last.contains("median_ms"))
-      return {{"error", "PyTorch run failed (exit " + std::to_string(rc) + "): " + out.substr(out.size() > 300 ? out.size() - 300 : 0)}};
+      return {{"error", "PyTorch run failed (exit " + std::to_string(rc) +
+                            "): " + out.substr(out.size() > 300 ? out.size() - 300 : 0)}};
     return last;
   }
 
@@ -158,7 +158,8 @@ class Report {
   void write(std::ostream& out) {
     mp::atomic_write_file((dir_ / (suite_ + ".md")).string(), md_.str());
     mp::atomic_write_file((dir_ / (suite_ + ".json")).string(), json_.dump(2) + "\n");
-    out << "\n" << md_.str() << "\nreport written to " << dir_.string() << ": " << suite_ << ".md " << suite_ << ".json";
+    out << "\n"
+        << md_.str() << "\nreport written to " << dir_.string() << ": " << suite_ << ".md " << suite_ << ".json";
     for (const auto& f : files_) out << " " << f;
     out << "\n";
   }
@@ -238,8 +239,8 @@ void op_breakdown(const SuiteArgs& a, const OpBreakdownArgs& ob, std::ostream& o
   std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.ms32 > y.second.ms32; });
   const double step32 = f["mean_ms"], step16 = m["mean_ms"];
   tr::Table t;
-  t.header = {"op", "fp32 ms/step", "fp32 share", ob.precision + " ms/step", ob.precision + " share",
-              "speed-up", "fp32 GB/s", ob.precision + " GB/s"};
+  t.header = {"op",       "fp32 ms/step", "fp32 share",          ob.precision + " ms/step", ob.precision + " share",
+              "speed-up", "fp32 GB/s",    ob.precision + " GB/s"};
   std::vector<std::string> labels;
   std::vector<double> speedups;
   for (const auto& [name, r] : sorted) {
@@ -257,11 +258,13 @@ void op_breakdown(const SuiteArgs& a, const OpBreakdownArgs& ob, std::ostream& o
                     fmt("%.1f%%", 100 * k16 / step16), fmt("%.2fx", k32 / k16), "", ""});
   t.rows.push_back({"outside kernels (autograd, allocation, dispatch)", fmt("%.2f", step32 - k32),
                     fmt("%.1f%%", 100 * (step32 - k32) / step32), fmt("%.2f", step16 - k16),
-                    fmt("%.1f%%", 100 * (step16 - k16) / step16), fmt("%.2fx", (step32 - k32) / (step16 - k16)), "", ""});
+                    fmt("%.1f%%", 100 * (step16 - k16) / step16), fmt("%.2fx", (step32 - k32) / (step16 - k16)), "",
+                    ""});
   t.rows.push_back({"whole step (mean)", fmt("%.2f", step32), "100%", fmt("%.2f", step16), "100%",
                     fmt("%.2fx", step32 / step16), "", ""});
-  rep.md("## Op breakdown: " + o.model + " (" + (bench_is_lm(o.model) ? "hidden " + std::to_string(ob.hidden_size) + ", " : "") +
-         "batch " + std::to_string(f["config"]["batch_size"].get<int64_t>()) + "), fp32 vs " + ob.precision + " " +
+  rep.md("## Op breakdown: " + o.model + " (" +
+         (bench_is_lm(o.model) ? "hidden " + std::to_string(ob.hidden_size) + ", " : "") + "batch " +
+         std::to_string(f["config"]["batch_size"].get<int64_t>()) + "), fp32 vs " + ob.precision + " " +
          m["amp"].get<std::string>() + "\n\n" + header_line(f));
   rep.table(t);
   rep.md("\nTimes are exclusive wall time per step of each kernel label over " + std::to_string(o.steps) +
@@ -288,8 +291,8 @@ void lstm_impl(const SuiteArgs& a, std::ostream& out) {
   const std::string lib = cuda ? "cudnn" : "onednn";
   const std::vector<std::string> impls = {"basic", "fused", lib};
   tr::Table t;
-  t.header = {"hidden", "batch", "precision", "basic ms/step", "fused ms/step", "fused speed-up", lib + " ms/step",
-              lib + " speed-up", "basic tok/s", "fused tok/s", lib + " tok/s"};
+  t.header = {"hidden",         "batch",           "precision",   "basic ms/step", "fused ms/step", "fused speed-up",
+              lib + " ms/step", lib + " speed-up", "basic tok/s", "fused tok/s",   lib + " tok/s"};
   std::vector<std::string> labels;
   std::vector<double> speedups_fused, speedups_lib;
   Json runs = Json::array();
@@ -325,10 +328,13 @@ void lstm_impl(const SuiteArgs& a, std::ostream& out) {
          "Word LM (2 layers, vocabulary 10k, sequence 35, dropout 0.5, SGD momentum, clip 0.25); median ms per "
          "training step, speed-ups over basic. basic = linear + add + fused gate kernel per time step (PyTorch's "
          "non-cuDNN path); fused = mp::lstm_layer: one autograd node per layer, the recurrent weight gradient as one "
-         "GEMM over all steps; " + lib + " = mp::lstm_layer_library: the whole layer (input projection, recurrence, "
-         "backward) in " + (cuda ? "cuDNN's RNN (what PyTorch runs on GPUs; the articles measured it up to 1.9x "
-                                   "faster than a basic LSTM)"
-                                 : "oneDNN's LSTM primitive (f32 and bf16 on the CPU)") +
+         "GEMM over all steps; " +
+         lib +
+         " = mp::lstm_layer_library: the whole layer (input projection, recurrence, "
+         "backward) in " +
+         (cuda ? "cuDNN's RNN (what PyTorch runs on GPUs; the articles measured it up to 1.9x "
+                 "faster than a basic LSTM)"
+               : "oneDNN's LSTM primitive (f32 and bf16 on the CPU)") +
          ". A failed configuration shows as 'failed' (the error is in the JSON) and a speed-up of 0 in the chart.\n\n");
   rep.table(t);
   rep.json()["runs"] = runs;
@@ -358,15 +364,24 @@ struct SweepArgs {
 void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch, std::ostream& out) {
   Report rep(a, "lstm-sweep");
   auto pick = [](const std::vector<int64_t>& given, std::vector<int64_t> d) { return given.empty() ? d : given; };
-  const std::vector<int64_t> layers = pick(g.layers, a.quick ? std::vector<int64_t>{2} : std::vector<int64_t>{2, 3, 4, 5});
+  const std::vector<int64_t> layers =
+      pick(g.layers, a.quick ? std::vector<int64_t>{2} : std::vector<int64_t>{2, 3, 4, 5});
   const std::vector<int64_t> batches =
       pick(g.batches, a.quick ? std::vector<int64_t>{32, 64} : std::vector<int64_t>{32, 64, 128, 256, 512, 1024});
   const std::vector<int64_t> cells =
       pick(g.cells, a.quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{512, 1024, 2048, 4096});
   const int64_t T = 35, V = g.vocab_size;
   tr::Table t;
-  t.header = {"layers", "batch", "cells", "fp32 ms/step", "bf16 ms/step", "fp32 TFLOP/s", "bf16 TFLOP/s",
-              "fp32 matmul TFLOP/s", "bf16 matmul TFLOP/s", "end-to-end speed-up"};
+  t.header = {"layers",
+              "batch",
+              "cells",
+              "fp32 ms/step",
+              "bf16 ms/step",
+              "fp32 TFLOP/s",
+              "bf16 TFLOP/s",
+              "fp32 matmul TFLOP/s",
+              "bf16 matmul TFLOP/s",
+              "end-to-end speed-up"};
   if (torch.enabled()) {
     t.header.push_back("PyTorch fp32 / mixprec fp32");
     t.header.push_back("PyTorch bf16 / mixprec bf16");
@@ -405,8 +420,8 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
           }
           r[p]["layers"] = L;
           if (torch.enabled()) {
-            progress("lstm-sweep: L " + std::to_string(L) + " B " + std::to_string(B) + " N " + std::to_string(N) + " " +
-                     o.precision + " PyTorch");
+            progress("lstm-sweep: L " + std::to_string(L) + " B " + std::to_string(B) + " N " + std::to_string(N) +
+                     " " + o.precision + " PyTorch");
             o.profile = false;
             pt[p] = torch.step(o);
             pt[p].erase("step_ms");
@@ -414,15 +429,17 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
           }
           runs.push_back(r[p]);
         }
-        auto cell = [&](int p, const char* key, const char* f) { return ok(r[p]) ? fmt(f, num(r[p], key)) : err_cell(r[p]); };
+        auto cell = [&](int p, const char* key, const char* f) {
+          return ok(r[p]) ? fmt(f, num(r[p], key)) : err_cell(r[p]);
+        };
         t.rows.push_back({std::to_string(L), std::to_string(B), std::to_string(N), cell(0, "median_ms", "%.1f"),
                           cell(1, "median_ms", "%.1f"), cell(0, "tflops", "%.3f"), cell(1, "tflops", "%.3f"),
                           cell(0, "matmul_tflops", "%.3f"), cell(1, "matmul_tflops", "%.3f"),
                           fmt("%.2fx", num(r[0], "median_ms") / num(r[1], "median_ms"))});
         if (torch.enabled())
           for (int p = 0; p < 2; ++p)
-            t.rows.back().push_back(ok(pt[p]) && ok(r[p]) ? fmt("%.2fx", num(pt[p], "median_ms") / num(r[p], "median_ms"))
-                                                          : "-");
+            t.rows.back().push_back(
+                ok(pt[p]) && ok(r[p]) ? fmt("%.2fx", num(pt[p], "median_ms") / num(r[p], "median_ms")) : "-");
         if (L == layers.front() && B == batches.back())
           for (int p = 0; p < 2; ++p)
             if (ok(r[p])) {
@@ -434,8 +451,8 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
             }
       }
   rep.md("## Word-LM sweep: achieved TFLOP/s, fp32 vs bf16 O2\n\n" +
-         (first.is_null() ? std::string() : header_line(first)) +
-         "LSTM LM, vocabulary " + std::to_string(V) + ", sequence 35, SGD momentum; FLOPs = the matmuls of a training step (3x the "
+         (first.is_null() ? std::string() : header_line(first)) + "LSTM LM, vocabulary " + std::to_string(V) +
+         ", sequence 35, SGD momentum; FLOPs = the matmuls of a training step (3x the "
          "forward: per layer 2TB(4N)(2N), decoder 2TBNV). End to end = FLOPs / median step time; matmul = FLOPs / "
          "time in the matmul kernels (profiler). Configurations that did not fit are reported as OOM. " +
          (torch.enabled() ? std::string("PyTorch ratios: its median step time over ours (> 1: mixprec faster).")
@@ -493,8 +510,16 @@ void resnets(const SuiteArgs& a, const ResnetArgs& ra, const PyTorchSide& torch,
   const double budget_gib = ra.budget_gib > 0 ? ra.budget_gib : a.quick ? 1.0 : 16.0;
   const double budget = budget_gib * (1 << 30);
   tr::Table t;
-  t.header = {"model", "fp32 ms/step", "bf16 ms/step", "bf16 time (fp32 = 1)", "fp32 epoch (s)", "bf16 epoch (s)",
-              "max batch fp32", "max batch bf16", "max batch ratio", "PyTorch fp32 / mixprec fp32",
+  t.header = {"model",
+              "fp32 ms/step",
+              "bf16 ms/step",
+              "bf16 time (fp32 = 1)",
+              "fp32 epoch (s)",
+              "bf16 epoch (s)",
+              "max batch fp32",
+              "max batch bf16",
+              "max batch ratio",
+              "PyTorch fp32 / mixprec fp32",
               "PyTorch bf16 / mixprec bf16"};
   Json runs = Json::array();
   Json first;
@@ -528,7 +553,8 @@ void resnets(const SuiteArgs& a, const ResnetArgs& ra, const PyTorchSide& torch,
     // An epoch of CIFAR's 50,000 training images at the measured step time.
     auto epoch = [&](double ms) { return ms * 1e-3 * 50000.0 / static_cast<double>(batch); };
     auto pt_ratio = [&](int p) {
-      return torch.enabled() && ok(pt[p]) && ok(r[p]) ? fmt("%.2fx", num(pt[p], "median_ms") / num(r[p], "median_ms")) : "-";
+      return torch.enabled() && ok(pt[p]) && ok(r[p]) ? fmt("%.2fx", num(pt[p], "median_ms") / num(r[p], "median_ms"))
+                                                      : "-";
     };
     t.rows.push_back({m, ok(r[0]) ? fmt("%.1f", t32) : err_cell(r[0]), ok(r[1]) ? fmt("%.1f", t16) : err_cell(r[1]),
                       fmt("%.2f", t16 / t32), fmt("%.0f", epoch(t32)), fmt("%.0f", epoch(t16)), std::to_string(mb[0]),
@@ -541,8 +567,8 @@ void resnets(const SuiteArgs& a, const ResnetArgs& ra, const PyTorchSide& torch,
   rep.md("## ResNets, fp32 vs bf16 O2 (CIFAR shape 32x32x3, batch " + std::to_string(batch) + ")\n\n" +
          (first.is_null() ? std::string() : header_line(first)) +
          "Median ms per training step (SGD momentum); epoch = 50,000 images at that step time. Max batch = the "
-         "largest batch whose peak tensor memory over one training step stays within " + fmt("%.2f", budget_gib) +
-         " GiB (doubling, then bisection to 1/16; every trial is a real step). " +
+         "largest batch whose peak tensor memory over one training step stays within " +
+         fmt("%.2f", budget_gib) + " GiB (doubling, then bisection to 1/16; every trial is a real step). " +
          (torch.enabled() ? "PyTorch ratios: its median step time over ours, same configuration, run right after "
                             "ours (> 1: mixprec faster)."
                           : torch.why() + ".") +
@@ -557,7 +583,8 @@ void resnets(const SuiteArgs& a, const ResnetArgs& ra, const PyTorchSide& torch,
 
 // ------------------------------------------------------------------------------ opt-levels
 
-void opt_levels(const SuiteArgs& a, tr::TrainConfig base, const std::vector<std::string>& runs_list, std::ostream& out) {
+void opt_levels(const SuiteArgs& a, tr::TrainConfig base, const std::vector<std::string>& runs_list,
+                std::ostream& out) {
   const std::string dir = a.report.empty() ? "report/bench-opt-levels" : a.report;
   std::vector<tr::TrainConfig> configs;
   for (const std::string& item : runs_list) configs.push_back(compare_run_config(base, item, dir));  // flags first
@@ -599,7 +626,8 @@ void add_bench_suites(CLI::App* bench) {
     cmd->add_flag("--quick", a.quick, "small sizes: minutes on a 2-core CPU (full sizes are for a GPU)");
     cmd->add_option("--warmup", a.warmup, "untimed steps per configuration (default: the suite's)");
     cmd->add_option("--steps", a.steps, "timed steps per configuration (default: the suite's)");
-    cmd->add_option("--device", a.device, "cpu, cuda or cuda:N (PyTorch runs on the same device)")->capture_default_str();
+    cmd->add_option("--device", a.device, "cpu, cuda or cuda:N (PyTorch runs on the same device)")
+        ->capture_default_str();
   };
   auto torch_flags = [](CLI::App* cmd, SuiteArgs& a) {
     cmd->add_option("--pytorch", a.pytorch, "PyTorch side by side: auto (when torch imports), on or off")
@@ -608,12 +636,14 @@ void add_bench_suites(CLI::App* bench) {
     cmd->add_option("--pytorch_script", a.script, "PyTorch's bench step")->capture_default_str();
   };
   {
-    auto* cmd = bench->add_subcommand("op-breakdown", "Each kernel's share of a training step, fp32 vs bf16 speed-up "
-                                                      "and achieved bandwidth");
+    auto* cmd = bench->add_subcommand("op-breakdown",
+                                      "Each kernel's share of a training step, fp32 vs bf16 speed-up "
+                                      "and achieved bandwidth");
     auto a = std::make_shared<SuiteArgs>();
     auto ob = std::make_shared<OpBreakdownArgs>();
     common(cmd, *a);
-    cmd->add_option("--model", ob->model, "model as in bench step (lstm, resnet18, mlp-2048x2, ...)")->capture_default_str();
+    cmd->add_option("--model", ob->model, "model as in bench step (lstm, resnet18, mlp-2048x2, ...)")
+        ->capture_default_str();
     cmd->add_option("--batch_size", ob->batch_size, "batch (0 = bench step's default)")->capture_default_str();
     cmd->add_option("--hidden_size", ob->hidden_size, "word LM: embedding and hidden size")->capture_default_str();
     cmd->add_option("--image_size", ob->image_size, "images: height = width")->capture_default_str();
@@ -623,14 +653,15 @@ void add_bench_suites(CLI::App* bench) {
     cmd->callback([a, ob] { op_breakdown(*a, *ob, std::cout); });
   }
   {
-    auto* cmd = bench->add_subcommand("lstm-impl",
-                                      "Basic (per-step graph) vs fused (sequence-level) vs library (oneDNN/cuDNN) LSTM");
+    auto* cmd = bench->add_subcommand(
+        "lstm-impl", "Basic (per-step graph) vs fused (sequence-level) vs library (oneDNN/cuDNN) LSTM");
     auto a = std::make_shared<SuiteArgs>();
     common(cmd, *a);
     cmd->callback([a] { lstm_impl(*a, std::cout); });
   }
   {
-    auto* cmd = bench->add_subcommand("lstm-sweep", "Word LM over layers x batch x cells: achieved TFLOP/s, fp32 vs bf16");
+    auto* cmd =
+        bench->add_subcommand("lstm-sweep", "Word LM over layers x batch x cells: achieved TFLOP/s, fp32 vs bf16");
     auto a = std::make_shared<SuiteArgs>();
     auto g = std::make_shared<SweepArgs>();
     common(cmd, *a);
@@ -641,7 +672,8 @@ void add_bench_suites(CLI::App* bench) {
     cmd->add_option("--vocab_size", g->vocab_size, "vocabulary")->capture_default_str();
     cmd->callback([a, g] {
       for (const auto* v : {&g->layers, &g->batches, &g->cells})
-        for (int64_t x : *v) MP_CHECK(x > 0, "bench lstm-sweep: --layers/--batches/--cells take positive sizes, got ", x);
+        for (int64_t x : *v)
+          MP_CHECK(x > 0, "bench lstm-sweep: --layers/--batches/--cells take positive sizes, got ", x);
       MP_CHECK(g->vocab_size > 0, "bench lstm-sweep: --vocab_size must be positive, got ", g->vocab_size);
       const PyTorchSide torch(*a);
       lstm_sweep(*a, *g, torch, std::cout);
@@ -661,8 +693,8 @@ void add_bench_suites(CLI::App* bench) {
       MP_CHECK(ra->budget_gib >= 0, "bench resnets: --memory_budget_gib must be >= 0, got ", ra->budget_gib);
       MP_CHECK(ra->batch_size >= 0, "bench resnets: --batch_size must be >= 0, got ", ra->batch_size);
       for (const auto& m : ra->models)
-        MP_CHECK(m.rfind("resnet", 0) == 0, "bench resnets: --models takes resnet names (resnet18, resnet50, ...), got '",
-                 m, "'");
+        MP_CHECK(m.rfind("resnet", 0) == 0,
+                 "bench resnets: --models takes resnet names (resnet18, resnet50, ...), got '", m, "'");
       const PyTorchSide torch(*a);
       resnets(*a, *ra, torch, std::cout);
     });
@@ -671,13 +703,14 @@ void add_bench_suites(CLI::App* bench) {
     auto* cmd = bench->add_subcommand("opt-levels", "A Wide-ResNet trained at O0..O3 in bf16 and fp16 (Apex's table)");
     auto a = std::make_shared<SuiteArgs>();
     auto c = std::make_shared<tr::TrainConfig>();
-    auto runs = std::make_shared<std::vector<std::string>>(std::vector<std::string>{
-        "fp32", "bf16:O1", "bf16:O2", "bf16:O3", "bf16:O3+sr", "fp16:O1", "fp16:O2", "fp16:O3", "fp16:O3+bn32",
-        "fp16:O3+sr"});
+    auto runs = std::make_shared<std::vector<std::string>>(
+        std::vector<std::string>{"fp32", "bf16:O1", "bf16:O2", "bf16:O3", "bf16:O3+sr", "fp16:O1", "fp16:O2", "fp16:O3",
+                                 "fp16:O3+bn32", "fp16:O3+sr"});
     cmd->add_option("--report", a->report, "report folder (default report/bench-opt-levels)");
     cmd->add_flag("--quick", a->quick, "wrn-10-1 on 8,192 images for 1 epoch (full: wrn-16-4, 10 epochs, all data)");
     cmd->add_option("--train_subset", c->train_subset, "first N training images (default all; quick 8192)");
-    cmd->add_option("--runs", *runs, "precision:opt level list with compare's suffixes (+sr stochastic rounding, +bn32 "
+    cmd->add_option("--runs", *runs,
+                    "precision:opt level list with compare's suffixes (+sr stochastic rounding, +bn32 "
                     "keep_batchnorm_fp32: Apex's O3 speed baseline)")
         ->delimiter(',')
         ->capture_default_str();

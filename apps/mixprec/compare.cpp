@@ -46,9 +46,12 @@ RunItem parse_run(const std::string& item) {
                " after its opposite); keep one of them");
       field = value;
     };
-    if (suffix == "+sr") r.stochastic_rounding = true;
-    else if (suffix == "+bn32" || suffix == "+bn16") set(r.keep_batchnorm_fp32, suffix == "+bn32" ? "true" : "false");
-    else if (suffix == "+masters" || suffix == "+nomasters") set(r.master_weights, suffix == "+masters" ? "true" : "false");
+    if (suffix == "+sr")
+      r.stochastic_rounding = true;
+    else if (suffix == "+bn32" || suffix == "+bn16")
+      set(r.keep_batchnorm_fp32, suffix == "+bn32" ? "true" : "false");
+    else if (suffix == "+masters" || suffix == "+nomasters")
+      set(r.master_weights, suffix == "+masters" ? "true" : "false");
     else
       MP_FAIL("--runs: unknown suffix '", suffix, "' in '", item, "'; expected +sr (stochastic rounding), +bn32 or ",
               "+bn16 (batch-norm weights f32 or 16-bit), +masters or +nomasters (f32 master weights or none), e.g. ",
@@ -125,12 +128,20 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
     }
   const tr::RunSummary& base = runs[ref];
   tr::Table t;
-  t.header = {"precision", "train time (s)", text ? "tokens/s" : "images/s", "data wait (s)", "peak memory (MiB)",
-              text ? "valid perplexity" : "test accuracy (%)", "speed-up over " + base.label,
-              "memory vs " + base.label, "skipped steps", "16-bit kernel paths (shapes)"};
+  t.header = {"precision",
+              "train time (s)",
+              text ? "tokens/s" : "images/s",
+              "data wait (s)",
+              "peak memory (MiB)",
+              text ? "valid perplexity" : "test accuracy (%)",
+              "speed-up over " + base.label,
+              "memory vs " + base.label,
+              "skipped steps",
+              "16-bit kernel paths (shapes)"};
   for (const tr::RunSummary& r : runs) {
-    t.rows.push_back({r.label + (r.diverged ? " (diverged)" : ""), fmt("%.1f", r.train_seconds), fmt("%.0f", r.throughput),
-                      fmt("%.1f", r.data_wait_seconds), fmt("%.1f", static_cast<double>(r.peak_bytes) / (1 << 20)),
+    t.rows.push_back({r.label + (r.diverged ? " (diverged)" : ""), fmt("%.1f", r.train_seconds),
+                      fmt("%.0f", r.throughput), fmt("%.1f", r.data_wait_seconds),
+                      fmt("%.1f", static_cast<double>(r.peak_bytes) / (1 << 20)),
                       text ? fmt("%.2f", r.val_metric) : fmt("%.2f", 100 * r.val_metric),
                       fmt("%.2fx", base.train_seconds / std::max(r.train_seconds, 1e-9)),
                       fmt("%.2f", static_cast<double>(r.peak_bytes) / std::max<double>(1, base.peak_bytes)),
@@ -207,8 +218,9 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
 }
 
 void add_compare_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("compare", "Run one training job at several precisions and compare time, memory and "
-                                            "accuracy/perplexity (markdown table, JSON, PNG plots)");
+  auto* cmd = app.add_subcommand("compare",
+                                 "Run one training job at several precisions and compare time, memory and "
+                                 "accuracy/perplexity (markdown table, JSON, PNG plots)");
   struct Args {
     tr::TrainConfig config;
     std::vector<std::string> runs{"fp32", "bf16"};
@@ -216,8 +228,8 @@ void add_compare_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   add_config_options(cmd, a->config,
-                     {"precision", "opt_level", "keep_batchnorm_fp32", "master_weights", "stochastic_rounding", "label", "log",
-                      "checkpoint_dir", "save_best", "resume"});
+                     {"precision", "opt_level", "keep_batchnorm_fp32", "master_weights", "stochastic_rounding", "label",
+                      "log", "checkpoint_dir", "save_best", "resume"});
   cmd->add_option("--runs", a->runs,
                   "precisions to compare, optionally with opt levels and suffixes: +sr (stochastic rounding), "
                   "+bn32/+bn16 (keep_batchnorm_fp32 true/false), +masters/+nomasters (master_weights): fp32 bf16 "

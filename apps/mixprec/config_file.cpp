@@ -20,9 +20,7 @@ mp::train::TrainConfig resolve_config(const CLI::App* cmd, const mp::train::Trai
   try {
     // The file's settings, checked field by field (unknown keys and wrong types are refused, naming them).
     merged = nlohmann::ordered_json::parse(mp::train::config_to_json(mp::train::config_from_json(text.str())));
-  } catch (const mp::Error& e) {
-    MP_FAIL("--config '", path, "': ", e.what());
-  }
+  } catch (const mp::Error& e) { MP_FAIL("--config '", path, "': ", e.what()); }
   // Each flag given on the command line wins over the file.
   mp::train::TrainConfig given = flags;
   mp::train::visit_fields(given, [&](const char* name, auto& field, const char*) {

@@ -54,9 +54,10 @@ std::shared_ptr<nn::Sequential> make_model(int64_t w) {
   };
   return std::make_shared<nn::Sequential>(
       conv(1, w / 2), std::make_shared<nn::BatchNorm2d>(w / 2), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::MaxPool2d>(Pool2dOptions{.kernel = {2, 2}}), conv(w / 2, w), std::make_shared<nn::BatchNorm2d>(w),
-      std::make_shared<nn::ReLU>(), std::make_shared<nn::AdaptiveAvgPool2d>(std::array<int64_t, 2>{1, 1}),
-      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(w, 4));
+      std::make_shared<nn::MaxPool2d>(Pool2dOptions{.kernel = {2, 2}}), conv(w / 2, w),
+      std::make_shared<nn::BatchNorm2d>(w), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::AdaptiveAvgPool2d>(std::array<int64_t, 2>{1, 1}), std::make_shared<nn::Flatten>(),
+      std::make_shared<nn::Linear>(w, 4));
 }
 
 struct Row {
@@ -86,7 +87,8 @@ Row run(const char* name, amp::OptLevel level, DType dtype, const DemoOptions& o
     amp.scaler.update();
     const double l = loss.item<double>();
     ema = step == 0 ? l : 0.9 * ema + 0.1 * l;
-    if ((step + 1) % 50 == 0) std::printf("  [%s] step %3lld  loss %.4f\n", name, static_cast<long long>(step + 1), ema);
+    if ((step + 1) % 50 == 0)
+      std::printf("  [%s] step %3lld  loss %.4f\n", name, static_cast<long long>(step + 1), ema);
   }
   row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   row.loss = ema;
@@ -108,12 +110,14 @@ void add_demo_command(CLI::App& app) {
   cmd->add_option("--batch_size", o->batch_size, "images per step")->check(CLI::PositiveNumber);
   cmd->add_option("--lr", o->lr, "AdamW learning rate")->check(CLI::PositiveNumber);
   cmd->add_option("--image_size", o->image_size, "image height and width")->check(CLI::Range(8, 256));
-  cmd->add_option("--width", o->width, "channels of the second convolution (the first has half)")->check(CLI::Range(2, 1024));
+  cmd->add_option("--width", o->width, "channels of the second convolution (the first has half)")
+      ->check(CLI::Range(2, 1024));
   cmd->add_option("--seed", o->seed, "random seed");
   cmd->callback([o] {
-    std::printf("mixprec demo: 4-way bar-orientation task, %lld steps of %lld images (%lldx%lld), CNN with batch norm\n",
-                static_cast<long long>(o->steps), static_cast<long long>(o->batch_size),
-                static_cast<long long>(o->image_size), static_cast<long long>(o->image_size));
+    std::printf(
+        "mixprec demo: 4-way bar-orientation task, %lld steps of %lld images (%lldx%lld), CNN with batch norm\n",
+        static_cast<long long>(o->steps), static_cast<long long>(o->batch_size), static_cast<long long>(o->image_size),
+        static_cast<long long>(o->image_size));
     std::vector<Row> rows{run("f32", amp::OptLevel::O0, DType::f32, *o),
                           run("bf16 O2", amp::OptLevel::O2, DType::bf16, *o)};
     std::printf("\n| precision | time (s) | final loss | accuracy | peak memory (MiB) | speed-up |\n");

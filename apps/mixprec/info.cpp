@@ -32,8 +32,9 @@ void print_kernel_paths(const std::vector<mp::KernelPathProbe>& probes) {
 }  // namespace
 
 void add_info_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Show CPU/GPU features, library versions and the advised precision; "
-                                         "with files, what each safetensors file or checkpoint holds");
+  auto* cmd = app.add_subcommand("info",
+                                 "Show CPU/GPU features, library versions and the advised precision; "
+                                 "with files, what each safetensors file or checkpoint holds");
   auto files = std::make_shared<std::vector<std::string>>();
   cmd->add_option("files", *files, "safetensors files or checkpoints to describe (their headers only are read)");
   cmd->callback([files] {
@@ -49,22 +50,25 @@ void add_info_command(CLI::App& app) {
                 yn(s.cpu.avx512_bf16), yn(s.cpu.amx_bf16), yn(s.cpu.f16c), yn(s.cpu.avx512_fp16));
     std::printf("  oneDNN %s: f32 matmul kernel '%s', bf16 matmul kernel '%s'\n", s.onednn_version.c_str(),
                 s.onednn_f32_matmul_impl.c_str(), s.onednn_bf16_matmul_impl.c_str());
-    std::printf("  16-bit matmul/convolution paths: %s\n", s.bf16_path == "cpu_default"
+    std::printf("  16-bit matmul/convolution paths: %s\n",
+                s.bf16_path == "cpu_default"
                     ? ("chosen per shape by timing (" + std::string(mp::kernel_path_mode_name(mp::kernel_path_mode())) +
-                       " mode)").c_str()
+                       " mode)")
+                          .c_str()
                     : ("forced by MP_BF16=" + s.bf16_path).c_str());
     const std::vector<mp::KernelPathProbe> probes = mp::probe_kernel_paths();
     print_kernel_paths(probes);
     const mp::PrecisionAdvice cpu = mp::cpu_precision_advice(s.cpu, probes);
     std::printf("  advised precision: %s — %s\n", mp::dtype_name(cpu.dtype), cpu.reason.c_str());
-    std::printf("  f16 %s\n\n", s.cpu.avx512_fp16 ? "has oneDNN's f16 kernels here (AVX512-FP16), measured against f32"
-                                                   : "computes through f32 here (oneDNN's f16 kernels need AVX512-FP16 or AMX-FP16)");
+    std::printf("  f16 %s\n\n", s.cpu.avx512_fp16
+                                    ? "has oneDNN's f16 kernels here (AVX512-FP16), measured against f32"
+                                    : "computes through f32 here (oneDNN's f16 kernels need AVX512-FP16 or AMX-FP16)");
     std::printf("CUDA: %s\n", s.cuda_status.c_str());
     if (!s.cudnn_status.empty()) std::printf("  %s\n", s.cudnn_status.c_str());
     for (const auto& g : s.gpus) {
       const bool tensor_cores = g.cc_major >= 7;
-      std::printf("  cuda:%d %s: compute capability %d.%d%s, %.1f GiB, %d SMs\n", g.index, g.name.c_str(),
-                  g.cc_major, g.cc_minor, tensor_cores ? "" : " (no tensor cores: expect memory savings, no speed-up)",
+      std::printf("  cuda:%d %s: compute capability %d.%d%s, %.1f GiB, %d SMs\n", g.index, g.name.c_str(), g.cc_major,
+                  g.cc_minor, tensor_cores ? "" : " (no tensor cores: expect memory savings, no speed-up)",
                   g.memory_gib, g.multiprocessors);
       const mp::PrecisionAdvice a = mp::gpu_precision_advice(g);
       std::printf("    advised precision: %s — %s\n", mp::dtype_name(a.dtype), a.reason.c_str());

@@ -20,9 +20,7 @@ int main(int argc, char** argv) {
   mixprec::add_bench_command(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const mp::Error& e) {
+  } catch (const CLI::ParseError& e) { return app.exit(e); } catch (const mp::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "mixprec: error: %s\n", e.what());
     return 1;

@@ -22,7 +22,8 @@ double as_double(const mp::train::LogValue& v) {
 }  // namespace
 
 void add_plot_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plot", "Plot loss, loss-scale and validation curves of JSONL run logs (PNG via gnuplot)");
+  auto* cmd =
+      app.add_subcommand("plot", "Plot loss, loss-scale and validation curves of JSONL run logs (PNG via gnuplot)");
   struct Args {
     std::vector<std::string> logs;
     std::string out = "plots";
@@ -51,7 +52,10 @@ void add_plot_command(CLI::App& app) {
         if (type == rec.end()) continue;
         const auto* t = std::get_if<std::string>(&type->second);
         if (t == nullptr) continue;
-        auto get = [&](const char* k) { auto it = rec.find(k); return it == rec.end() ? NAN : as_double(it->second); };
+        auto get = [&](const char* k) {
+          auto it = rec.find(k);
+          return it == rec.end() ? NAN : as_double(it->second);
+        };
         // A resumed run of an older mixprec appended the steps it did again after the log's last checkpoint
         // (Note [a resumed run's log] in src/train/run_log.cpp): the replay supersedes them.
         auto add = [](mp::train::Series& series, double x, double y) {
@@ -69,7 +73,8 @@ void add_plot_command(CLI::App& app) {
             add(ema, get("epoch"), acc ? 100 * get("ema_val_accuracy") : get("ema_val_perplexity"));
         }
       }
-      MP_CHECK(!l.x.empty(), "plot: '", path, "' has no step records; expected a run log written by mixprec train --log");
+      MP_CHECK(!l.x.empty(), "plot: '", path,
+               "' has no step records; expected a run log written by mixprec train --log");
       loss.push_back(l), scale.push_back(s), val.push_back(v);
       if (!ema.x.empty()) val.push_back(ema);
     }

@@ -63,11 +63,12 @@ void add_train_command(CLI::App& app) {
     }
     install_stop_handlers();  // Note [stopping a training run with a signal]
     const mp::train::RunSummary s = mp::train::train(*c, std::cout);
-    const std::string how = s.diverged       ? "DIVERGED (loss became inf/NaN)"
-                            : s.interrupted   ? std::string("stopped by ") + ::strsignal(g_signal) + " after " +
-                                                  std::to_string(s.steps) + " steps"
-                            : s.stopped_early ? "stopped after " + std::to_string(s.steps) + " steps (--stop_after_steps)"
-                                              : std::string("finished");
+    const std::string how =
+        s.diverged ? "DIVERGED (loss became inf/NaN)"
+        : s.interrupted
+            ? std::string("stopped by ") + ::strsignal(g_signal) + " after " + std::to_string(s.steps) + " steps"
+        : s.stopped_early ? "stopped after " + std::to_string(s.steps) + " steps (--stop_after_steps)"
+                          : std::string("finished");
     std::printf("\n%s summary: %s\n", s.label.c_str(), how.c_str());
     std::printf("  training time %s (%.1f %s), data wait %s, evaluation %s\n", format_duration(s.train_seconds).c_str(),
                 s.throughput, s.throughput_unit.c_str(), format_duration(s.data_wait_seconds).c_str(),
@@ -84,14 +85,17 @@ void add_train_command(CLI::App& app) {
     if (s.ema_val_metric)
       std::printf(s.metric_name == "accuracy" ? "  weight averages (EMA %g): test loss %.4f, test accuracy %.2f%%\n"
                                               : "  weight averages (EMA %g): valid loss %.4f, valid perplexity %.2f\n",
-                  c->ema_decay, *s.ema_val_loss, s.metric_name == "accuracy" ? 100 * *s.ema_val_metric : *s.ema_val_metric);
-    if (s.best_epoch > 0 && (!s.best_checkpoint.empty() || (!s.epochs.empty() && s.best_epoch != s.epochs.back().epoch))) {
+                  c->ema_decay, *s.ema_val_loss,
+                  s.metric_name == "accuracy" ? 100 * *s.ema_val_metric : *s.ema_val_metric);
+    if (s.best_epoch > 0 &&
+        (!s.best_checkpoint.empty() || (!s.epochs.empty() && s.best_epoch != s.epochs.back().epoch))) {
       std::string where;
       if (!s.best_checkpoint.empty())
         where = c->ema_decay > 0 ? " (mixprec eval --ema " + s.best_checkpoint + ")" : " (" + s.best_checkpoint + ")";
       std::printf(s.metric_name == "accuracy" ? "  best: epoch %lld, test accuracy %.2f%%%s%s\n"
                                               : "  best: epoch %lld, valid perplexity %.2f%s%s\n",
-                  static_cast<long long>(s.best_epoch), s.metric_name == "accuracy" ? 100 * s.best_val_metric : s.best_val_metric,
+                  static_cast<long long>(s.best_epoch),
+                  s.metric_name == "accuracy" ? 100 * s.best_val_metric : s.best_val_metric,
                   c->ema_decay > 0 ? " of the weight averages" : "", where.c_str());
     }
     if (!s.kernel_paths.choices.empty())
@@ -126,8 +130,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--device", a->overrides.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--ema", a->ema, "evaluate the checkpoint's f32 weight averages (trained with --ema_decay)");
   cmd->callback([a] {
-    const mp::train::EvalResult r =
-        mp::train::evaluate_checkpoint(a->path, a->split, &a->overrides, std::cout, a->ema);
+    const mp::train::EvalResult r = mp::train::evaluate_checkpoint(a->path, a->split, &a->overrides, std::cout, a->ema);
     if (r.metric_name == "accuracy")
       std::printf("%s: %lld images, loss %.4f, accuracy %.2f%% (%.1f s)\n", a->path.c_str(),
                   static_cast<long long>(r.examples), r.loss, 100 * r.metric, r.seconds);

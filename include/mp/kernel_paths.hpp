@@ -26,9 +26,9 @@ KernelPathMode kernel_path_mode();
 /// What this process chose so far, and how.
 struct KernelPathRecord {
   std::map<std::string, std::string> choices;  ///< call key (op, dtypes, shape) -> path ("native", "via_f32", "gemm")
-  int measured = 0;            ///< shapes timed in this process
-  int from_cache = 0;          ///< shapes found in the user's cache file
-  int from_record = 0;         ///< shapes adopted from a run's record (a resumed checkpoint)
+  int measured = 0;                            ///< shapes timed in this process
+  int from_cache = 0;                          ///< shapes found in the user's cache file
+  int from_record = 0;                         ///< shapes adopted from a run's record (a resumed checkpoint)
   int defaults = 0;            ///< shapes given their default (pinned mode, or the measuring budget was spent)
   double measure_seconds = 0;  ///< wall time spent timing candidates
   std::string mode;            ///< kernel_path_mode_name() now

@@ -21,16 +21,16 @@ struct GpuInfo {
 
 /// What this build and machine offer for mixed precision.
 struct SystemInfo {
-  std::string version;                 ///< mixprec version
-  CpuFeatures cpu;                     ///< CPU features
-  std::string onednn_version;          ///< e.g. "3.2.0"
+  std::string version;                  ///< mixprec version
+  CpuFeatures cpu;                      ///< CPU features
+  std::string onednn_version;           ///< e.g. "3.2.0"
   std::string onednn_bf16_matmul_impl;  ///< kernel oneDNN picks for a bf16 matmul, e.g. "brg:avx512_core_amx"
   std::string onednn_f32_matmul_impl;   ///< kernel oneDNN picks for an f32 matmul
   std::string bf16_path;                ///< a forced bf16 rule ("native_gemm", "native", "via_f32") or "cpu_default"
-  bool cuda_built = false;             ///< the CUDA backend is compiled in
-  std::string cuda_status;             ///< "n device(s)" and the CUDA versions, or why there is none
-  std::string cudnn_status;            ///< cuDNN loaded / compiled versions and library folders (with a device)
-  std::vector<GpuInfo> gpus;           ///< visible GPUs
+  bool cuda_built = false;              ///< the CUDA backend is compiled in
+  std::string cuda_status;              ///< "n device(s)" and the CUDA versions, or why there is none
+  std::string cudnn_status;             ///< cuDNN loaded / compiled versions and library folders (with a device)
+  std::vector<GpuInfo> gpus;            ///< visible GPUs
 };
 
 /// cuDNN convolution calls of this process (Note [conv layout counters]): all of them, those asked for in

@@ -21,7 +21,7 @@ struct CacheKeyHash {
 
 struct State {
   AutocastOptions options{.dtype = DType::bf16, .enabled = false};
-  int depth = 0;          // enabled guards currently open
+  int depth = 0;           // enabled guards currently open
   bool suspended = false;  // inside an op that already cast, or inside backward
   // Note [autocast cast cache]: an f32 parameter used by several ops in one forward pass is cast
   // once. The entry keeps the source alive (so the pointer key cannot be reused) and is keyed by

@@ -78,7 +78,8 @@ std::string OverflowFinder::report() const {
   std::string r;
   if (f.first_forward) r += "forward: first non-finite output from " + *f.first_forward;
   if (f.first_backward)
-    r += std::string(r.empty() ? "" : "; ") + "backward: first non-finite gradient at the output of " + *f.first_backward;
+    r += std::string(r.empty() ? "" : "; ") + "backward: first non-finite gradient at the output of " +
+         *f.first_backward;
   return r;
 }
 

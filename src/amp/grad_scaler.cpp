@@ -31,13 +31,15 @@ void accumulate_grads_in_f32(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined() || (g.dtype() != DType::f16 && g.dtype() != DType::bf16)) continue;
-    Tensor wide = empty(g.sizes(), {.dtype = DType::f32, .device = g.device(), .memory_format = g.suggest_memory_format()});
+    Tensor wide =
+        empty(g.sizes(), {.dtype = DType::f32, .device = g.device(), .memory_format = g.suggest_memory_format()});
     wide.copy_(g);
     p.set_grad(wide);
   }
 }
 
-GradScaler::GradScaler(const GradScalerOptions& o) : options_(o), scale_(o.init_scale), hysteresis_tracker_(o.hysteresis) {
+GradScaler::GradScaler(const GradScalerOptions& o)
+    : options_(o), scale_(o.init_scale), hysteresis_tracker_(o.hysteresis) {
   MP_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "GradScaler: init_scale must be positive and finite, got ",
            o.init_scale);
   MP_CHECK(o.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got ", o.growth_factor);
@@ -73,7 +75,8 @@ std::vector<Tensor> GradScaler::grads_of(const optim::Optimizer& opt) {
 void GradScaler::unscale_(optim::Optimizer& opt) {
   if (!options_.enabled) return;
   PerOptimizer& st = state_of(opt);
-  MP_CHECK(!st.unscaled, "GradScaler::unscale_: already called on this optimizer since the last update(); call it "
+  MP_CHECK(!st.unscaled,
+           "GradScaler::unscale_: already called on this optimizer since the last update(); call it "
            "at most once per step, after all micro-batches' backward and before step()");
   MP_CHECK(!st.stepped, "GradScaler::unscale_: called after step(); unscale_ must come before step()");
   autograd::NoGradGuard ng;
@@ -126,7 +129,8 @@ bool GradScaler::step(optim::Optimizer& opt) {
 
 void GradScaler::update() {
   if (!options_.enabled) return;
-  MP_CHECK(!per_opt_.empty(), "GradScaler::update: no step() or unscale_() was recorded since the last update(); "
+  MP_CHECK(!per_opt_.empty(),
+           "GradScaler::update: no step() or unscale_() was recorded since the last update(); "
            "call scaler.step(optimizer) before scaler.update()");
   bool found_inf = false;
   for (const auto& [opt, st] : per_opt_) found_inf = found_inf || st.found_inf;
@@ -137,7 +141,8 @@ void GradScaler::update() {
     if (scale_ <= options_.min_scale) {
       ++overflows_at_min_;
       MP_CHECK(options_.max_overflows_at_min_scale == 0 || overflows_at_min_ < options_.max_overflows_at_min_scale,
-               "GradScaler: the loss scale is stuck at its minimum (", options_.min_scale, ") after ", overflows_at_min_,
+               "GradScaler: the loss scale is stuck at its minimum (", options_.min_scale, ") after ",
+               overflows_at_min_,
                " consecutive steps with inf/NaN gradients: the gradients are non-finite even unscaled, so skipping "
                "steps cannot recover. The model has likely diverged: lower the learning rate, or train in bf16 "
                "(f32's exponent range, no loss scaling needed)");

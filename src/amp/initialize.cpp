@@ -35,8 +35,7 @@ LossScale LossScale::parse(const std::string& s) {
     size_t pos = 0;
     const double v = std::stod(s, &pos);
     if (pos == s.size() && v > 0 && std::isfinite(v)) return {Kind::fixed, v};
-  } catch (...) {
-  }
+  } catch (...) {}
   MP_FAIL("invalid loss scale '", s, "': expected 'dynamic', 'none' or a positive number such as 128");
 }
 
@@ -62,7 +61,7 @@ AmpOptions resolve(const AmpOptions& in) {
     case OptLevel::O1:
       if (!o.loss_scale) o.loss_scale = LossScale{f16 ? LossScale::Kind::dynamic : LossScale::Kind::none, 0.0};
       if (!o.keep_batchnorm_fp32) o.keep_batchnorm_fp32 = true;  // weights stay f32 under autocast
-      if (!o.master_weights) o.master_weights = false;          // nothing to master: weights are f32
+      if (!o.master_weights) o.master_weights = false;           // nothing to master: weights are f32
       break;
     case OptLevel::O2:
       if (!o.loss_scale) o.loss_scale = LossScale{f16 ? LossScale::Kind::dynamic : LossScale::Kind::none, 0.0};
@@ -75,10 +74,11 @@ AmpOptions resolve(const AmpOptions& in) {
       if (!o.master_weights) o.master_weights = false;
       break;
   }
-  MP_CHECK(!o.stochastic_rounding || ((o.opt_level == OptLevel::O2 || o.opt_level == OptLevel::O3) && !*o.master_weights),
-           "amp: stochastic rounding applies to 16-bit weights without f32 masters (O3, or O2 with master_weights ",
-           "off); ", opt_level_name(o.opt_level), *o.master_weights ? " keeps f32 masters" : " keeps f32 weights",
-           ", which need none: drop stochastic rounding or use O3");
+  MP_CHECK(
+      !o.stochastic_rounding || ((o.opt_level == OptLevel::O2 || o.opt_level == OptLevel::O3) && !*o.master_weights),
+      "amp: stochastic rounding applies to 16-bit weights without f32 masters (O3, or O2 with master_weights ",
+      "off); ", opt_level_name(o.opt_level), *o.master_weights ? " keeps f32 masters" : " keeps f32 weights",
+      ", which need none: drop stochastic rounding or use O3");
   switch (o.loss_scale->kind) {
     case LossScale::Kind::dynamic:
       o.scaler.enabled = true;

@@ -35,7 +35,8 @@ Tensor conform(Tensor g, const OutputMeta& m) {
 Node::Node() : sequence_nr(g_sequence.fetch_add(1)) {}
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
-  MP_CHECK(fn_ != nullptr, "backward through ", name_, " a second time: its saved tensors were freed after the "
+  MP_CHECK(fn_ != nullptr, "backward through ", name_,
+           " a second time: its saved tensors were freed after the "
            "first backward; pass retain_graph=true to the first backward if you need this");
   return fn_(grads);
 }
@@ -121,7 +122,7 @@ std::shared_ptr<Node> connect(std::shared_ptr<Node> node, const std::vector<Tens
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             FunctionNode::Backward fn) {
   if (!any_requires_grad(inputs)) return;
-  connect(std::make_shared<FunctionNode>(std::string(name) , std::move(fn)), inputs, outputs);
+  connect(std::make_shared<FunctionNode>(std::string(name), std::move(fn)), inputs, outputs);
 }
 
 void register_hook(const Tensor& t, GradHook hook) {
@@ -178,7 +179,9 @@ void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, bool 
       }
     }
   }
-  auto cmp = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) { return a->sequence_nr < b->sequence_nr; };
+  auto cmp = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence_nr < b->sequence_nr;
+  };
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(cmp)> ready(cmp);
   for (size_t i = 0; i < roots.size(); ++i) {
     const Edge& e = roots[i];
@@ -216,7 +219,8 @@ void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, bool 
       if (any) {
         for (size_t i = 0; i < node->outputs.size(); ++i)
           if (!grads[i].defined())
-            grads[i] = zeros(node->outputs[i].sizes, {.dtype = node->outputs[i].dtype, .device = node->outputs[i].device});
+            grads[i] =
+                zeros(node->outputs[i].sizes, {.dtype = node->outputs[i].dtype, .device = node->outputs[i].device});
         in_grads = node->apply(std::move(grads));
       }
       if (!retain_graph) node->release_saved();

@@ -125,7 +125,7 @@ MP_HD MP_FORCE_INLINE uint32_t exp_parts(float x, float& s) {
 MP_HD MP_FORCE_INLINE float sigmoid_of_neg(float a) {
   a = blend(a > 104.0f, 104.0f, a);  // beyond this the result is 0 (NaN passes)
   float s;
-  const uint32_t n = exp_parts(a, s);                  // n in [0, 150]
+  const uint32_t n = exp_parts(a, s);                       // n in [0, 150]
   const float pw = pow2(0u - blend_bits(n > 64u, 64u, n));  // 2^-n; 2^-64 no longer matters next to 1 + s
   // d = b + c with b = 1 + 2^-n exact up to n = 23; beyond, 2^-n goes into c = s (that sum's
   // rounding is negligible). hi + lo = d exactly (Fast2Sum, b >= 1 > |c|), and
@@ -219,10 +219,9 @@ MP_HD MP_FORCE_INLINE float fast_tanh(float x) {
   const float a = abs_and_sign(x, sign);
   // |x| < 0.625: tanh a = a + a^3 p(a^2), minimax for relative error, fit error 1.8e-10.
   const float a2 = a * a;
-  const float p =
-      -0x1.555554p-2f +
-      a2 * (0x1.11107ap-3f +
-            a2 * (-0x1.b9f188p-5f + a2 * (0x1.63a55p-6f + a2 * (-0x1.0c5edp-7f + a2 * 0x1.1a2816p-9f))));
+  const float p = -0x1.555554p-2f +
+                  a2 * (0x1.11107ap-3f +
+                        a2 * (-0x1.b9f188p-5f + a2 * (0x1.63a55p-6f + a2 * (-0x1.0c5edp-7f + a2 * 0x1.1a2816p-9f))));
   const float small = a + a * (a2 * p);
   // Otherwise tanh a = 1 - 2 / (1 + e^2a).
   const float large = 1.0f - 2.0f * sigmoid_of_neg(2.0f * a);
@@ -267,14 +266,13 @@ MP_HD MP_FORCE_INLINE float fast_erf(float x) {
   // 2.0e-9; erf rounds to 1 beyond 3.92. With e^l = 2^n (1 + s), n in [-26, -2], 1 - 2^n is exact
   // for n >= -24, so (1 - 2^n) - 2^n s rounds once; below, 1 - 2^n (1 + s) is as good.
   const float v = blend(a > 3.92f, 3.92f, a) - 0.9f;
-  const float l =
-      -0x1.9816c2p+0f +
-      v * (-0x1.3c5e7ep+1f +
-           v * (-0x1.a8f86ep-1f +
-                v * (-0x1.76e36ep-5f +
-                     v * (0x1.698e54p-7f +
-                          v * (-0x1.146302p-9f +
-                               v * (0x1.02b45ap-12f + v * (-0x1.59a0f6p-21f + v * -0x1.969aeep-19f)))))));
+  const float l = -0x1.9816c2p+0f +
+                  v * (-0x1.3c5e7ep+1f +
+                       v * (-0x1.a8f86ep-1f +
+                            v * (-0x1.76e36ep-5f +
+                                 v * (0x1.698e54p-7f +
+                                      v * (-0x1.146302p-9f +
+                                           v * (0x1.02b45ap-12f + v * (-0x1.59a0f6p-21f + v * -0x1.969aeep-19f)))))));
   float s;
   const uint32_t n = exp_parts(l, s);
   const float p2 = pow2(n);
@@ -292,26 +290,34 @@ MP_HD MP_FORCE_INLINE float blend_select(bool c, float a, float b) { return fast
 /// e^x in T: fast_exp for float, std::exp otherwise.
 template <class T>
 MP_HD MP_FORCE_INLINE T math_exp(T x) {
-  if constexpr (std::is_same_v<T, float>) return fast_exp(x);
-  else return std::exp(x);
+  if constexpr (std::is_same_v<T, float>)
+    return fast_exp(x);
+  else
+    return std::exp(x);
 }
 /// ln x in T: fast_log for float, std::log otherwise.
 template <class T>
 MP_HD MP_FORCE_INLINE T math_log(T x) {
-  if constexpr (std::is_same_v<T, float>) return fast_log(x);
-  else return std::log(x);
+  if constexpr (std::is_same_v<T, float>)
+    return fast_log(x);
+  else
+    return std::log(x);
 }
 /// tanh x in T: fast_tanh for float, std::tanh otherwise.
 template <class T>
 MP_HD MP_FORCE_INLINE T math_tanh(T x) {
-  if constexpr (std::is_same_v<T, float>) return fast_tanh(x);
-  else return std::tanh(x);
+  if constexpr (std::is_same_v<T, float>)
+    return fast_tanh(x);
+  else
+    return std::tanh(x);
 }
 /// erf x in T: fast_erf for float, std::erf otherwise.
 template <class T>
 MP_HD MP_FORCE_INLINE T math_erf(T x) {
-  if constexpr (std::is_same_v<T, float>) return fast_erf(x);
-  else return std::erf(x);
+  if constexpr (std::is_same_v<T, float>)
+    return fast_erf(x);
+  else
+    return std::erf(x);
 }
 /// 1 / (1 + e^-x) in T: fast_sigmoid for float, otherwise a form whose exp never overflows.
 template <class T>

@@ -12,7 +12,8 @@ namespace mp::backend {
 /// Per-element affine normalisation y = (x - mean) * invstd * w + b as (x - mean) * scale + shift with
 /// scale = invstd * w and shift = b. Not folded to x * scale + (b - mean * scale): that form cancels
 /// catastrophically when |mean| >> std (x * scale and mean * scale are both large).
-template <class T> struct NormAffineFn {
+template <class T>
+struct NormAffineFn {
   T mean, scale, shift;
   MP_HD T operator()(T x) const { return (x - mean) * scale + shift; }
 };
@@ -22,7 +23,8 @@ template <class T> struct NormAffineFn {
 ///   training: a = w r, b = -w r^3 sum(dy (x - mean)) / M, c = -w r sum(dy) / M
 ///   eval (batch norm with running statistics, which are constants): a = w r, b = c = 0.
 /// This is dx = w r (dy - mean(dy) - xhat mean(dy xhat)) with xhat = (x - mean) r.
-template <class T> struct NormBackwardFn {
+template <class T>
+struct NormBackwardFn {
   T a, b, c, mean;
   MP_HD T operator()(T dy, T x) const { return a * dy + b * (x - mean) + c; }
 };

@@ -11,8 +11,8 @@ namespace mp::backend {
 /// stores the rounded result into param, in the same pass); grad: param's shape, contiguous, any
 /// floating dtype; momentum_buffer: contiguous, param's shape, f32 (f64 for f64 params), or undefined
 /// when momentum is 0.
-using SgdStepKernel = void(const Tensor& param, const Tensor& master, const Tensor& grad,
-                           const Tensor& momentum_buffer, const SgdStepParams& p);
+using SgdStepKernel = void(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& momentum_buffer,
+                           const SgdStepParams& p);
 inline constinit KernelSlot<SgdStepKernel> sgd_step_kernel{"sgd_step"};
 
 /// One Adam/AdamW update of one tensor in place (master as for SgdStepKernel). exp_avg, exp_avg_sq and

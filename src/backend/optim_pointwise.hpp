@@ -1,7 +1,7 @@
 #pragma once
 // Per-element math of the optimizer updates, shared by the CPU loop (src/backend/cpu/optim.cpp) and
-// the CUDA kernels (src/backend/cuda/optim.cu). C is the compute type: float for f32/f16/bf16 parameters (state in f32),
-// double for f64 parameters.
+// the CUDA kernels (src/backend/cuda/optim.cu). C is the compute type: float for f32/f16/bf16 parameters (state in
+// f32), double for f64 parameters.
 //
 // Note [fused optimizer step]
 // One call updates one parameter tensor in a single pass: per element it reads the weight w

@@ -15,15 +15,39 @@ namespace mp::backend {
 /// Every element-wise operation the kernels know. Arity: U = unary, B = binary, T = ternary.
 enum class PointwiseOp : uint8_t {
   // unary (x)
-  copy, neg, exp, log, sqrt, rsqrt, relu, gelu, tanh, sigmoid, abs, reciprocal, square, sign,
-  pow_scalar,    // x ^ p.scalar0
-  add_scalar,    // x + p.scalar0
-  mul_scalar,    // x * p.scalar0
-  clamp,         // min(max(x, p.scalar0), p.scalar1) (NaN propagates)
+  copy,
+  neg,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  relu,
+  gelu,
+  tanh,
+  sigmoid,
+  abs,
+  reciprocal,
+  square,
+  sign,
+  pow_scalar,  // x ^ p.scalar0
+  add_scalar,  // x + p.scalar0
+  mul_scalar,  // x * p.scalar0
+  clamp,       // min(max(x, p.scalar0), p.scalar1) (NaN propagates)
   // binary (a, b)
-  add, sub, mul, div, pow, maximum, minimum,
-  add_scaled,    // a + p.scalar0 * b (PyTorch's alpha)
-  eq, ne, lt, le, gt, ge,
+  add,
+  sub,
+  mul,
+  div,
+  pow,
+  maximum,
+  minimum,
+  add_scaled,  // a + p.scalar0 * b (PyTorch's alpha)
+  eq,
+  ne,
+  lt,
+  le,
+  gt,
+  ge,
   relu_backward,     // (grad, x): grad where x > 0
   gelu_backward,     // (grad, x)
   tanh_backward,     // (grad, y=tanh(x)): grad * (1 - y^2)
@@ -41,34 +65,71 @@ struct PointwiseParams {
 
 // ---- functors (T is the accumulation type) ----
 
-template <class T> struct CopyFn { MP_HD T operator()(T x) const { return x; } };
-template <class T> struct NegFn { MP_HD T operator()(T x) const { return -x; } };
+template <class T>
+struct CopyFn {
+  MP_HD T operator()(T x) const { return x; }
+};
+template <class T>
+struct NegFn {
+  MP_HD T operator()(T x) const { return -x; }
+};
 // The transcendental functors compute through math_exp/math_log/... (fast_math.hpp): the
 // vectorisable fast_* functions for float (Note [fast float transcendentals]), std:: for double, so
 // f64 gradchecks stay exact. They are force-inlined: a call left in the omp simd loop keeps it scalar.
-template <class T> struct ExpFn { MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_exp(x); } };
-template <class T> struct LogFn { MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_log(x); } };
-template <class T> struct SqrtFn { MP_HD T operator()(T x) const { return std::sqrt(x); } };
-template <class T> struct RsqrtFn { MP_HD T operator()(T x) const { return T(1) / std::sqrt(x); } };
-template <class T> struct ReluFn {
+template <class T>
+struct ExpFn {
+  MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_exp(x); }
+};
+template <class T>
+struct LogFn {
+  MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_log(x); }
+};
+template <class T>
+struct SqrtFn {
+  MP_HD T operator()(T x) const { return std::sqrt(x); }
+};
+template <class T>
+struct RsqrtFn {
+  MP_HD T operator()(T x) const { return T(1) / std::sqrt(x); }
+};
+template <class T>
+struct ReluFn {
   MP_HD T operator()(T x) const { return x > T(0) ? x : (x != x ? x : T(0)); }  // NaN propagates
 };
 /// Exact GELU: x * Phi(x) with the Gaussian CDF via erf (PyTorch's default approximate='none').
-template <class T> struct GeluFn {
+template <class T>
+struct GeluFn {
   MP_HD MP_FORCE_INLINE T operator()(T x) const {
     return T(0.5) * x * (T(1) + math_erf(x * T(0.70710678118654752440)));
   }
 };
-template <class T> struct TanhFn { MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_tanh(x); } };
+template <class T>
+struct TanhFn {
+  MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_tanh(x); }
+};
 /// Sigmoid written to avoid overflow of exp for large |x| (math_sigmoid).
-template <class T> struct SigmoidFn { MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_sigmoid(x); } };
-template <class T> struct AbsFn { MP_HD T operator()(T x) const { return x < T(0) ? -x : x; } };
-template <class T> struct ReciprocalFn { MP_HD T operator()(T x) const { return T(1) / x; } };
-template <class T> struct SquareFn { MP_HD T operator()(T x) const { return x * x; } };
-template <class T> struct SignFn {
+template <class T>
+struct SigmoidFn {
+  MP_HD MP_FORCE_INLINE T operator()(T x) const { return math_sigmoid(x); }
+};
+template <class T>
+struct AbsFn {
+  MP_HD T operator()(T x) const { return x < T(0) ? -x : x; }
+};
+template <class T>
+struct ReciprocalFn {
+  MP_HD T operator()(T x) const { return T(1) / x; }
+};
+template <class T>
+struct SquareFn {
+  MP_HD T operator()(T x) const { return x * x; }
+};
+template <class T>
+struct SignFn {
   MP_HD T operator()(T x) const { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
 };
-template <class T> struct PowScalarFn {
+template <class T>
+struct PowScalarFn {
   T p;
   MP_HD T operator()(T x) const {
     if (p == T(2)) return x * x;
@@ -77,48 +138,110 @@ template <class T> struct PowScalarFn {
     return std::pow(x, p);
   }
 };
-template <class T> struct AddScalarFn { T s; MP_HD T operator()(T x) const { return x + s; } };
-template <class T> struct MulScalarFn { T s; MP_HD T operator()(T x) const { return x * s; } };
-template <class T> struct ClampFn {
+template <class T>
+struct AddScalarFn {
+  T s;
+  MP_HD T operator()(T x) const { return x + s; }
+};
+template <class T>
+struct MulScalarFn {
+  T s;
+  MP_HD T operator()(T x) const { return x * s; }
+};
+template <class T>
+struct ClampFn {
   T lo, hi;
   MP_HD T operator()(T x) const { return x != x ? x : (x < lo ? lo : (x > hi ? hi : x)); }
 };
 
-template <class T> struct AddFn { MP_HD T operator()(T a, T b) const { return a + b; } };
-template <class T> struct SubFn { MP_HD T operator()(T a, T b) const { return a - b; } };
-template <class T> struct MulFn { MP_HD T operator()(T a, T b) const { return a * b; } };
-template <class T> struct DivFn { MP_HD T operator()(T a, T b) const { return a / b; } };
-template <class T> struct PowFn { MP_HD T operator()(T a, T b) const { return std::pow(a, b); } };
-template <class T> struct MaximumFn {
+template <class T>
+struct AddFn {
+  MP_HD T operator()(T a, T b) const { return a + b; }
+};
+template <class T>
+struct SubFn {
+  MP_HD T operator()(T a, T b) const { return a - b; }
+};
+template <class T>
+struct MulFn {
+  MP_HD T operator()(T a, T b) const { return a * b; }
+};
+template <class T>
+struct DivFn {
+  MP_HD T operator()(T a, T b) const { return a / b; }
+};
+template <class T>
+struct PowFn {
+  MP_HD T operator()(T a, T b) const { return std::pow(a, b); }
+};
+template <class T>
+struct MaximumFn {
   MP_HD T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }  // NaN propagates
 };
-template <class T> struct MinimumFn {
+template <class T>
+struct MinimumFn {
   MP_HD T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
 };
-template <class T> struct AddScaledFn { T alpha; MP_HD T operator()(T a, T b) const { return a + alpha * b; } };
-template <class T> struct EqFn { MP_HD bool operator()(T a, T b) const { return a == b; } };
-template <class T> struct NeFn { MP_HD bool operator()(T a, T b) const { return a != b; } };
-template <class T> struct LtFn { MP_HD bool operator()(T a, T b) const { return a < b; } };
-template <class T> struct LeFn { MP_HD bool operator()(T a, T b) const { return a <= b; } };
-template <class T> struct GtFn { MP_HD bool operator()(T a, T b) const { return a > b; } };
-template <class T> struct GeFn { MP_HD bool operator()(T a, T b) const { return a >= b; } };
+template <class T>
+struct AddScaledFn {
+  T alpha;
+  MP_HD T operator()(T a, T b) const { return a + alpha * b; }
+};
+template <class T>
+struct EqFn {
+  MP_HD bool operator()(T a, T b) const { return a == b; }
+};
+template <class T>
+struct NeFn {
+  MP_HD bool operator()(T a, T b) const { return a != b; }
+};
+template <class T>
+struct LtFn {
+  MP_HD bool operator()(T a, T b) const { return a < b; }
+};
+template <class T>
+struct LeFn {
+  MP_HD bool operator()(T a, T b) const { return a <= b; }
+};
+template <class T>
+struct GtFn {
+  MP_HD bool operator()(T a, T b) const { return a > b; }
+};
+template <class T>
+struct GeFn {
+  MP_HD bool operator()(T a, T b) const { return a >= b; }
+};
 
-template <class T> struct ReluBackwardFn { MP_HD T operator()(T g, T x) const { return x > T(0) ? g : T(0); } };
+template <class T>
+struct ReluBackwardFn {
+  MP_HD T operator()(T g, T x) const { return x > T(0) ? g : T(0); }
+};
 /// d/dx [x Phi(x)] = Phi(x) + x phi(x).
-template <class T> struct GeluBackwardFn {
+template <class T>
+struct GeluBackwardFn {
   MP_HD MP_FORCE_INLINE T operator()(T g, T x) const {
     const T cdf = T(0.5) * (T(1) + math_erf(x * T(0.70710678118654752440)));
     const T pdf = T(0.39894228040143267794) * math_exp(T(-0.5) * x * x);
     return g * (cdf + x * pdf);
   }
 };
-template <class T> struct TanhBackwardFn { MP_HD T operator()(T g, T y) const { return g * (T(1) - y * y); } };
-template <class T> struct SigmoidBackwardFn { MP_HD T operator()(T g, T y) const { return g * y * (T(1) - y); } };
-template <class T> struct ClampBackwardFn {
+template <class T>
+struct TanhBackwardFn {
+  MP_HD T operator()(T g, T y) const { return g * (T(1) - y * y); }
+};
+template <class T>
+struct SigmoidBackwardFn {
+  MP_HD T operator()(T g, T y) const { return g * y * (T(1) - y); }
+};
+template <class T>
+struct ClampBackwardFn {
   T lo, hi;
   MP_HD T operator()(T g, T x) const { return (x >= lo && x <= hi) ? g : T(0); }
 };
-template <class T> struct WhereFn { MP_HD T operator()(T c, T a, T b) const { return c != T(0) ? a : b; } };
+template <class T>
+struct WhereFn {
+  MP_HD T operator()(T c, T a, T b) const { return c != T(0) ? a : b; }
+};
 
 /// Number of inputs of an op.
 constexpr int pointwise_arity(PointwiseOp op) {
@@ -138,12 +261,18 @@ using PointwiseArity = std::integral_constant<int, N>;
 /// loops an AVX-512 copy (Note [AVX-512 element-wise loops] in cpu/loops.hpp).
 template <class F>
 inline constexpr bool kTranscendentalFn = false;
-template <class T> inline constexpr bool kTranscendentalFn<ExpFn<T>> = true;
-template <class T> inline constexpr bool kTranscendentalFn<LogFn<T>> = true;
-template <class T> inline constexpr bool kTranscendentalFn<GeluFn<T>> = true;
-template <class T> inline constexpr bool kTranscendentalFn<TanhFn<T>> = true;
-template <class T> inline constexpr bool kTranscendentalFn<SigmoidFn<T>> = true;
-template <class T> inline constexpr bool kTranscendentalFn<GeluBackwardFn<T>> = true;
+template <class T>
+inline constexpr bool kTranscendentalFn<ExpFn<T>> = true;
+template <class T>
+inline constexpr bool kTranscendentalFn<LogFn<T>> = true;
+template <class T>
+inline constexpr bool kTranscendentalFn<GeluFn<T>> = true;
+template <class T>
+inline constexpr bool kTranscendentalFn<TanhFn<T>> = true;
+template <class T>
+inline constexpr bool kTranscendentalFn<SigmoidFn<T>> = true;
+template <class T>
+inline constexpr bool kTranscendentalFn<GeluBackwardFn<T>> = true;
 
 /// Call v(PointwiseArity<N>{}, functor) with op's functor in compute type C (float, double or
 /// int64_t): the one mapping from PointwiseOp to its functor, shared by the CPU loops and the CUDA

@@ -13,14 +13,18 @@ namespace mp::backend {
 /// +infinity for floating A, the largest value for int64_t.
 template <class A>
 MP_HD MP_FORCE_INLINE A reduce_highest() {
-  if constexpr (std::is_floating_point_v<A>) return static_cast<A>(detail::f32_from_bits(0x7f800000u));
-  else return A(INT64_MAX);
+  if constexpr (std::is_floating_point_v<A>)
+    return static_cast<A>(detail::f32_from_bits(0x7f800000u));
+  else
+    return A(INT64_MAX);
 }
 /// -infinity for floating A, the smallest value for int64_t.
 template <class A>
 MP_HD MP_FORCE_INLINE A reduce_lowest() {
-  if constexpr (std::is_floating_point_v<A>) return -reduce_highest<A>();
-  else return A(INT64_MIN);
+  if constexpr (std::is_floating_point_v<A>)
+    return -reduce_highest<A>();
+  else
+    return A(INT64_MIN);
 }
 
 /// Sum.

@@ -28,10 +28,7 @@ inline double operand_bytes(std::span<const Tensor> ts) {
 }
 inline double operand_bytes(const std::vector<Tensor>& ts) { return operand_bytes(std::span<const Tensor>(ts)); }
 template <class T>
-  requires(!std::is_convertible_v<const T&, std::span<const Tensor>>)
-double operand_bytes(const T&) {
-  return 0.0;
-}
+requires(!std::is_convertible_v<const T&, std::span<const Tensor>>) double operand_bytes(const T&) { return 0.0; }
 
 // Closes a profiled region even when the kernel throws.
 struct ProfileRegion {

@@ -14,8 +14,8 @@ inline constinit KernelSlot<LstmGatesForwardKernel> lstm_gates_forward_kernel{"l
 /// Fused LSTM gates backward: from dh_out, dc_out [B, H] and the saved forward inputs gates [B, 4H]
 /// and c [B, H], writes dgates [B, 4H] and dc [B, H]. All contiguous, any floating dtypes; compute
 /// type as in the forward.
-using LstmGatesBackwardKernel = void(const Tensor& dgates, const Tensor& dc, const Tensor& dh_out,
-                                     const Tensor& dc_out, const Tensor& gates, const Tensor& c);
+using LstmGatesBackwardKernel = void(const Tensor& dgates, const Tensor& dc, const Tensor& dh_out, const Tensor& dc_out,
+                                     const Tensor& gates, const Tensor& c);
 inline constinit KernelSlot<LstmGatesBackwardKernel> lstm_gates_backward_kernel{"lstm_gates_backward"};
 
 }  // namespace mp::backend

@@ -25,9 +25,9 @@ struct LstmLibraryInputs {
 
 /// What the forward returns: the outputs, and whatever the same backend's backward needs.
 struct LstmLibraryForward {
-  Tensor y;                  ///< [T, B, H], compute dtype
-  Tensor h_n;                ///< [B, H], compute dtype
-  Tensor c_n;                ///< [B, H], f32
+  Tensor y;                   ///< [T, B, H], compute dtype
+  Tensor h_n;                 ///< [B, H], compute dtype
+  Tensor c_n;                 ///< [B, H], f32
   std::vector<Tensor> saved;  ///< backend-specific (workspace / reserve space, packed weights); empty unless training
 };
 

@@ -11,7 +11,8 @@ namespace mp::backend {
 /// LSTM gate arithmetic for one hidden unit, PyTorch's gate order (i, f, g, o):
 ///   c' = sigmoid(f) c + sigmoid(i) tanh(g);  h' = sigmoid(o) tanh(c').
 /// Inputs are the pre-activation gates and the previous cell state.
-template <class T> struct LstmGatesForwardFn {
+template <class T>
+struct LstmGatesForwardFn {
   MP_HD MP_FORCE_INLINE void operator()(T gi, T gf, T gg, T go, T c, T& h_out, T& c_out) const {
     const T i = math_sigmoid(gi), f = math_sigmoid(gf), g = math_tanh(gg), o = math_sigmoid(go);
     const T cn = f * c + i * g;
@@ -24,7 +25,8 @@ template <class T> struct LstmGatesForwardFn {
 /// pre-activation gates (see Note [lstm_gates saves pre-activations] in src/ops/rnn.cpp) and returns
 /// the gradients of the four pre-activation gates and of the previous cell state, given dh = dL/dh'
 /// and dcn = dL/dc' (the gradient reaching c' from later steps).
-template <class T> struct LstmGatesBackwardFn {
+template <class T>
+struct LstmGatesBackwardFn {
   MP_HD MP_FORCE_INLINE void operator()(T gi, T gf, T gg, T go, T c, T dh, T dcn, T& dgi, T& dgf, T& dgg, T& dgo,
                                         T& dc) const {
     const T i = math_sigmoid(gi), f = math_sigmoid(gf), g = math_tanh(gg), o = math_sigmoid(go);

@@ -35,9 +35,9 @@ struct LogSoftmaxGradFn {
 
 /// Options of a class loss as the kernels see them.
 struct ClassLossParams {
-  int64_t ignore_index = -100;  ///< rows whose target equals this contribute 0 and get no gradient
-  double label_smoothing = 0.0; ///< eps in [0, 1]
-  bool log_probs = false;       ///< true: the input already holds log-probabilities (nll_loss)
+  int64_t ignore_index = -100;   ///< rows whose target equals this contribute 0 and get no gradient
+  double label_smoothing = 0.0;  ///< eps in [0, 1]
+  bool log_probs = false;        ///< true: the input already holds log-probabilities (nll_loss)
 };
 
 // Note [class loss with label smoothing]

@@ -113,8 +113,8 @@ TempFile open_temp(const std::string& path) {
       MP_FAIL("atomic_write_file: cannot create the temporary file '", tmp, "' for '", path, "': ", errno_str(err),
               "; check that the folder exists and is writable");
   }
-  MP_FAIL("atomic_write_file: could not find a free temporary name next to '", path, "'; remove stale '",
-          path, ".tmp.*' files");
+  MP_FAIL("atomic_write_file: could not find a free temporary name next to '", path, "'; remove stale '", path,
+          ".tmp.*' files");
 }
 
 /// fsync + close the temporary, rename it over `path`, fsync the folder.
@@ -141,15 +141,14 @@ void commit(TempFile& t, const std::string& path) {
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) {
     const int err = errno;
-    MP_FAIL("atomic_write_file: '", path, "' was replaced but its folder '", dir, "' cannot be opened to sync it: ",
-            errno_str(err));
+    MP_FAIL("atomic_write_file: '", path, "' was replaced but its folder '", dir,
+            "' cannot be opened to sync it: ", errno_str(err));
   }
   // Some file systems cannot fsync a folder (EINVAL): the rename is then as durable as they make it.
   if (::fsync(dfd) != 0 && errno != EINVAL && errno != ENOTSUP) {
     const int err = errno;
     ::close(dfd);
-    MP_FAIL("atomic_write_file: '", path, "' was replaced but syncing its folder '", dir, "' failed: ",
-            errno_str(err));
+    MP_FAIL("atomic_write_file: '", path, "' was replaced but syncing its folder '", dir, "' failed: ", errno_str(err));
   }
   ::close(dfd);
 }
@@ -157,7 +156,8 @@ void commit(TempFile& t, const std::string& path) {
 }  // namespace
 
 void atomic_write_file(const std::string& path, std::string_view bytes) {
-  atomic_write_file(path, [&](std::ostream& os) { os.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
+  atomic_write_file(path,
+                    [&](std::ostream& os) { os.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
 }
 
 void atomic_write_file(const std::string& path, const std::function<void(std::ostream&)>& write) {

@@ -165,9 +165,8 @@ MP_TARGET_AVX512 inline __m512i bf16_rne_high_avx512(__m512 f) {
 
 MP_TARGET_AVX512 void f32_to_bf16_avx512(const float* s, U16* d, size_t n) {
   // Word indices of the high halves: 1, 3, ..., 31 from the first operand, 33, ..., 63 from the second.
-  alignas(64) static constexpr U16 kHighWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
-                                                      23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
-                                                      45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  alignas(64) static constexpr U16 kHighWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                                     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
   const __m512i high_words = _mm512_load_si512(kHighWords);
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -218,8 +217,8 @@ void run(Kernel<Src, Dst> kernel, const Src* s, Dst* d, size_t n) {
 
 // Picks the kernel of `path` (already checked to be supported) and runs it.
 template <class Src, class Dst>
-void dispatch(ConvertPath path, Kernel<Src, Dst> scalar, Kernel<Src, Dst> avx2, Kernel<Src, Dst> avx512,
-              const Src* s, Dst* d, size_t n) {
+void dispatch(ConvertPath path, Kernel<Src, Dst> scalar, Kernel<Src, Dst> avx2, Kernel<Src, Dst> avx512, const Src* s,
+              Dst* d, size_t n) {
   Kernel<Src, Dst> kernel = scalar;
   if (path == ConvertPath::avx2) kernel = avx2;
   if (path == ConvertPath::avx512) kernel = avx512;
@@ -273,7 +272,7 @@ bool convert_path_supported(ConvertPath path) {
 ConvertPath best_convert_path() {
   static const ConvertPath best = convert_path_supported(ConvertPath::avx512) ? ConvertPath::avx512
                                   : convert_path_supported(ConvertPath::avx2) ? ConvertPath::avx2
-                                                                               : ConvertPath::scalar;
+                                                                              : ConvertPath::scalar;
   return best;
 }
 

@@ -80,9 +80,9 @@ CpuFeatures detect() {
 
   const bool osxsave = bit(l1.ecx, 27);
   const uint64_t xcr = osxsave ? xcr0() : 0;
-  const bool os_avx = (xcr & 0x6u) == 0x6u;                       // XMM (bit 1) + YMM (bit 2)
-  const bool os_avx512 = os_avx && (xcr & 0xe0u) == 0xe0u;        // opmask, ZMM_Hi256, Hi16_ZMM
-  const bool os_amx = (xcr & 0x60000u) == 0x60000u;               // XTILECFG (17) + XTILEDATA (18)
+  const bool os_avx = (xcr & 0x6u) == 0x6u;                 // XMM (bit 1) + YMM (bit 2)
+  const bool os_avx512 = os_avx && (xcr & 0xe0u) == 0xe0u;  // opmask, ZMM_Hi256, Hi16_ZMM
+  const bool os_amx = (xcr & 0x60000u) == 0x60000u;         // XTILECFG (17) + XTILEDATA (18)
   const bool avx = bit(l1.ecx, 28) && os_avx;
 
   f.fma = avx && bit(l1.ecx, 12);
@@ -110,10 +110,17 @@ const CpuFeatures& cpu_features() {
 std::string cpu_features_string() {
   const CpuFeatures& f = cpu_features();
   const std::pair<bool, const char*> names[] = {
-      {f.avx2, "avx2"},         {f.f16c, "f16c"},           {f.fma, "fma"},
-      {f.avx512f, "avx512f"},   {f.avx512bw, "avx512bw"},   {f.avx512vl, "avx512vl"},
-      {f.avx512_bf16, "avx512_bf16"}, {f.avx512_fp16, "avx512_fp16"}, {f.amx_tile, "amx_tile"},
-      {f.amx_bf16, "amx_bf16"}, {f.amx_int8, "amx_int8"},
+      {f.avx2, "avx2"},
+      {f.f16c, "f16c"},
+      {f.fma, "fma"},
+      {f.avx512f, "avx512f"},
+      {f.avx512bw, "avx512bw"},
+      {f.avx512vl, "avx512vl"},
+      {f.avx512_bf16, "avx512_bf16"},
+      {f.avx512_fp16, "avx512_fp16"},
+      {f.amx_tile, "amx_tile"},
+      {f.amx_bf16, "amx_bf16"},
+      {f.amx_int8, "amx_int8"},
   };
   std::string s;
   for (const auto& [present, name] : names) {

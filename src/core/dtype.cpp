@@ -69,8 +69,7 @@ Device::Device(const std::string& s) {
         size_t pos = 0;
         index = std::stoi(s.substr(5), &pos);
         if (pos == s.size() - 5 && index >= 0) return;
-      } catch (...) {
-      }
+      } catch (...) {}
     }
   }
   MP_FAIL("unknown device '", s, "': expected 'cpu', 'cuda' or 'cuda:N'");

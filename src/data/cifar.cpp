@@ -22,21 +22,21 @@ const std::vector<std::string>& cifar10_names() {
 
 const std::vector<std::string>& cifar100_names() {
   static const std::vector<std::string> names = {
-      "apple",       "aquarium_fish", "baby",         "bear",       "beaver",     "bed",         "bee",
-      "beetle",      "bicycle",       "bottle",       "bowl",       "boy",        "bridge",      "bus",
-      "butterfly",   "camel",         "can",          "castle",     "caterpillar", "cattle",     "chair",
-      "chimpanzee",  "clock",         "cloud",        "cockroach",  "couch",      "crab",        "crocodile",
-      "cup",         "dinosaur",      "dolphin",      "elephant",   "flatfish",   "forest",      "fox",
-      "girl",        "hamster",       "house",        "kangaroo",   "keyboard",   "lamp",        "lawn_mower",
-      "leopard",     "lion",          "lizard",       "lobster",    "man",        "maple_tree",  "motorcycle",
-      "mountain",    "mouse",         "mushroom",     "oak_tree",   "orange",     "orchid",      "otter",
-      "palm_tree",   "pear",          "pickup_truck", "pine_tree",  "plain",      "plate",       "poppy",
-      "porcupine",   "possum",        "rabbit",       "raccoon",    "ray",        "road",        "rocket",
-      "rose",        "sea",           "seal",         "shark",      "shrew",      "skunk",       "skyscraper",
-      "snail",       "snake",         "spider",       "squirrel",   "streetcar",  "sunflower",   "sweet_pepper",
-      "table",       "tank",          "telephone",    "television", "tiger",      "tractor",     "train",
-      "trout",       "tulip",         "turtle",       "wardrobe",   "whale",      "willow_tree", "wolf",
-      "woman",       "worm"};
+      "apple",      "aquarium_fish", "baby",         "bear",       "beaver",      "bed",         "bee",
+      "beetle",     "bicycle",       "bottle",       "bowl",       "boy",         "bridge",      "bus",
+      "butterfly",  "camel",         "can",          "castle",     "caterpillar", "cattle",      "chair",
+      "chimpanzee", "clock",         "cloud",        "cockroach",  "couch",       "crab",        "crocodile",
+      "cup",        "dinosaur",      "dolphin",      "elephant",   "flatfish",    "forest",      "fox",
+      "girl",       "hamster",       "house",        "kangaroo",   "keyboard",    "lamp",        "lawn_mower",
+      "leopard",    "lion",          "lizard",       "lobster",    "man",         "maple_tree",  "motorcycle",
+      "mountain",   "mouse",         "mushroom",     "oak_tree",   "orange",      "orchid",      "otter",
+      "palm_tree",  "pear",          "pickup_truck", "pine_tree",  "plain",       "plate",       "poppy",
+      "porcupine",  "possum",        "rabbit",       "raccoon",    "ray",         "road",        "rocket",
+      "rose",       "sea",           "seal",         "shark",      "shrew",       "skunk",       "skyscraper",
+      "snail",      "snake",         "spider",       "squirrel",   "streetcar",   "sunflower",   "sweet_pepper",
+      "table",      "tank",          "telephone",    "television", "tiger",       "tractor",     "train",
+      "trout",      "tulip",         "turtle",       "wardrobe",   "whale",       "willow_tree", "wolf",
+      "woman",      "worm"};
   return names;
 }
 
@@ -58,15 +58,19 @@ std::filesystem::path find_cifar_dir(const std::string& dir, const std::string& 
   for (const std::filesystem::path& d : {std::filesystem::path(dir), std::filesystem::path(dir) / sub})
     if (std::filesystem::is_regular_file(d / probe, ec)) return d;
   MP_FAIL(op, ": ", (std::filesystem::path(dir) / probe).string(), " not found (nor ",
-          (std::filesystem::path(dir) / sub / probe).string(), "); expected the binary version of the data set: "
-          "download ", archive, " from https://www.cs.toronto.edu/~kriz/cifar.html and extract it into ", dir);
+          (std::filesystem::path(dir) / sub / probe).string(),
+          "); expected the binary version of the data set: "
+          "download ",
+          archive, " from https://www.cs.toronto.edu/~kriz/cifar.html and extract it into ", dir);
 }
 
 }  // namespace
 
 ImageData read_cifar(const std::vector<std::string>& files, int64_t num_classes) {
-  MP_CHECK(num_classes == 10 || num_classes == 100, "read_cifar: expected num_classes 10 (CIFAR-10) or 100 "
-           "(CIFAR-100), got ", num_classes);
+  MP_CHECK(num_classes == 10 || num_classes == 100,
+           "read_cifar: expected num_classes 10 (CIFAR-10) or 100 "
+           "(CIFAR-100), got ",
+           num_classes);
   MP_CHECK(!files.empty(), "read_cifar: expected at least one file, got none");
   const int64_t label_bytes = num_classes == 10 ? 1 : 2;
   const int64_t record = label_bytes + kCifarPixels;
@@ -85,8 +89,8 @@ ImageData read_cifar(const std::vector<std::string>& files, int64_t num_classes)
                                        " record size: pass num_classes " + (num_classes == 10 ? "100" : "10")
                                  : "; the file is truncated or not a CIFAR binary file (re-download it)";
     MP_FAIL("read_cifar: ", path, ": size ", size, " bytes is not a positive multiple of the CIFAR-", num_classes,
-            " record size ", record, " (", label_bytes, " label byte", label_bytes == 1 ? "" : "s",
-            " + 3072 pixels)", hint);
+            " record size ", record, " (", label_bytes, " label byte", label_bytes == 1 ? "" : "s", " + 3072 pixels)",
+            hint);
   }
   ImageData d;
   d.images = empty({total, 3, 32, 32}, {.dtype = DType::u8});
@@ -100,8 +104,8 @@ ImageData read_cifar(const std::vector<std::string>& files, int64_t num_classes)
     for (int64_t r = 0; r < n; ++r, ++i) {
       const uint8_t* rec = bytes.data() + r * record;
       const int64_t label = rec[label_bytes - 1];  // CIFAR-100: <coarse><fine>, the fine label
-      MP_CHECK(label < num_classes, "read_cifar: ", files[f], ": record ", r, " has label ", label,
-               ", expected < ", num_classes, "; the file is not CIFAR-", num_classes, " (wrong num_classes?)");
+      MP_CHECK(label < num_classes, "read_cifar: ", files[f], ": record ", r, " has label ", label, ", expected < ",
+               num_classes, "; the file is not CIFAR-", num_classes, " (wrong num_classes?)");
       lp[i] = label;
       std::memcpy(px + i * kCifarPixels, rec + label_bytes, kCifarPixels);
     }
@@ -114,9 +118,9 @@ ImageData read_cifar(const std::vector<std::string>& files, int64_t num_classes)
 ImageData load_cifar10(Split split, const std::string& dir) {
   MP_CHECK(split != Split::valid, "load_cifar10: CIFAR-10 has train and test splits, got ", split_name(split),
            "; hold out part of train for validation");
-  const std::filesystem::path d = find_cifar_dir(dir, "cifar-10-batches-bin",
-                                                 split == Split::train ? "data_batch_1.bin" : "test_batch.bin",
-                                                 "load_cifar10", "cifar-10-binary.tar.gz");
+  const std::filesystem::path d =
+      find_cifar_dir(dir, "cifar-10-batches-bin", split == Split::train ? "data_batch_1.bin" : "test_batch.bin",
+                     "load_cifar10", "cifar-10-binary.tar.gz");
   std::vector<std::string> files;
   if (split == Split::train) {
     for (int b = 1; b <= 5; ++b) files.push_back((d / ("data_batch_" + std::to_string(b) + ".bin")).string());
@@ -133,8 +137,8 @@ ImageData load_cifar100(Split split, const std::string& dir) {
   MP_CHECK(split != Split::valid, "load_cifar100: CIFAR-100 has train and test splits, got ", split_name(split),
            "; hold out part of train for validation");
   const std::string file = split == Split::train ? "train.bin" : "test.bin";
-  const std::filesystem::path d = find_cifar_dir(dir, "cifar-100-binary", file, "load_cifar100",
-                                                 "cifar-100-binary.tar.gz");
+  const std::filesystem::path d =
+      find_cifar_dir(dir, "cifar-100-binary", file, "load_cifar100", "cifar-100-binary.tar.gz");
   ImageData data = read_cifar({(d / file).string()}, 100);
   if (std::vector<std::string> names = read_names(d / "fine_label_names.txt"); names.size() == 100)
     data.class_names = std::move(names);

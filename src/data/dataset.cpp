@@ -40,8 +40,8 @@ void scale_bytes(const uint8_t* src, float* dst, int64_t n) {
 }
 
 void check_image_data(const ImageData& d, const char* op) {
-  MP_CHECK(d.images.defined() && d.images.dim() == 4 && d.images.dtype() == DType::u8 && d.images.device().is_cpu(),
-           op, ": expected images as a CPU u8 tensor [N,C,H,W], got ",
+  MP_CHECK(d.images.defined() && d.images.dim() == 4 && d.images.dtype() == DType::u8 && d.images.device().is_cpu(), op,
+           ": expected images as a CPU u8 tensor [N,C,H,W], got ",
            d.images.defined() ? d.images.describe() : std::string("undefined"));
   MP_CHECK(d.labels.defined() && d.labels.dim() == 1 && d.labels.dtype() == DType::i64 &&
                d.labels.size(0) == d.images.size(0),
@@ -70,8 +70,7 @@ Batch ImageDataset::get_batch(std::span<const int64_t> indices, uint64_t seed) c
   int64_t* tgt = target.data_ptr<int64_t>();
   for (int64_t p = 0; p < B; ++p) {
     const int64_t i = indices[static_cast<size_t>(p)];
-    MP_CHECK(i >= 0 && i < N, "ImageDataset::get_batch: expected indices in [0, ", N, "), got ", i,
-             " at position ", p);
+    MP_CHECK(i >= 0 && i < N, "ImageDataset::get_batch: expected indices in [0, ", N, "), got ", i, " at position ", p);
     tgt[p] = labels[i];
   }
   if (!transform_) {
@@ -89,8 +88,10 @@ Batch ImageDataset::get_batch(std::span<const int64_t> indices, uint64_t seed) c
     scale_bytes(images + indices[static_cast<size_t>(p)] * chw, example.data_ptr<float>(), chw);
     Rng rng(seed, static_cast<uint64_t>(p));
     const Tensor out = (*transform_)(example, rng).contiguous();
-    MP_CHECK(out.dim() == 3 && out.dtype() == DType::f32, "ImageDataset::get_batch: expected the transform to "
-             "return an f32 image [C,H,W], got ", out.describe());
+    MP_CHECK(out.dim() == 3 && out.dtype() == DType::f32,
+             "ImageDataset::get_batch: expected the transform to "
+             "return an f32 image [C,H,W], got ",
+             out.describe());
     if (p == 0) {
       input = empty({B, out.size(0), out.size(1), out.size(2)});
       out_numel = out.numel();

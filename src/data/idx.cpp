@@ -54,8 +54,7 @@ std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& p
       MP_FAIL("read_file_bytes: ", path, ": truncated gzip stream: the compressed data (", in.size(),
               " bytes) ends before the end of the stream (", out_pos, " bytes inflated); re-download the file");
     MP_FAIL("read_file_bytes: ", path, ": corrupt gzip data after ", in_pos, " of ", in.size(),
-            " compressed bytes (zlib: ", msg.empty() ? "error " + std::to_string(rc) : msg,
-            "); re-download the file");
+            " compressed bytes (zlib: ", msg.empty() ? "error " + std::to_string(rc) : msg, "); re-download the file");
   }
   inflateEnd(&zs);
   out.resize(out_pos);
@@ -95,46 +94,47 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, bool* was_gzip) {
 
 ImageData read_idx(const std::string& images_path, const std::string& labels_path, int64_t num_classes) {
   MP_CHECK(num_classes >= 1 && num_classes <= 256,
-           "read_idx: expected 1 <= num_classes <= 256 (labels are bytes), got ",
-           num_classes);
+           "read_idx: expected 1 <= num_classes <= 256 (labels are bytes), got ", num_classes);
   // ---- images ----
   bool img_gz = false;
   const std::vector<uint8_t> img = read_file_bytes(images_path, &img_gz);
   const uint32_t img_magic = img.size() >= 4 ? be32(img.data()) : 0;
   MP_CHECK(img.size() < 4 || img_magic == kIdxImages, "read_idx: ", images_path,
-           ": not an IDX image file: expected magic ",
-           hex32(kIdxImages), " (u8, 3 dims), got ", hex32(img_magic),
+           ": not an IDX image file: expected magic ", hex32(kIdxImages), " (u8, 3 dims), got ", hex32(img_magic),
            img_magic == kIdxLabels ? " (an IDX label file: are the image and label paths swapped?)"
                                    : "; pass the *-images-idx3-ubyte[.gz] file");
-  MP_CHECK(img.size() >= 16, "read_idx: ", images_path, ": truncated: an IDX image file starts with a 16-byte header, "
-           "file has ", img.size(), " bytes", size_note(img_gz));
+  MP_CHECK(img.size() >= 16, "read_idx: ", images_path,
+           ": truncated: an IDX image file starts with a 16-byte header, "
+           "file has ",
+           img.size(), " bytes", size_note(img_gz));
   const uint64_t n = be32(img.data() + 4), h = be32(img.data() + 8), w = be32(img.data() + 12);
   uint64_t expected = 0;
   MP_CHECK(!__builtin_mul_overflow(n, h * w, &expected) && expected <= static_cast<uint64_t>(INT64_MAX),
            "read_idx: ", images_path, ": corrupt header: ", n, " images of ", h, "x", w, " overflows");
   const uint64_t have = img.size() - 16;
-  MP_CHECK(have >= expected, "read_idx: ", images_path, ": truncated: header says ", n, " images of ", h, "x", w,
-           " = ", expected, " bytes, file has ", have, size_note(img_gz), "; re-download the file");
-  MP_CHECK(have == expected, "read_idx: ", images_path, ": header says ", n, " images of ", h, "x", w, " = ",
-           expected, " bytes, file has ", have, size_note(img_gz), " (", have - expected,
+  MP_CHECK(have >= expected, "read_idx: ", images_path, ": truncated: header says ", n, " images of ", h, "x", w, " = ",
+           expected, " bytes, file has ", have, size_note(img_gz), "; re-download the file");
+  MP_CHECK(have == expected, "read_idx: ", images_path, ": header says ", n, " images of ", h, "x", w, " = ", expected,
+           " bytes, file has ", have, size_note(img_gz), " (", have - expected,
            " trailing bytes): not a valid IDX image file");
   // ---- labels ----
   bool lab_gz = false;
   const std::vector<uint8_t> lab = read_file_bytes(labels_path, &lab_gz);
   const uint32_t lab_magic = lab.size() >= 4 ? be32(lab.data()) : 0;
   MP_CHECK(lab.size() < 4 || lab_magic == kIdxLabels, "read_idx: ", labels_path,
-           ": not an IDX label file: expected magic ",
-           hex32(kIdxLabels), " (u8, 1 dim), got ", hex32(lab_magic),
+           ": not an IDX label file: expected magic ", hex32(kIdxLabels), " (u8, 1 dim), got ", hex32(lab_magic),
            lab_magic == kIdxImages ? " (an IDX image file: are the image and label paths swapped?)"
                                    : "; pass the *-labels-idx1-ubyte[.gz] file");
-  MP_CHECK(lab.size() >= 8, "read_idx: ", labels_path, ": truncated: an IDX label file starts with an 8-byte header, "
-           "file has ", lab.size(), " bytes", size_note(lab_gz));
+  MP_CHECK(lab.size() >= 8, "read_idx: ", labels_path,
+           ": truncated: an IDX label file starts with an 8-byte header, "
+           "file has ",
+           lab.size(), " bytes", size_note(lab_gz));
   const uint64_t nl = be32(lab.data() + 4);
   const uint64_t have_l = lab.size() - 8;
   MP_CHECK(have_l >= nl, "read_idx: ", labels_path, ": truncated: header says ", nl, " labels = ", nl,
            " bytes, file has ", have_l, size_note(lab_gz), "; re-download the file");
-  MP_CHECK(have_l == nl, "read_idx: ", labels_path, ": header says ", nl, " labels = ", nl, " bytes, file has ",
-           have_l, size_note(lab_gz), " (", have_l - nl, " trailing bytes): not a valid IDX label file");
+  MP_CHECK(have_l == nl, "read_idx: ", labels_path, ": header says ", nl, " labels = ", nl, " bytes, file has ", have_l,
+           size_note(lab_gz), " (", have_l - nl, " trailing bytes): not a valid IDX label file");
   MP_CHECK(nl == n, "read_idx: ", labels_path, " has ", nl, " labels but ", images_path, " has ", n,
            " images; expected equal counts (pair files of the same split)");
 
@@ -147,8 +147,7 @@ ImageData read_idx(const std::string& images_path, const std::string& labels_pat
   for (int64_t i = 0; i < N; ++i) {
     const int64_t l = lab[8 + static_cast<size_t>(i)];
     MP_CHECK(l < num_classes, "read_idx: ", labels_path, ": label ", l, " at index ", i,
-             " is out of range: expected < ",
-             num_classes, " (num_classes); pass the right num_classes");
+             " is out of range: expected < ", num_classes, " (num_classes); pass the right num_classes");
     lp[i] = l;
   }
   d.num_classes = num_classes;
@@ -172,7 +171,7 @@ ImageData load_fashion_mnist(Split split, const std::string& dir) {
   const std::string labels = find("-labels-idx1-ubyte");
   ImageData d = read_idx(images, labels, 10);
   d.class_names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                   "Sandal",      "Shirt",   "Sneaker",  "Bag",  "Ankle boot"};
+                   "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
   return d;
 }
 

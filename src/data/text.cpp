@@ -106,8 +106,10 @@ int64_t Vocab::add(const std::string& w) {
 
 Corpus make_corpus(std::string name, const std::vector<std::string>& train, const std::vector<std::string>& valid,
                    const std::vector<std::string>& test, const CorpusOptions& options) {
-  MP_CHECK(options.max_vocab == 0 || options.max_vocab >= 2, "load_corpus: expected max_vocab 0 (all words) or >= 2 "
-           "(<unk> and <eos> are always in the vocabulary), got ", options.max_vocab);
+  MP_CHECK(options.max_vocab == 0 || options.max_vocab >= 2,
+           "load_corpus: expected max_vocab 0 (all words) or >= 2 "
+           "(<unk> and <eos> are always in the vocabulary), got ",
+           options.max_vocab);
   // Pass 1: train words in order of first appearance ("raw" ids), with counts.
   Vocab raw;
   std::vector<int64_t> count;
@@ -197,19 +199,25 @@ Corpus load_corpus(const std::string& path, const CorpusOptions& options) {
                             fs::is_regular_file(p / layout[2], ec)};
       if (!have[0] && !have[1] && !have[2]) continue;
       for (int k = 0; k < 3; ++k)
-        MP_CHECK(have[k], "load_corpus: ", path, " has ", layout[have[0] ? 0 : have[1] ? 1 : 2], " but not ",
-                 (p / layout[k]).string(), "; expected all of ", layout[0], ", ", layout[1], ", ", layout[2]);
+        MP_CHECK(have[k], "load_corpus: ", path, " has ",
+                 layout[have[0]   ? 0
+                        : have[1] ? 1
+                                  : 2],
+                 " but not ", (p / layout[k]).string(), "; expected all of ", layout[0], ", ", layout[1], ", ",
+                 layout[2]);
       std::string name = p.filename().string();
       if (name.empty() || name == ".") name = p.parent_path().filename().string();
       return make_corpus(name, split_lines(read_file_bytes((p / layout[0]).string())),
                          split_lines(read_file_bytes((p / layout[1]).string())),
                          split_lines(read_file_bytes((p / layout[2]).string())), options);
     }
-    MP_FAIL("load_corpus: ", path, " is a folder without corpus files: expected train.txt/valid.txt/test.txt, "
+    MP_FAIL("load_corpus: ", path,
+            " is a folder without corpus files: expected train.txt/valid.txt/test.txt, "
             "wiki.{train,valid,test}.tokens (WikiText) or ptb.{train,valid,test}.txt (Penn Treebank), or pass one "
             "plain-text file");
   }
-  MP_CHECK(fs::is_regular_file(p, ec), "load_corpus: ", path, ": no such file or folder; expected a folder with "
+  MP_CHECK(fs::is_regular_file(p, ec), "load_corpus: ", path,
+           ": no such file or folder; expected a folder with "
            "train/valid/test files or one plain-text file");
   std::vector<std::string> train, valid, test;
   split_single_file(split_lines(read_file_bytes(path)), train, valid, test);
@@ -262,7 +270,8 @@ bool in_path(const std::string& prog) {
 
 std::vector<uint8_t> run_bible() {
   constexpr const char* kCmd = "bible -l0 \"Gen1:1-Rev22:21\" 2>/dev/null";
-  MP_CHECK(in_path("bible"), "load_kjv: the `bible` program is not installed (not found in PATH); install it with: "
+  MP_CHECK(in_path("bible"),
+           "load_kjv: the `bible` program is not installed (not found in PATH); install it with: "
            "apt-get install bible-kjv (or pass a dump of `bible -l0 \"Gen1:1-Rev22:21\"` as dump_path)");
   FILE* pipe = ::popen(kCmd, "r");
   MP_CHECK(pipe != nullptr, "load_kjv: popen(\"", kCmd, "\") failed: ", std::strerror(errno));
@@ -270,8 +279,9 @@ std::vector<uint8_t> run_bible() {
   char buf[1 << 16];
   for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.insert(out.end(), buf, buf + n);
   const int status = ::pclose(pipe);
-  MP_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "load_kjv: `", kCmd,
-           "` failed (status ", status, "); check that bible-kjv is installed completely (apt-get install "
+  MP_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "load_kjv: `", kCmd, "` failed (status ",
+           status,
+           "); check that bible-kjv is installed completely (apt-get install "
            "--reinstall bible-kjv)");
   return out;
 }
@@ -298,8 +308,10 @@ Corpus load_kjv(const CorpusOptions& options, const std::string& dump_path) {
 }
 
 Tensor batchify(const Tensor& tokens, int64_t batch_size) {
-  MP_CHECK(tokens.defined() && tokens.dim() == 1 && tokens.dtype() == DType::i64, "batchify: expected i64 token ids "
-           "[n], got ", tokens.defined() ? tokens.describe() : std::string("undefined"));
+  MP_CHECK(tokens.defined() && tokens.dim() == 1 && tokens.dtype() == DType::i64,
+           "batchify: expected i64 token ids "
+           "[n], got ",
+           tokens.defined() ? tokens.describe() : std::string("undefined"));
   MP_CHECK(batch_size >= 1, "batchify: expected batch_size >= 1, got ", batch_size);
   const Tensor src = tokens.contiguous();
   const int64_t rows = src.size(0) / batch_size;
@@ -312,12 +324,16 @@ Tensor batchify(const Tensor& tokens, int64_t batch_size) {
 }
 
 Batch bptt_batch(const Tensor& source, int64_t i, int64_t bptt) {
-  MP_CHECK(source.defined() && source.dim() == 2 && source.dtype() == DType::i64, "bptt_batch: expected a "
-           "batchified i64 source [rows, B], got ", source.defined() ? source.describe() : std::string("undefined"));
+  MP_CHECK(source.defined() && source.dim() == 2 && source.dtype() == DType::i64,
+           "bptt_batch: expected a "
+           "batchified i64 source [rows, B], got ",
+           source.defined() ? source.describe() : std::string("undefined"));
   MP_CHECK(bptt >= 1, "bptt_batch: expected bptt >= 1, got ", bptt);
   const int64_t rows = source.size(0), B = source.size(1);
-  MP_CHECK(i >= 0 && i < rows - 1, "bptt_batch: expected 0 <= i < rows - 1 = ", rows - 1, " (a window needs a next "
-           "token as target), got i = ", i);
+  MP_CHECK(i >= 0 && i < rows - 1, "bptt_batch: expected 0 <= i < rows - 1 = ", rows - 1,
+           " (a window needs a next "
+           "token as target), got i = ",
+           i);
   const int64_t t = std::min(bptt, rows - 1 - i);
   return {source.narrow(0, i, t).clone(), source.narrow(0, i + 1, t).clone().reshape({t * B})};
 }

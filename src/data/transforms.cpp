@@ -17,8 +17,8 @@ Rng::Rng(uint64_t seed, uint64_t stream) : seed_(seed), stream_(stream) {}
 
 uint32_t Rng::next_u32() {
   if (used_ == 4) {
-    const U32x4 ctr{{static_cast<uint32_t>(block_), static_cast<uint32_t>(block_ >> 32),
-                     static_cast<uint32_t>(stream_), static_cast<uint32_t>(stream_ >> 32)}};
+    const U32x4 ctr{{static_cast<uint32_t>(block_), static_cast<uint32_t>(block_ >> 32), static_cast<uint32_t>(stream_),
+                     static_cast<uint32_t>(stream_ >> 32)}};
     const U32x4 out = philox4x32_10(ctr, static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32));
     std::memcpy(buf_, out.v, sizeof(buf_));
     ++block_;
@@ -62,11 +62,13 @@ Tensor image_input(const Tensor& img, const char* op) {
 class Normalize final : public Transform {
  public:
   Normalize(std::vector<float> mean, std::vector<float> std) : mean_(std::move(mean)), inv_std_(std.size()) {
-    MP_CHECK(!mean_.empty() && mean_.size() == std.size(), "normalize: expected mean and std of the same non-zero "
-             "length (one value per channel), got ", mean_.size(), " and ", std.size());
+    MP_CHECK(!mean_.empty() && mean_.size() == std.size(),
+             "normalize: expected mean and std of the same non-zero "
+             "length (one value per channel), got ",
+             mean_.size(), " and ", std.size());
     for (size_t c = 0; c < std.size(); ++c) {
-      MP_CHECK(std[c] > 0.0f && std::isfinite(std[c]), "normalize: expected every std > 0, got std[", c, "] = ",
-               std[c], "; compute them with channel_stats()");
+      MP_CHECK(std[c] > 0.0f && std::isfinite(std[c]), "normalize: expected every std > 0, got std[", c, "] = ", std[c],
+               "; compute them with channel_stats()");
       inv_std_[c] = 1.0f / std[c];
     }
   }
@@ -102,9 +104,8 @@ class RandomCrop final : public Transform {
   Tensor operator()(const Tensor& in, Rng& rng) const override {
     const Tensor img = image_input(in, "random_crop");
     const int64_t C = img.size(0), H = img.size(1), W = img.size(2), p = padding_, S = size_;
-    MP_CHECK(H + 2 * p >= S && W + 2 * p >= S, "random_crop: expected the padded image (", H + 2 * p, "x",
-             W + 2 * p, ") to be at least the crop size ", S, ", got ", img.describe(),
-             "; use a smaller size or more padding");
+    MP_CHECK(H + 2 * p >= S && W + 2 * p >= S, "random_crop: expected the padded image (", H + 2 * p, "x", W + 2 * p,
+             ") to be at least the crop size ", S, ", got ", img.describe(), "; use a smaller size or more padding");
     const int64_t top = rng.randint(H + 2 * p - S + 1) - p;  // row of the input at output row 0
     const int64_t left = rng.randint(W + 2 * p - S + 1) - p;
     Tensor out = empty({C, S, S});
@@ -173,9 +174,7 @@ std::vector<Tap> bilinear_taps(int64_t in, int64_t out) {
 
 class Resize final : public Transform {
  public:
-  explicit Resize(int64_t size) : size_(size) {
-    MP_CHECK(size >= 1, "resize: expected size >= 1, got ", size);
-  }
+  explicit Resize(int64_t size) : size_(size) { MP_CHECK(size >= 1, "resize: expected size >= 1, got ", size); }
   Tensor operator()(const Tensor& in, Rng&) const override {
     const Tensor img = image_input(in, "resize");
     const int64_t C = img.size(0), H = img.size(1), W = img.size(2), S = size_;

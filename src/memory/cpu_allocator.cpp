@@ -104,8 +104,7 @@ class CpuAllocator final : public Allocator {
   }
   static void update_peak(std::atomic<int64_t>& peak, int64_t now) {
     int64_t old = peak.load(std::memory_order_relaxed);
-    while (now > old && !peak.compare_exchange_weak(old, now)) {
-    }
+    while (now > old && !peak.compare_exchange_weak(old, now)) {}
   }
   std::atomic<int64_t> allocated_{0}, peak_{0}, reserved_{0}, peak_reserved_{0}, num_allocs_{0};
   std::mutex mu_;

@@ -78,8 +78,7 @@ bool is_image_model(const std::string& name) {
 MemoryFormat memory_format_from_flag(const std::string& name, const char* flag) {
   if (name == "channels_last" || name == "nhwc") return MemoryFormat::channels_last;
   if (name == "contiguous" || name == "nchw") return MemoryFormat::contiguous;
-  MP_CHECK(name == "auto", "unknown ", flag, " '", name,
-           "'; expected auto, channels_last (nhwc) or contiguous (nchw)");
+  MP_CHECK(name == "auto", "unknown ", flag, " '", name, "'; expected auto, channels_last (nhwc) or contiguous (nchw)");
   return MemoryFormat::channels_last;  // NHWC on the CPU (oneDNN) and on CUDA (cuDNN's tensor cores) alike
 }
 
@@ -96,18 +95,16 @@ std::shared_ptr<nn::UnaryModule> create_image_model(const std::string& name, con
                                             .hidden = std::vector<int64_t>(static_cast<size_t>(wl->second), wl->first),
                                             .num_classes = spec.num_classes});
   if (auto d = resnet_depth(name))
-    return std::make_shared<ResNet>(
-        ResNetOptions{.depth = *d,
-                      .in_channels = spec.in_channels,
-                      .num_classes = spec.num_classes,
-                      .memory_format = spec.memory_format});
+    return std::make_shared<ResNet>(ResNetOptions{.depth = *d,
+                                                  .in_channels = spec.in_channels,
+                                                  .num_classes = spec.num_classes,
+                                                  .memory_format = spec.memory_format});
   if (auto wk = wrn_config(name))
-    return std::make_shared<WideResNet>(WideResNetOptions{
-        .depth = wk->first,
-        .widen = wk->second,
-        .in_channels = spec.in_channels,
-        .num_classes = spec.num_classes,
-        .memory_format = spec.memory_format});
+    return std::make_shared<WideResNet>(WideResNetOptions{.depth = wk->first,
+                                                          .widen = wk->second,
+                                                          .in_channels = spec.in_channels,
+                                                          .num_classes = spec.num_classes,
+                                                          .memory_format = spec.memory_format});
   MP_FAIL("create_image_model: unknown model '", name, "'; known: ", known_list(),
           " (any wrn-D-K with D = 6n+4 >= 10 and K >= 1, and any mlp-WxL with W, L >= 1, works too)");
 }

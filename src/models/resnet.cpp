@@ -98,16 +98,11 @@ bool is_torchvision_depth(int64_t d) {
 // Blocks per stage of a torchvision depth.
 std::vector<int64_t> torchvision_blocks(int64_t depth) {
   switch (depth) {
-    case 18:
-      return {2, 2, 2, 2};
-    case 34:
-      return {3, 4, 6, 3};
-    case 50:
-      return {3, 4, 6, 3};
-    case 101:
-      return {3, 4, 23, 3};
-    default:
-      return {3, 8, 36, 3};  // 152
+    case 18: return {2, 2, 2, 2};
+    case 34: return {3, 4, 6, 3};
+    case 50: return {3, 4, 6, 3};
+    case 101: return {3, 4, 23, 3};
+    default: return {3, 8, 36, 3};  // 152
   }
 }
 

@@ -35,16 +35,11 @@ double calculate_gain(Nonlinearity nonlinearity, double param) {
   switch (nonlinearity) {
     case Nonlinearity::linear:
     case Nonlinearity::conv:
-    case Nonlinearity::sigmoid:
-      return 1.0;
-    case Nonlinearity::tanh:
-      return 5.0 / 3.0;
-    case Nonlinearity::relu:
-      return std::sqrt(2.0);
-    case Nonlinearity::leaky_relu:
-      return std::sqrt(2.0 / (1.0 + param * param));
-    case Nonlinearity::selu:
-      return 3.0 / 4.0;
+    case Nonlinearity::sigmoid: return 1.0;
+    case Nonlinearity::tanh: return 5.0 / 3.0;
+    case Nonlinearity::relu: return std::sqrt(2.0);
+    case Nonlinearity::leaky_relu: return std::sqrt(2.0 / (1.0 + param * param));
+    case Nonlinearity::selu: return 3.0 / 4.0;
   }
   return 1.0;
 }

@@ -148,7 +148,7 @@ std::pair<Tensor, LSTMState> LSTM::forward(const Tensor& input, const LSTMState&
 }
 
 std::pair<Tensor, Tensor> RNNBase::forward_single_state(const Tensor& input, const Tensor& h0_in,
-                                                         SingleStateCell cell) {
+                                                        SingleStateCell cell) {
   bool unbatched = false;
   Tensor x = time_major(input, unbatched);
   const Tensor h0 = initial_state(h0_in, x, unbatched, "h0");

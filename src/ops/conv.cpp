@@ -9,9 +9,7 @@
 namespace mp {
 namespace {
 
-std::string pair_str(const std::array<int64_t, 2>& a) {
-  return detail::str_cat("(", a[0], ", ", a[1], ")");
-}
+std::string pair_str(const std::array<int64_t, 2>& a) { return detail::str_cat("(", a[0], ", ", a[1], ")"); }
 
 void check_conv_args(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opt) {
   MP_CHECK(x.defined() && weight.defined(), "conv2d: got an undefined input or weight");
@@ -57,8 +55,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   const int64_t oh = backend::conv_out_size(x.size(2), kh, opt.stride[0], opt.padding[0], opt.dilation[0]);
   const int64_t ow = backend::conv_out_size(x.size(3), kw, opt.stride[1], opt.padding[1], opt.dilation[1]);
   MP_CHECK(oh > 0 && ow > 0, "conv2d: expected an output of at least 1x1, got ", oh, "x", ow, " for input ",
-           x.describe(), ", kernel ", kh, "x", kw, ", padding=", pair_str(opt.padding), ", dilation=",
-           pair_str(opt.dilation), " (the dilated kernel is larger than the padded input); pad the input or use a "
+           x.describe(), ", kernel ", kh, "x", kw, ", padding=", pair_str(opt.padding),
+           ", dilation=", pair_str(opt.dilation),
+           " (the dilated kernel is larger than the padded input); pad the input or use a "
            "smaller kernel");
   // Input and weight compute in one dtype (the wider); bias keeps its dtype (oneDNN reads it as f32).
   const DType dt = promote_types(x.dtype(), weight.dtype());
@@ -74,7 +73,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   }
   const std::vector<Tensor> inputs{xc, wc, bias};
   if (autograd::any_requires_grad(inputs)) {
-    const bool need_x = xc.requires_grad(), need_w = wc.requires_grad(), need_b = bias.defined() && bias.requires_grad();
+    const bool need_x = xc.requires_grad(), need_w = wc.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
     // Capture only what the needed gradients read: dx needs the weight, dweight needs the input.
     const Tensor xd = need_w ? xc.detach() : Tensor(), wd = need_x ? wc.detach() : Tensor();
     const Shape xs = xc.sizes(), ws = wc.sizes();

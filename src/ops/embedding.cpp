@@ -17,8 +17,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
   MP_CHECK(weight.device() == indices.device(), "embedding: weight on ", weight.device().str(), " but indices on ",
            indices.device().str(), "; move one with .to(device)");
   const int64_t V = weight.sizes()[0], D = weight.sizes()[1];
-  MP_CHECK(padding_idx >= -1 && padding_idx < V, "embedding: padding_idx must be -1 (none) or in [0, ", V,
-           "), got ", padding_idx);
+  MP_CHECK(padding_idx >= -1 && padding_idx < V, "embedding: padding_idx must be -1 (none) or in [0, ", V, "), got ",
+           padding_idx);
   Shape out_shape = indices.sizes();
   out_shape.push_back(D);
   Tensor wc = weight.detach().contiguous();

@@ -40,7 +40,13 @@ Tensor matmul_values(const Tensor& a, const Tensor& b) {
   const int64_t nb = shape_numel(batch);
   if (bb.empty() || shape_numel(bb) == 1) {
     // [..., m, k] x [k, n]: fold a's batch into the rows (one GEMM).
-    Tensor a2 = a.expand([&] { Shape s = batch; s.push_back(m); s.push_back(k); return s; }()).reshape({1, nb * m, k});
+    Tensor a2 = a.expand([&] {
+                   Shape s = batch;
+                   s.push_back(m);
+                   s.push_back(k);
+                   return s;
+                 }())
+                    .reshape({1, nb * m, k});
     Tensor b2 = b.reshape({1, k, n});
     return mm3(a2, b2).view(out_shape);
   }
@@ -57,8 +63,8 @@ Tensor matmul_values(const Tensor& a, const Tensor& b) {
 Tensor matmul(const Tensor& a0, const Tensor& b0) {
   MP_AUTOCAST(amp::Op::matmul, matmul, a0, a0, b0);
   check_operands(a0, b0, "matmul");
-  MP_CHECK(a0.dim() >= 1 && b0.dim() >= 1, "matmul: expected tensors with at least 1 dim, got ", a0.describe(),
-           " and ", b0.describe());
+  MP_CHECK(a0.dim() >= 1 && b0.dim() >= 1, "matmul: expected tensors with at least 1 dim, got ", a0.describe(), " and ",
+           b0.describe());
   // 1-D operands: promote to matrices and squeeze the added dims at the end (PyTorch semantics).
   const DType dt = promote_types(a0.dtype(), b0.dtype());
   Tensor a = a0.to(dt), b = b0.to(dt);
@@ -130,7 +136,8 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, bool re
   if (autograd::any_requires_grad(inputs)) {
     Tensor xd = xc.detach(), wd = wc.detach();
     Tensor od = relu ? out.detach() : Tensor();
-    const bool need_x = xc.requires_grad(), need_w = wc.requires_grad(), need_b = bias.defined() && bias.requires_grad();
+    const bool need_x = xc.requires_grad(), need_w = wc.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
     Shape xs = xc.sizes();
     autograd::record(relu ? "LinearReluBackward" : "LinearBackward", inputs, {out}, [=](const std::vector<Tensor>& g) {
       Tensor gy = relu ? detail::relu_backward_from_output(g[0], od) : g[0];

@@ -28,14 +28,13 @@ Tensor class_loss(const char* op, const Tensor& input, const Tensor& target, con
   MP_CHECK(input.defined() && target.defined(), op, ": got an undefined tensor");
   MP_CHECK(is_floating(input.dtype()), op, ": expected floating ", log_probs ? "log-probabilities" : "logits",
            " (f32, f64, f16, bf16), got ", input.describe(), "; convert with .to(mp::DType::f32)");
-  MP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op,
-           ": expected i64 class-index targets, got ", target.describe(),
-           "; convert with .to(mp::DType::i64) (class-probability targets are not supported)");
+  MP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op, ": expected i64 class-index targets, got ",
+           target.describe(), "; convert with .to(mp::DType::i64) (class-probability targets are not supported)");
   MP_CHECK(input.device() == target.device(), op, ": input on ", input.device().str(), " but target on ",
            target.device().str(), "; move one with .to(device)");
   MP_CHECK(input.dim() >= 1, op, ": expected input [N, C] or [N, C, d...] (or [C]), got a 0-dim tensor");
-  MP_CHECK(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0, op,
-           ": label_smoothing must be in [0, 1], got ", opt.label_smoothing);
+  MP_CHECK(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
+           opt.label_smoothing);
   // [C] with a 0-dim target is one sample.
   const bool single = input.dim() == 1;
   Shape tshape = input.sizes();
@@ -49,8 +48,8 @@ Tensor class_loss(const char* op, const Tensor& input, const Tensor& target, con
   for (int64_t i = 2; i < input.dim(); ++i) s.inner *= input.sizes()[i];
   const int64_t rows = s.outer * s.inner;
   const DType acc = input.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const backend::ClassLossParams p{.ignore_index = opt.ignore_index, .label_smoothing = opt.label_smoothing,
-                                   .log_probs = log_probs};
+  const backend::ClassLossParams p{
+      .ignore_index = opt.ignore_index, .label_smoothing = opt.label_smoothing, .log_probs = log_probs};
 
   Tensor xc = input.detach().contiguous();
   Tensor tc = target.detach().to(DType::i64).contiguous();
@@ -66,8 +65,9 @@ Tensor class_loss(const char* op, const Tensor& input, const Tensor& target, con
       case Reduction::sum: out = sum(losses); break;
       case Reduction::mean:
         // Divides by the number of non-ignored targets (0/0 = NaN when all are ignored, as PyTorch).
-        count = sum(ne(tc, full({}, static_cast<double>(opt.ignore_index), {.dtype = DType::i64, .device = tc.device()}))
-                        .to(acc));
+        count =
+            sum(ne(tc, full({}, static_cast<double>(opt.ignore_index), {.dtype = DType::i64, .device = tc.device()}))
+                    .to(acc));
         out = div(sum(losses), count);
         break;
     }

@@ -43,8 +43,7 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& residual, 
                        const Tensor& running_var, const Tensor& weight, const Tensor& bias, bool training,
                        double momentum, double eps, bool relu) {
   MP_CHECK(x.defined(), op, ": got an undefined input");
-  MP_CHECK(x.dim() >= 2, op, ": expected an input of shape [N, C, ...] (at least 2 dims), got ",
-           shape_str(x.sizes()));
+  MP_CHECK(x.dim() >= 2, op, ": expected an input of shape [N, C, ...] (at least 2 dims), got ", shape_str(x.sizes()));
   MP_CHECK(is_floating(x.dtype()), op, ": expected a floating input (f32, f64, f16, bf16), got ", x.describe(),
            "; convert with .to(mp::DType::f32)");
   MP_CHECK(eps >= 0.0, op, ": expected eps >= 0, got ", eps);
@@ -88,8 +87,8 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& residual, 
   Tensor xc = cl ? x.detach().view({N, C, S}) : x.detach().contiguous().reshape({N, C, S});
   // The residual in x's layout (a copy only when the layouts differ).
   const Tensor rc = !residual.defined() ? Tensor()
-                    : cl ? residual.detach().contiguous(MemoryFormat::channels_last).view({N, C, S})
-                         : residual.detach().contiguous().reshape({N, C, S});
+                    : cl                ? residual.detach().contiguous(MemoryFormat::channels_last).view({N, C, S})
+                                        : residual.detach().contiguous().reshape({N, C, S});
   auto like_x = [cl, N, C, S](DType dt, Device d) {
     return cl ? empty({N, S, C}, {.dtype = dt, .device = d}).permute({0, 2, 1})
               : empty({N, C, S}, {.dtype = dt, .device = d});
@@ -130,8 +129,8 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& residual, 
         [xc, wd, mean, invstd, use_batch_stats, need_x, need_w, need_b, need_r, xs, sdt, cl, like_x,
          ys](const std::vector<Tensor>& g) {
           const Tensor g0 = ys.defined() ? g[0].to(xc.dtype()) : g[0];  // the fused mask wants x's dtype
-          const Tensor dy = cl ? g0.contiguous(MemoryFormat::channels_last).view(xc.sizes())
-                               : g0.contiguous().reshape(xc.sizes());
+          const Tensor dy =
+              cl ? g0.contiguous(MemoryFormat::channels_last).view(xc.sizes()) : g0.contiguous().reshape(xc.sizes());
           const Device d = xc.device();
           Tensor dx = need_x ? like_x(xc.dtype(), d) : Tensor();
           Tensor dw = need_w ? empty({xc.size(1)}, {.dtype = sdt, .device = d}) : Tensor();

@@ -153,7 +153,8 @@ Tensor add(const Tensor& a, double s) {
 
 Tensor mul(const Tensor& a, double s) {
   Tensor out = unary(PointwiseOp::mul_scalar, a, "mul", {.scalar0 = s});
-  autograd::record("MulBackward", {a}, {out}, [s](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], s)}; });
+  autograd::record("MulBackward", {a}, {out},
+                   [s](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], s)}; });
   return out;
 }
 
@@ -190,7 +191,8 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
 
 Tensor neg(const Tensor& x) {
   Tensor out = unary(PointwiseOp::neg, x, "neg");
-  autograd::record("NegBackward", {x}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
+  autograd::record("NegBackward", {x}, {out},
+                   [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
   return out;
 }
 
@@ -199,7 +201,8 @@ Tensor exp(const Tensor& x) {
   Tensor out = unary(PointwiseOp::exp, x, "exp");
   if (autograd::any_requires_grad({&x})) {
     Tensor od = out.detach();
-    autograd::record("ExpBackward", {x}, {out}, [od](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], od)}; });
+    autograd::record("ExpBackward", {x}, {out},
+                     [od](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], od)}; });
   }
   return out;
 }
@@ -209,7 +212,8 @@ Tensor log(const Tensor& x) {
   Tensor out = unary(PointwiseOp::log, x, "log");
   if (autograd::any_requires_grad({&x})) {
     Tensor xd = x.detach();
-    autograd::record("LogBackward", {x}, {out}, [xd](const std::vector<Tensor>& g) { return std::vector<Tensor>{div(g[0], xd)}; });
+    autograd::record("LogBackward", {x}, {out},
+                     [xd](const std::vector<Tensor>& g) { return std::vector<Tensor>{div(g[0], xd)}; });
   }
   return out;
 }
@@ -277,8 +281,9 @@ Tensor abs(const Tensor& x) {
   Tensor out = unary(PointwiseOp::abs, x, "abs");
   if (autograd::any_requires_grad({&x})) {
     Tensor xd = x.detach();
-    autograd::record("AbsBackward", {x}, {out},
-                     [xd](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], unary(PointwiseOp::sign, xd, "sign"))}; });
+    autograd::record("AbsBackward", {x}, {out}, [xd](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{mul(g[0], unary(PointwiseOp::sign, xd, "sign"))};
+    });
   }
   return out;
 }
@@ -347,8 +352,8 @@ Tensor& add_(Tensor& self, const Tensor& other, double alpha) {
 
 Tensor& mul_(Tensor& self, double s) {
   const Tensor ins[1] = {self.detach()};
-  backend::pointwise_kernel.get(self.device())(PointwiseOp::mul_scalar, self, std::span<const Tensor>(ins, 1), compute_type(self.dtype()),
-                                               {.scalar0 = s});
+  backend::pointwise_kernel.get(self.device())(PointwiseOp::mul_scalar, self, std::span<const Tensor>(ins, 1),
+                                               compute_type(self.dtype()), {.scalar0 = s});
   self.bump_version();
   return self;
 }

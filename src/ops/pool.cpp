@@ -9,9 +9,7 @@
 namespace mp {
 namespace {
 
-std::string pair_str(const std::array<int64_t, 2>& a) {
-  return detail::str_cat("(", a[0], ", ", a[1], ")");
-}
+std::string pair_str(const std::array<int64_t, 2>& a) { return detail::str_cat("(", a[0], ", ", a[1], ")"); }
 
 void check_pool_input(const Tensor& x, const char* op) {
   MP_CHECK(x.defined(), op, ": got an undefined input");
@@ -34,15 +32,14 @@ std::pair<backend::Pool2dWindow, Shape> pool_geometry(const Tensor& x, const Poo
   MP_CHECK(w.kernel[0] > 0 && w.kernel[1] > 0 && w.stride[0] > 0 && w.stride[1] > 0, op,
            ": expected a positive kernel and stride (stride 0 = kernel), got kernel=", pair_str(opt.kernel),
            " stride=", pair_str(opt.stride));
-  MP_CHECK(w.padding[0] >= 0 && w.padding[1] >= 0 && w.padding[0] <= w.kernel[0] / 2 &&
-               w.padding[1] <= w.kernel[1] / 2,
+  MP_CHECK(w.padding[0] >= 0 && w.padding[1] >= 0 && w.padding[0] <= w.kernel[0] / 2 && w.padding[1] <= w.kernel[1] / 2,
            op, ": expected padding between 0 and half the kernel size, got padding=", pair_str(opt.padding),
            " with kernel=", pair_str(opt.kernel));
   const int64_t H = x.size(2), W = x.size(3);
   const int64_t oh = backend::pool_out_size(H, w.kernel[0], w.stride[0], w.padding[0], opt.ceil_mode);
   const int64_t ow = backend::pool_out_size(W, w.kernel[1], w.stride[1], w.padding[1], opt.ceil_mode);
-  MP_CHECK(oh > 0 && ow > 0, op, ": output size is too small: input ", x.describe(), " with kernel=",
-           pair_str(w.kernel), " stride=", pair_str(w.stride), " padding=", pair_str(w.padding),
+  MP_CHECK(oh > 0 && ow > 0, op, ": output size is too small: input ", x.describe(),
+           " with kernel=", pair_str(w.kernel), " stride=", pair_str(w.stride), " padding=", pair_str(w.padding),
            opt.ceil_mode ? " ceil_mode" : "", " gives ", oh, "x", ow, "; use a smaller kernel or more padding");
   return {w, Shape{x.size(0), x.size(1), oh, ow}};
 }

@@ -29,8 +29,10 @@ std::vector<bool> dim_mask(const Tensor& x, const Shape& dims, const char* op) {
 Shape kept_shape(const Tensor& x, const std::vector<bool>& mask, bool keepdim) {
   Shape s;
   for (int64_t i = 0; i < x.dim(); ++i) {
-    if (!mask[i]) s.push_back(x.sizes()[i]);
-    else if (keepdim) s.push_back(1);
+    if (!mask[i])
+      s.push_back(x.sizes()[i]);
+    else if (keepdim)
+      s.push_back(1);
   }
   return s;
 }
@@ -80,12 +82,13 @@ Tensor extreme_impl(bool is_max, const Tensor& x, const std::vector<bool>& mask,
   if (autograd::any_requires_grad({&x})) {
     Shape ks = kept_shape(x, mask, true), xs = x.sizes();
     Tensor xd = x.detach(), od = out.detach();
-    autograd::record(is_max ? "AmaxBackward" : "AminBackward", {x}, {out}, [ks, xs, xd, od, mask](const std::vector<Tensor>& g) {
-      // Ties share the gradient evenly (torch.amax semantics).
-      Tensor hit = eq(xd, expand_back(od, ks, xs)).to(g[0].dtype());
-      Tensor count = sum_impl(hit, mask, true);
-      return std::vector<Tensor>{mul(div(expand_back(g[0], ks, xs), count.expand(xs)), hit)};
-    });
+    autograd::record(is_max ? "AmaxBackward" : "AminBackward", {x}, {out},
+                     [ks, xs, xd, od, mask](const std::vector<Tensor>& g) {
+                       // Ties share the gradient evenly (torch.amax semantics).
+                       Tensor hit = eq(xd, expand_back(od, ks, xs)).to(g[0].dtype());
+                       Tensor count = sum_impl(hit, mask, true);
+                       return std::vector<Tensor>{mul(div(expand_back(g[0], ks, xs), count.expand(xs)), hit)};
+                     });
   }
   return out;
 }
@@ -109,9 +112,8 @@ Tensor sum_squares(const Tensor& x) {
   backend::reduce_kernel.get(x.device())(ReduceOp::sum_squares, out, x.detach(), x.dim());
   if (autograd::any_requires_grad({&x})) {
     const Tensor xd = x.detach();
-    autograd::record("SumSquaresBackward", {x}, {out}, [xd](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{mul(xd, mul(g[0], 2.0))};
-    });
+    autograd::record("SumSquaresBackward", {x}, {out},
+                     [xd](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(xd, mul(g[0], 2.0))}; });
   }
   return out;
 }
@@ -122,7 +124,8 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
   MP_CHECK(is_floating(x.dtype()), "mean: expected a floating tensor, got ", x.describe());
   auto mask = dim_mask(x, dims, "mean");
   const int64_t n = reduced_count(x, mask);
-  return mul(sum_impl(x, mask, keepdim), n > 0 ? 1.0 / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN());
+  return mul(sum_impl(x, mask, keepdim),
+             n > 0 ? 1.0 / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN());
 }
 
 Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {

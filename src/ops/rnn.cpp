@@ -130,9 +130,9 @@ std::pair<Tensor, Tensor> lstm_cell(const Tensor& x, const Tensor& h, const Tens
 // gradient of gx and the left operand of the single weight-gradient GEMM.
 //
 // Where the device's matmul computes a step's 16-bit GEMM through f32 (backend::matmul_compute_dtype: the CPU
-// for f16, and for bf16 shapes where that path measured faster), each per-step GEMM would widen the whole recurrent weight again: 2T
-// copies of a [4H, H] matrix per layer (the word LM, bf16 on such a CPU: most of the 113 ms of casts in a
-// 382 ms step, bench/RESULTS.md). So w_hh (and b_hh) are widened once per pass, the small per-step operand is
+// for f16, and for bf16 shapes where that path measured faster), each per-step GEMM would widen the whole recurrent
+// weight again: 2T copies of a [4H, H] matrix per layer (the word LM, bf16 on such a CPU: most of the 113 ms of casts
+// in a 382 ms step, bench/RESULTS.md). So w_hh (and b_hh) are widened once per pass, the small per-step operand is
 // widened and the f32 result rounded to the gates' dtype: bit for bit the kernel's own widening (exact
 // widening into the same layouts, the same f32 GEMM, one rounding; tests/ops/test_rnn.cpp checks both).
 std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor& h0_in, const Tensor& c0_in,
@@ -169,7 +169,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
   MP_CHECK(h0.dtype() == gx.dtype() && w_hh.dtype() == gx.dtype(), op, ": expected gx, h0 and w_hh of one dtype, got ",
            dtype_name(gx.dtype()), ", ", dtype_name(h0.dtype()), " and ", dtype_name(w_hh.dtype()),
            "; convert them (or run under autocast)");
-  for (const auto& [t, what] : {std::pair{static_cast<const Tensor*>(&h0), "h0"}, std::pair{&c0_in, "c0"}, std::pair{static_cast<const Tensor*>(&w_hh), "w_hh"}})
+  for (const auto& [t, what] : {std::pair{static_cast<const Tensor*>(&h0), "h0"}, std::pair{&c0_in, "c0"},
+                                std::pair{static_cast<const Tensor*>(&w_hh), "w_hh"}})
     check_same_device(gx, *t, op, what);
 
   const Device dev = gx.device();
@@ -210,30 +211,31 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
     const bool with_bias = b_hh.defined();
     autograd::record("LstmLayerBackward", inputs, {y, hT, cT},
                      [hs, cs, gates = std::move(gates), w, mm_bwd, with_bias, T, B, H](const std::vector<Tensor>& g) {
-      const Device d = hs.device();
-      const DType gdt = gates[0].dtype();
-      const Tensor wm = w.to(mm_bwd);  // widened once for the T data-gradient GEMMs (w itself when mm is w's dtype)
-      Tensor dG = empty({T, B, 4 * H}, {.dtype = gdt, .device = d});
-      // Two ping-pong buffers of our own (never written through g[2], which may be the caller's).
-      Tensor dc_a = empty({B, H}, {.dtype = cs.dtype(), .device = d});
-      Tensor dc_b = empty({B, H}, {.dtype = cs.dtype(), .device = d});
-      dc_a.copy_(g[2]);
-      Tensor dh_rec = g[1];
-      const Tensor dy = g[0];
-      for (int64_t t = T - 1; t >= 0; --t) {
-        const Tensor dh = add(dy.select(0, t), dh_rec).contiguous();
-        Tensor dgt = dG.select(0, t);
-        backend::lstm_gates_backward_kernel.get(d)(dgt, dc_b, dh, dc_a, gates[static_cast<size_t>(t)],
-                                                   cs.select(0, t));
-        std::swap(dc_a, dc_b);
-        dh_rec = wm.dtype() == gdt ? matmul(dgt, wm) : matmul(dgt.to(wm.dtype()), wm).to(gdt);
-      }
-      const Tensor dG2 = dG.view({T * B, 4 * H});
-      Tensor dw = matmul(dG2.t(), hs.narrow(0, 0, T).reshape({T * B, H}));
-      std::vector<Tensor> r{dG, dh_rec, dc_a, dw};
-      if (with_bias) r.push_back(sum(dG2, {0}));
-      return r;
-    });
+                       const Device d = hs.device();
+                       const DType gdt = gates[0].dtype();
+                       const Tensor wm =
+                           w.to(mm_bwd);  // widened once for the T data-gradient GEMMs (w itself when mm is w's dtype)
+                       Tensor dG = empty({T, B, 4 * H}, {.dtype = gdt, .device = d});
+                       // Two ping-pong buffers of our own (never written through g[2], which may be the caller's).
+                       Tensor dc_a = empty({B, H}, {.dtype = cs.dtype(), .device = d});
+                       Tensor dc_b = empty({B, H}, {.dtype = cs.dtype(), .device = d});
+                       dc_a.copy_(g[2]);
+                       Tensor dh_rec = g[1];
+                       const Tensor dy = g[0];
+                       for (int64_t t = T - 1; t >= 0; --t) {
+                         const Tensor dh = add(dy.select(0, t), dh_rec).contiguous();
+                         Tensor dgt = dG.select(0, t);
+                         backend::lstm_gates_backward_kernel.get(d)(dgt, dc_b, dh, dc_a, gates[static_cast<size_t>(t)],
+                                                                    cs.select(0, t));
+                         std::swap(dc_a, dc_b);
+                         dh_rec = wm.dtype() == gdt ? matmul(dgt, wm) : matmul(dgt.to(wm.dtype()), wm).to(gdt);
+                       }
+                       const Tensor dG2 = dG.view({T * B, 4 * H});
+                       Tensor dw = matmul(dG2.t(), hs.narrow(0, 0, T).reshape({T * B, H}));
+                       std::vector<Tensor> r{dG, dh_rec, dc_a, dw};
+                       if (with_bias) r.push_back(sum(dG2, {0}));
+                       return r;
+                     });
   }
   return {y, hT, cT};
 }

@@ -66,8 +66,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_library(const Tensor& x_in, const 
   const int64_t T = x.size(0), B = x.size(1), I = x.size(2);
   MP_CHECK(T > 0 && B > 0 && I > 0, op, ": expected a non-empty input x [T, B, I] (at least one step, sample and ",
            "feature), got ", shape_str(x.sizes()));
-  MP_CHECK(h0.dim() == 2 && h0.size(0) == B && h0.size(1) > 0, op, ": expected h0 of shape [", B,
-           ", H] (batch ", B, " as x ", shape_str(x.sizes()), "), got ", shape_str(h0.sizes()));
+  MP_CHECK(h0.dim() == 2 && h0.size(0) == B && h0.size(1) > 0, op, ": expected h0 of shape [", B, ", H] (batch ", B,
+           " as x ", shape_str(x.sizes()), "), got ", shape_str(h0.sizes()));
   const int64_t H = h0.size(1);
   MP_CHECK(c0.sizes() == (Shape{B, H}), op, ": expected c0 of shape [", B, ", ", H, "] like h0, got ",
            shape_str(c0.sizes()));
@@ -118,15 +118,15 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_library(const Tensor& x_in, const 
     for (const Tensor& t : inputs) need.push_back(t.requires_grad());
     autograd::record("LstmLibraryBackward", inputs, {y, hT, cT},
                      [in, fwd = std::move(fwd), need, with_b_ih, with_b_hh](const std::vector<Tensor>& g) {
-      const backend::LstmLibraryGrads d = backend::lstm_library_backward_kernel.get(in.x.device())(
-          in, fwd, g[0].contiguous(), g[1].contiguous(), g[2].contiguous());
-      std::vector<Tensor> out{d.dx, d.dh0, d.dc0, d.dw_ih, d.dw_hh};
-      if (with_b_ih) out.push_back(d.db);
-      if (with_b_hh) out.push_back(d.db);
-      for (size_t i = 0; i < out.size(); ++i)
-        if (!need[i]) out[i] = Tensor();
-      return out;
-    });
+                       const backend::LstmLibraryGrads d = backend::lstm_library_backward_kernel.get(in.x.device())(
+                           in, fwd, g[0].contiguous(), g[1].contiguous(), g[2].contiguous());
+                       std::vector<Tensor> out{d.dx, d.dh0, d.dc0, d.dw_ih, d.dw_hh};
+                       if (with_b_ih) out.push_back(d.db);
+                       if (with_b_hh) out.push_back(d.db);
+                       for (size_t i = 0; i < out.size(); ++i)
+                         if (!need[i]) out[i] = Tensor();
+                       return out;
+                     });
   }
   return {y, hT, cT};
 }

@@ -20,7 +20,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   MP_AUTOCAST(amp::Op::cat, cat, tensors[0], tensors, dim);
   for (size_t i = 0; i < tensors.size(); ++i) {
     MP_CHECK(tensors[i].defined(), "cat: tensor ", i, " is undefined");
-    MP_CHECK(tensors[i].dim() > 0, "cat: tensor ", i, " is 0-dim and cannot be concatenated; unsqueeze it or use stack");
+    MP_CHECK(tensors[i].dim() > 0, "cat: tensor ", i,
+             " is 0-dim and cannot be concatenated; unsqueeze it or use stack");
   }
   // The reference tensor fixes the rank and the sizes of the other dims.
   size_t ref = 0;
@@ -37,7 +38,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     dt = promote_types(dt, t.dtype());
     if (skippable(t) && r.dim() != 1) continue;
     MP_CHECK(t.dim() == r.dim(), "cat: tensor ", i, " has ", t.dim(), " dims (shape ", shape_str(t.sizes()),
-             ") but tensor ", ref, " has ", r.dim(), " (shape ", shape_str(r.sizes()), "); all tensors need the same rank");
+             ") but tensor ", ref, " has ", r.dim(), " (shape ", shape_str(r.sizes()),
+             "); all tensors need the same rank");
     for (int64_t d = 0; d < r.dim(); ++d)
       MP_CHECK(d == dim || t.sizes()[d] == r.sizes()[d], "cat: tensor ", i, " has size ", t.sizes()[d], " in dim ", d,
                " but tensor ", ref, " has size ", r.sizes()[d], " (shapes ", shape_str(t.sizes()), " and ",

@@ -15,9 +15,12 @@ namespace {
 backend::SoftmaxShape softmax_shape(const Shape& sizes, int64_t dim) {
   backend::SoftmaxShape s;
   for (int64_t i = 0; i < static_cast<int64_t>(sizes.size()); ++i) {
-    if (i < dim) s.outer *= sizes[i];
-    else if (i == dim) s.n = sizes[i];
-    else s.inner *= sizes[i];
+    if (i < dim)
+      s.outer *= sizes[i];
+    else if (i == dim)
+      s.n = sizes[i];
+    else
+      s.inner *= sizes[i];
   }
   return s;
 }

@@ -75,8 +75,8 @@ void AdamBase<Options>::step() {
                                        .step = st.step,
                                        .grad_scale_inv = this->grad_scale_inv(),
                                        .rounding = this->rounding_for(st.step, index)};
-      this->update_in_place(p,
-                            [&](const Tensor& w) { backend::adam_step_kernel.get(w.device())(w, master, g, m, v, vmax, hp); });
+      this->update_in_place(
+          p, [&](const Tensor& w) { backend::adam_step_kernel.get(w.device())(w, master, g, m, v, vmax, hp); });
     }
   }
 }

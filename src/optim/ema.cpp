@@ -85,8 +85,8 @@ void ModelEma::load_state_dict(const nn::StateDict& state) {
   for (const auto& [name, a] : avg_) {
     const Tensor* t = state.find(name);
     MP_CHECK(t != nullptr, "ModelEma::load_state_dict: the average of '", name, "' is missing");
-    MP_CHECK(t->sizes() == a.sizes() && t->dtype() == a.dtype(), "ModelEma::load_state_dict: '", name,
-             "' is ", t->describe(), ", expected ", a.describe());
+    MP_CHECK(t->sizes() == a.sizes() && t->dtype() == a.dtype(), "ModelEma::load_state_dict: '", name, "' is ",
+             t->describe(), ", expected ", a.describe());
   }
   for (const auto& [name, a] : avg_) {
     Tensor dst = a;

@@ -71,10 +71,8 @@ double WarmupSchedule::compute(const WarmupScheduleOptions& o, int64_t step, dou
   const auto d = static_cast<double>(step - o.warmup_steps);
   const auto D = static_cast<double>(o.total_steps - o.warmup_steps);
   switch (o.decay) {
-    case Decay::constant:
-      return base;
-    case Decay::linear:
-      return o.min_lr + (base - o.min_lr) * (1.0 - std::min(d / D, 1.0));
+    case Decay::constant: return base;
+    case Decay::linear: return o.min_lr + (base - o.min_lr) * (1.0 - std::min(d / D, 1.0));
     case Decay::cosine:
       return o.min_lr + (base - o.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * std::min(d / D, 1.0)));
     case Decay::step:

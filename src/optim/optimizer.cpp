@@ -196,9 +196,7 @@ OptimizerStateDict OptimizerStateDict::unflatten(const nn::StateDict& flat) {
     int64_t n = -1;
     try {
       n = std::stoll(key.substr(a + 1, b - a - 1));
-    } catch (const std::exception&) {
-      MP_FAIL("OptimizerStateDict::unflatten: key '", key, "' has no numeric index");
-    }
+    } catch (const std::exception&) { MP_FAIL("OptimizerStateDict::unflatten: key '", key, "' has no numeric index"); }
     MP_CHECK(n >= 0 && t.defined(), "OptimizerStateDict::unflatten: bad index or undefined tensor at '", key, "'");
     if (section == "state") {
       if (name == "step") {

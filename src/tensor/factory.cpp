@@ -113,7 +113,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opt)
   visit_dtype(opt.dtype, [&]<class T>() {
     T* p = static_cast<T*>(t.raw_data());
     for (int64_t i = 0; i < n; ++i) {
-      const auto v = low + static_cast<int64_t>(std::floor(philox_uniform(seed, offset, static_cast<uint64_t>(i)) * range));
+      const auto v =
+          low + static_cast<int64_t>(std::floor(philox_uniform(seed, offset, static_cast<uint64_t>(i)) * range));
       p[i] = scalar_cast<T>(std::min(v, high - 1));
     }
   });

@@ -49,8 +49,8 @@ Shape format_strides(const Shape& s, MemoryFormat f) {
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t n = std::max<int64_t>(ndim, 1);
-  MP_CHECK(dim >= -n && dim < n, op, ": dim ", dim, " is out of range for a tensor with ", ndim,
-           " dims (expected -", n, " <= dim < ", n, ")");
+  MP_CHECK(dim >= -n && dim < n, op, ": dim ", dim, " is out of range for a tensor with ", ndim, " dims (expected -", n,
+           " <= dim < ", n, ")");
   return dim < 0 ? dim + n : dim;
 }
 
@@ -68,7 +68,10 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 }
 
 TensorImpl::TensorImpl(std::shared_ptr<Storage> storage, int64_t offset, Shape sizes, Shape strides, DType dtype)
-    : storage_(std::move(storage)), offset_(offset), sizes_(std::move(sizes)), strides_(std::move(strides)),
+    : storage_(std::move(storage)),
+      offset_(offset),
+      sizes_(std::move(sizes)),
+      strides_(std::move(strides)),
       dtype_(dtype) {}
 
 TensorImpl::~TensorImpl() = default;
@@ -111,8 +114,7 @@ MemoryFormat Tensor::suggest_memory_format() const {
   // Dense in both layouts (C == 1, or H == W == 1: the same bytes either way): the strides of the size-1 dims
   // tell which one was asked for (contiguous(channels_last) and empty(..., channels_last) set them exactly).
   const Shape cl = format_strides(sizes(), MemoryFormat::channels_last);
-  return strides() == cl && cl != contiguous_strides(sizes()) ? MemoryFormat::channels_last
-                                                              : MemoryFormat::contiguous;
+  return strides() == cl && cl != contiguous_strides(sizes()) ? MemoryFormat::channels_last : MemoryFormat::contiguous;
 }
 
 void* Tensor::raw_data() const {
@@ -133,8 +135,8 @@ std::string Tensor::describe() const {
 namespace {
 
 Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset) {
-  return Tensor(std::make_shared<TensorImpl>(base.storage(), offset, std::move(sizes), std::move(strides),
-                                             base.dtype()));
+  return Tensor(
+      std::make_shared<TensorImpl>(base.storage(), offset, std::move(sizes), std::move(strides), base.dtype()));
 }
 
 Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
@@ -199,8 +201,8 @@ bool view_strides(const Shape& sizes, const Shape& strides, const Shape& shape, 
 Tensor Tensor::view(const Shape& shape) const {
   const Shape target = infer_shape(shape, numel(), "view");
   Shape st;
-  MP_CHECK(view_strides(sizes(), strides(), target, st), "view: cannot view a tensor of sizes ",
-           shape_str(sizes()), " and strides ", shape_str(strides()), " as ", shape_str(target),
+  MP_CHECK(view_strides(sizes(), strides(), target, st), "view: cannot view a tensor of sizes ", shape_str(sizes()),
+           " and strides ", shape_str(strides()), " as ", shape_str(target),
            " without a copy; use reshape() or contiguous() first");
   Tensor out = make_view(*this, target, st, storage_offset());
   Shape in_sizes = sizes();
@@ -217,8 +219,7 @@ Tensor Tensor::reshape(const Shape& shape) const {
 }
 
 Tensor Tensor::permute(const Shape& dims) const {
-  MP_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: expected ", dim(), " dims, got ",
-           shape_str(dims));
+  MP_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: expected ", dim(), " dims, got ", shape_str(dims));
   Shape ns(dims.size()), nst(dims.size()), inv(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -272,8 +273,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "narrow");
-  MP_CHECK(start >= 0 && length >= 0 && start + length <= sizes()[d], "narrow: range [", start, ", ",
-           start + length, ") is outside dim ", d, " of size ", sizes()[d]);
+  MP_CHECK(start >= 0 && length >= 0 && start + length <= sizes()[d], "narrow: range [", start, ", ", start + length,
+           ") is outside dim ", d, " of size ", sizes()[d]);
   return slice(d, start, start + length);
 }
 
@@ -299,16 +300,17 @@ Tensor Tensor::expand(const Shape& shape) const {
     }
     const int64_t cur = sizes()[i - lead];
     const int64_t want = shape[i] == -1 ? cur : shape[i];
-    MP_CHECK(cur == want || cur == 1, "expand: cannot expand ", shape_str(sizes()), " to ", shape_str(shape),
-             " (dim ", i, ": size ", cur, " is not 1)");
+    MP_CHECK(cur == want || cur == 1, "expand: cannot expand ", shape_str(sizes()), " to ", shape_str(shape), " (dim ",
+             i, ": size ", cur, " is not 1)");
     ns[i] = want;
     nst[i] = cur == want ? strides()[i - lead] : 0;
   }
   if (ns == sizes()) return *this;
   Tensor out = make_view(*this, ns, nst, storage_offset());
   Shape in_sizes = sizes();
-  autograd::record("ExpandBackward", {*this}, {out},
-                   [in_sizes](const std::vector<Tensor>& g) { return std::vector<Tensor>{sum_to_size(g[0], in_sizes)}; });
+  autograd::record("ExpandBackward", {*this}, {out}, [in_sizes](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{sum_to_size(g[0], in_sizes)};
+  });
   return out;
 }
 
@@ -354,9 +356,10 @@ void copy_into(const Tensor& out, const Tensor& src) {
   MP_CHECK(out.device() == src.device(), "copy_: source on ", src.device().str(), ", destination on ",
            out.device().str(), "; use .to(device) to move tensors between devices");
   const Tensor ins[1] = {s};
-  const DType compute = is_floating(out.dtype()) || is_floating(src.dtype()) ? promote_types(out.dtype(), src.dtype())
-                                                                            : DType::i64;
-  backend::pointwise_kernel.get(out.device())(backend::PointwiseOp::copy, out, std::span<const Tensor>(ins, 1), compute, {});
+  const DType compute =
+      is_floating(out.dtype()) || is_floating(src.dtype()) ? promote_types(out.dtype(), src.dtype()) : DType::i64;
+  backend::pointwise_kernel.get(out.device())(backend::PointwiseOp::copy, out, std::span<const Tensor>(ins, 1), compute,
+                                              {});
 }
 
 }  // namespace
@@ -503,8 +506,8 @@ std::vector<T> Tensor::to_vector() const {
   return std::vector<T>(p, p + c.numel());
 }
 
-#define MP_INSTANTIATE_TENSOR_ACCESS(T)  \
-  template T Tensor::item<T>() const; \
+#define MP_INSTANTIATE_TENSOR_ACCESS(T) \
+  template T Tensor::item<T>() const;   \
   template std::vector<T> Tensor::to_vector<T>() const;
 MP_INSTANTIATE_TENSOR_ACCESS(float)
 MP_INSTANTIATE_TENSOR_ACCESS(double)

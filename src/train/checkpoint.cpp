@@ -27,7 +27,9 @@ namespace {
 constexpr std::string_view kModel = "model.", kOptim = "optimizer.", kScaler = "scaler.", kSched = "scheduler.",
                            kRng = "rng.", kExtra = "extra.", kEma = "ema.";
 
-bool starts_with(const std::string& s, std::string_view p) { return s.size() >= p.size() && s.compare(0, p.size(), p) == 0; }
+bool starts_with(const std::string& s, std::string_view p) {
+  return s.size() >= p.size() && s.compare(0, p.size(), p) == 0;
+}
 
 nn::StateDict section(const nn::StateDict& all, std::string_view prefix) {
   nn::StateDict out;
@@ -54,8 +56,7 @@ int64_t read_meta_i64(const std::map<std::string, std::string>& md, const char* 
     size_t pos = 0;
     const long long v = std::stoll(it->second, &pos);
     if (pos == it->second.size() && v >= 0) return v;
-  } catch (...) {
-  }
+  } catch (...) {}
   MP_FAIL("checkpoint '", path, "': metadata '", key, "' should be a non-negative integer, got '", it->second, "'");
 }
 
@@ -73,8 +74,7 @@ void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const 
   if (refs.scheduler != nullptr) {
     const optim::SchedulerStateDict s = refs.scheduler->state_dict();
     all.insert(std::string(kSched) + "last_step", i64_scalar(s.last_step));
-    all.insert(std::string(kSched) + "base_lrs",
-               from_vector(s.base_lrs, {static_cast<int64_t>(s.base_lrs.size())}));
+    all.insert(std::string(kSched) + "base_lrs", from_vector(s.base_lrs, {static_cast<int64_t>(s.base_lrs.size())}));
   }
   if (refs.generator) {
     const PhiloxState st = default_generator().state();
@@ -101,8 +101,8 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointRefs& 
   auto fmt = f.metadata.find(kCheckpointFormatKey);
   MP_CHECK(fmt != f.metadata.end() && fmt->second == kCheckpointFormat, "checkpoint '", path,
            "' is not a mixprec training checkpoint (metadata 'format' is ",
-           fmt == f.metadata.end() ? std::string("absent") : "'" + fmt->second + "'", ", expected '",
-           kCheckpointFormat, "'); to evaluate plain weights use `mixprec eval`");
+           fmt == f.metadata.end() ? std::string("absent") : "'" + fmt->second + "'", ", expected '", kCheckpointFormat,
+           "'); to evaluate plain weights use `mixprec eval`");
   LoadedCheckpoint out;
   out.metadata = f.metadata;
   out.progress.epoch = read_meta_i64(f.metadata, "epoch", path);
@@ -117,13 +117,10 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointRefs& 
     MP_CHECK(!flat.empty(), "checkpoint '", path, "' holds no optimizer state");
     try {
       optim_sd = optim::OptimizerStateDict::unflatten(flat);
-    } catch (const Error& e) {
-      MP_FAIL("checkpoint '", path, "': optimizer state: ", e.what());
-    }
+    } catch (const Error& e) { MP_FAIL("checkpoint '", path, "': optimizer state: ", e.what()); }
   }
   const nn::StateDict scaler_sd = section(f.tensors, kScaler);
-  if (refs.scaler != nullptr)
-    MP_CHECK(!scaler_sd.empty(), "checkpoint '", path, "' holds no loss-scaler state");
+  if (refs.scaler != nullptr) MP_CHECK(!scaler_sd.empty(), "checkpoint '", path, "' holds no loss-scaler state");
   optim::SchedulerStateDict sched_sd;
   if (refs.scheduler != nullptr) {
     const nn::StateDict s = section(f.tensors, kSched);
@@ -147,9 +144,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointRefs& 
   auto restore = [&](const char* what, auto&& fn) {
     try {
       fn();
-    } catch (const Error& e) {
-      MP_FAIL("checkpoint '", path, "': cannot restore the ", what, ": ", e.what());
-    }
+    } catch (const Error& e) { MP_FAIL("checkpoint '", path, "': cannot restore the ", what, ": ", e.what()); }
   };
   if (refs.model != nullptr) restore("model", [&] { refs.model->load_state_dict(model_sd, /*strict=*/true); });
   if (refs.optimizer != nullptr) restore("optimizer", [&] { refs.optimizer->load_state_dict(*optim_sd); });

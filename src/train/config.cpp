@@ -24,9 +24,7 @@ TrainConfig config_from_json(const std::string& text) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    MP_FAIL("training config: not valid JSON (", e.what(), ")");
-  }
+  } catch (const std::exception& e) { MP_FAIL("training config: not valid JSON (", e.what(), ")"); }
   MP_CHECK(j.is_object(), "training config: expected a JSON object, got ", j.type_name());
   TrainConfig c;
   std::set<std::string> known;
@@ -79,8 +77,8 @@ void validate(const TrainConfig& c) {
     check_non_negative("max_vocab", c.max_vocab);
     if (c.model == "lstm") (void)nn::lstm_impl_from_flag(c.lstm_impl, device_from_flag(c.device, "--device"));
     (void)models::memory_format_from_flag(c.memory_format);
-    MP_CHECK(c.model == "lstm" || c.lstm_impl == "fused", "--lstm_impl ", c.lstm_impl, " applies to --model lstm only, ",
-             "got --model ", c.model, "; drop the flag");
+    MP_CHECK(c.model == "lstm" || c.lstm_impl == "fused", "--lstm_impl ", c.lstm_impl,
+             " applies to --model lstm only, ", "got --model ", c.model, "; drop the flag");
     MP_CHECK(!c.tie_weights || c.embed_size == c.hidden_size, "--tie_weights needs --embed_size == --hidden_size, got ",
              c.embed_size, " and ", c.hidden_size);
   } else {
@@ -101,9 +99,10 @@ void validate(const TrainConfig& c) {
   check_non_negative("max_steps_per_epoch", c.max_steps_per_epoch);
   check_non_negative("train_subset", c.train_subset);
   check_non_negative("lr", c.lr);
-  MP_CHECK(c.momentum >= 0 || c.momentum == -1, "--momentum must be >= 0 (or -1 for the task default), got ", c.momentum);
-  MP_CHECK(c.weight_decay >= 0 || c.weight_decay == -1, "--weight_decay must be >= 0 (or -1 for the task default), got ",
-           c.weight_decay);
+  MP_CHECK(c.momentum >= 0 || c.momentum == -1, "--momentum must be >= 0 (or -1 for the task default), got ",
+           c.momentum);
+  MP_CHECK(c.weight_decay >= 0 || c.weight_decay == -1,
+           "--weight_decay must be >= 0 (or -1 for the task default), got ", c.weight_decay);
   check_non_negative("warmup_epochs", c.warmup_epochs);
   MP_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label_smoothing must be in [0, 1), got ",
            c.label_smoothing);
@@ -127,13 +126,14 @@ void validate(const TrainConfig& c) {
   // Apex's two properties of O2/O3: "true", "false" or unset (the level's default).
   const bool sixteen_bit_weights =
       c.precision != "fp32" && (c.opt_level.empty() || amp::opt_level_from_string(c.opt_level) != amp::OptLevel::O1);
-  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"keep_batchnorm_fp32", c.keep_batchnorm_fp32},
-                                    {"master_weights", c.master_weights}}) {
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string&>{"keep_batchnorm_fp32", c.keep_batchnorm_fp32},
+        {"master_weights", c.master_weights}}) {
     if (value.empty()) continue;
     MP_CHECK(value == "true" || value == "false", "--", flag, " must be true or false, got '", value,
              "' (leave it out for the opt level's default)");
-    MP_CHECK(sixteen_bit_weights, "--", flag, " applies to O2 and O3 (16-bit weights), got --precision ",
-             c.precision, c.opt_level.empty() ? std::string() : " --opt_level " + c.opt_level,
+    MP_CHECK(sixteen_bit_weights, "--", flag, " applies to O2 and O3 (16-bit weights), got --precision ", c.precision,
+             c.opt_level.empty() ? std::string() : " --opt_level " + c.opt_level,
              ": O0 and O1 keep every weight in f32");
   }
   const bool o3 = !c.opt_level.empty() && amp::opt_level_from_string(c.opt_level) == amp::OptLevel::O3;

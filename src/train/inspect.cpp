@@ -34,9 +34,12 @@ struct Tally {
 
 std::string count(int64_t n) {
   char buf[32];
-  if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.2fM", static_cast<double>(n) / 1e6);
-  else if (n >= 10'000) std::snprintf(buf, sizeof buf, "%.1fk", static_cast<double>(n) / 1e3);
-  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+  if (n >= 1'000'000)
+    std::snprintf(buf, sizeof buf, "%.2fM", static_cast<double>(n) / 1e6);
+  else if (n >= 10'000)
+    std::snprintf(buf, sizeof buf, "%.1fk", static_cast<double>(n) / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
   return buf;
 }
 
@@ -69,8 +72,8 @@ std::string describe_safetensors_file(const std::string& path) {
   Tally all;
   for (const TensorInfo& t : infos) all.add(t);
   std::ostringstream out;
-  out << path << ": " << (checkpoint ? "mixprec training checkpoint" : "safetensors file") << ", "
-      << all.tensors << " tensors, " << count(all.elements) << " values, " << format_bytes(all.bytes) << " of data\n";
+  out << path << ": " << (checkpoint ? "mixprec training checkpoint" : "safetensors file") << ", " << all.tensors
+      << " tensors, " << count(all.elements) << " values, " << format_bytes(all.bytes) << " of data\n";
   if (!checkpoint) {
     out << "  dtypes: " << (all.tensors ? dtypes_of(all) : "-") << "\n";
     if (!md.empty()) {
@@ -86,8 +89,7 @@ std::string describe_safetensors_file(const std::string& path) {
       out << "  run: " << run_label(cfg) << ", " << cfg.model << " on " << cfg.dataset << ", " << cfg.epochs
           << " epochs of batch " << cfg.batch_size << (cfg.grad_accum > 1 ? " x " + std::to_string(cfg.grad_accum) : "")
           << ", " << cfg.optimizer << (cfg.lr > 0 ? " lr " + g(cfg.lr) : std::string())
-          << (cfg.ema_decay > 0 ? ", weight EMA " + g(cfg.ema_decay) : std::string()) << ", seed "
-          << cfg.seed << "\n";
+          << (cfg.ema_decay > 0 ? ", weight EMA " + g(cfg.ema_decay) : std::string()) << ", seed " << cfg.seed << "\n";
       if (const auto e = md.find("epoch"); e != md.end()) {
         const auto b = md.find("batch"), s = md.find("global_step");
         out << "  stands at: " << e->second << " of " << cfg.epochs << " epochs done"
@@ -99,8 +101,7 @@ std::string describe_safetensors_file(const std::string& path) {
         if (j.is_object() && j.contains("epoch") && j.contains("metric") && j["metric"].is_string()) {
           const double m = std::strtod(j["metric"].get<std::string>().c_str(), nullptr);
           out << "  best: epoch " << j["epoch"].dump() << ", "
-              << (is_text_task(cfg) ? "valid perplexity " + g(m)
-                                    : "test accuracy " + g(100 * m) + "%")
+              << (is_text_task(cfg) ? "valid perplexity " + g(m) : "test accuracy " + g(100 * m) + "%")
               << (cfg.ema_decay > 0 ? " (weight averages)" : "") << "\n";
         }
       }
@@ -110,12 +111,9 @@ std::string describe_safetensors_file(const std::string& path) {
         if (j.is_object())
           for (const auto& [key, v] : j.items()) choices[key] = v.is_string() ? v.get<std::string>() : "?";
         out << "  16-bit CPU kernel paths: "
-            << (j.is_object() ? kernel_path_counts(choices) + " (a resume reuses them)" : "damaged record")
-            << "\n";
+            << (j.is_object() ? kernel_path_counts(choices) + " (a resume reuses them)" : "damaged record") << "\n";
       }
-    } catch (const Error& e) {
-      out << "  run: the stored config does not parse (" << e.what() << ")\n";
-    }
+    } catch (const Error& e) { out << "  run: the stored config does not parse (" << e.what() << ")\n"; }
   }
   std::map<std::string, Tally> sections;
   std::vector<std::string> order;

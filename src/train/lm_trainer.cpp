@@ -29,12 +29,15 @@ data::Corpus load_text(const TrainConfig& c) {
 }
 
 std::shared_ptr<models::WordLM> make_lm(const TrainConfig& c, int64_t vocab) {
-  return std::make_shared<models::WordLM>(models::WordLMOptions{.vocab_size = vocab, .embed_size = c.embed_size,
-                                                                .hidden_size = c.hidden_size, .num_layers = c.num_layers,
-                                                                .cell = c.model, .dropout = c.dropout,
-                                                                .tie_weights = c.tie_weights,
-                                                                .lstm_impl = nn::lstm_impl_from_flag(
-                                                                    c.lstm_impl, device_from_flag(c.device, "--device"))});
+  return std::make_shared<models::WordLM>(
+      models::WordLMOptions{.vocab_size = vocab,
+                            .embed_size = c.embed_size,
+                            .hidden_size = c.hidden_size,
+                            .num_layers = c.num_layers,
+                            .cell = c.model,
+                            .dropout = c.dropout,
+                            .tie_weights = c.tie_weights,
+                            .lstm_impl = nn::lstm_impl_from_flag(c.lstm_impl, device_from_flag(c.device, "--device"))});
 }
 
 struct TextEval {
@@ -67,8 +70,6 @@ TextEval evaluate_lm(models::WordLM& model, const amp::AmpOptions& o, const Tens
   MP_CHECK(tokens > 0, "evaluation: the split has too few tokens for one window");
   return {loss_sum / static_cast<double>(tokens), tokens};
 }
-
-
 
 }  // namespace
 
@@ -103,11 +104,15 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
   const int64_t n = c.grad_accum;  // windows per optimizer step (Note [gradient accumulation])
   MP_CHECK(windows >= n, "train: the training text gives ", windows, " windows of --bptt ", c.bptt,
            ", fewer than one optimizer step of --grad_accum ", n, "; lower --grad_accum or --bptt");
-  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, windows / n) : windows / n;
+  const int64_t steps_per_epoch =
+      c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, windows / n) : windows / n;
   const int64_t batches = steps_per_epoch * n;  // the windows each epoch uses
   std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
 
-  const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get(),
+  const CheckpointRefs refs{.model = model.get(),
+                            .optimizer = opt.get(),
+                            .scaler = &scaler,
+                            .scheduler = sched.get(),
                             .ema = ema ? &*ema : nullptr};
   Progress pos;
   std::map<std::string, std::string> resumed_metadata;
@@ -187,7 +192,10 @@ EvalResult evaluate_text(const TrainConfig& c, const nn::StateDict& weights, con
   model->load_state_dict(weights, /*strict=*/true);
   const Tensor source = data::batchify(split == "valid" ? corpus.valid : corpus.test, kEvalStreams).to(dev);
   const TextEval ev = evaluate_lm(*model, o, source, c.bptt);
-  return {.metric_name = "perplexity", .loss = ev.loss, .metric = perplexity(ev.loss), .examples = ev.tokens,
+  return {.metric_name = "perplexity",
+          .loss = ev.loss,
+          .metric = perplexity(ev.loss),
+          .examples = ev.tokens,
           .seconds = seconds_since(t0)};
 }
 

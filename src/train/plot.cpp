@@ -111,13 +111,15 @@ std::string script_head(const ChartFiles& f, const std::string& title, const std
 void render(const char* op, const ChartFiles& f, const std::string& data, const std::string& script) {
   atomic_write_file(f.dat.string(), data);
   atomic_write_file(f.gp.string(), script);
-  MP_CHECK(gnuplot_available(), op, ": gnuplot not found; install it with: apt-get install gnuplot-nox (the data and script are in '",
+  MP_CHECK(gnuplot_available(), op,
+           ": gnuplot not found; install it with: apt-get install gnuplot-nox (the data and script are in '",
            f.dat.string(), "' and '", f.gp.string(), "')");
-  MP_CHECK(!png_terminal().empty(), op, ": the installed gnuplot has no PNG terminal (neither pngcairo nor png); install "
-                                        "gnuplot-nox or gnuplot-qt");
+  MP_CHECK(!png_terminal().empty(), op,
+           ": the installed gnuplot has no PNG terminal (neither pngcairo nor png); install "
+           "gnuplot-nox or gnuplot-qt");
   std::string output;
-  const int rc = run_capture("cd " + shell_quote(f.dir.string()) + " && gnuplot " + shell_quote(f.gp.filename().string()) + " 2>&1",
-                             &output);
+  const int rc = run_capture(
+      "cd " + shell_quote(f.dir.string()) + " && gnuplot " + shell_quote(f.gp.filename().string()) + " 2>&1", &output);
   std::error_code ec;
   const bool made = fs::exists(f.png, ec) && fs::file_size(f.png, ec) > 0;
   MP_CHECK(rc == 0 && made, op, ": gnuplot failed on '", f.gp.string(), "' (exit status ", rc, "): ", output,

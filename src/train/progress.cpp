@@ -86,8 +86,9 @@ std::string ProgressBar::line(bool final) const {
     s.append(" time ").append(clock_str(elapsed));
   } else if (total_ > 0) {
     const bool known = done_ > 0 && elapsed > 0;
-    s.append(" ETA ").append(known ? clock_str(static_cast<double>(total_ - done_) * elapsed / static_cast<double>(done_))
-                                   : std::string("-:--"));
+    s.append(" ETA ").append(known
+                                 ? clock_str(static_cast<double>(total_ - done_) * elapsed / static_cast<double>(done_))
+                                 : std::string("-:--"));
   }
   for (const auto& [k, v] : fields_) s.append(" ").append(k).append(" ").append(v);
   return s;
@@ -107,7 +108,8 @@ void ProgressBar::draw(bool final) {
   last_draw_ = now_();
 }
 
-void ProgressBar::update(int64_t done, double units_done, const std::vector<std::pair<std::string, std::string>>& fields) {
+void ProgressBar::update(int64_t done, double units_done,
+                         const std::vector<std::pair<std::string, std::string>>& fields) {
   if (finished_) return;
   done_ = done;
   units_ = units_done;

@@ -123,8 +123,10 @@ void RunLog::write(const std::vector<std::pair<std::string, LogValue>>& fields) 
         [&](const auto& v) {
           using V = std::decay_t<decltype(v)>;
           if constexpr (std::is_same_v<V, double>) {
-            if (std::isfinite(v)) rec[key] = v;
-            else rec[key] = nullptr;  // JSON has no NaN/inf
+            if (std::isfinite(v))
+              rec[key] = v;
+            else
+              rec[key] = nullptr;  // JSON has no NaN/inf
           } else {
             rec[key] = v;
           }
@@ -142,7 +144,8 @@ void RunLog::write(const std::vector<std::pair<std::string, LogValue>>& fields) 
 
 std::vector<std::map<std::string, LogValue>> read_run_log(const std::string& path) {
   std::error_code ec;
-  MP_CHECK(!std::filesystem::is_directory(path, ec), "read_run_log: '", path, "' is a folder; expected a .jsonl run log");
+  MP_CHECK(!std::filesystem::is_directory(path, ec), "read_run_log: '", path,
+           "' is a folder; expected a .jsonl run log");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
@@ -169,15 +172,21 @@ std::vector<std::map<std::string, LogValue>> read_run_log(const std::string& pat
              "; the file is not a mixprec run log");
     std::map<std::string, LogValue> rec;
     for (const auto& [key, v] : j.items()) {
-      if (v.is_null()) rec[key] = std::numeric_limits<double>::quiet_NaN();
-      else if (v.is_boolean()) rec[key] = v.get<bool>();
+      if (v.is_null())
+        rec[key] = std::numeric_limits<double>::quiet_NaN();
+      else if (v.is_boolean())
+        rec[key] = v.get<bool>();
       else if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
         rec[key] = static_cast<double>(v.get<uint64_t>());
-      else if (v.is_number_integer()) rec[key] = v.get<int64_t>();
-      else if (v.is_number()) rec[key] = v.get<double>();
-      else if (v.is_string()) rec[key] = v.get<std::string>();
-      else MP_FAIL("read_run_log: '", path, "' line ", line_no, ": field '", key, "' is a JSON ", v.type_name(),
-                   "; expected a string, number, bool or null");
+      else if (v.is_number_integer())
+        rec[key] = v.get<int64_t>();
+      else if (v.is_number())
+        rec[key] = v.get<double>();
+      else if (v.is_string())
+        rec[key] = v.get<std::string>();
+      else
+        MP_FAIL("read_run_log: '", path, "' line ", line_no, ": field '", key, "' is a JSON ", v.type_name(),
+                "; expected a string, number, bool or null");
     }
     records.push_back(std::move(rec));
   }

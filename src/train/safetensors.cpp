@@ -39,10 +39,14 @@ bool valid_utf8(std::string_view s) {
     }
     int len;
     uint32_t cp;
-    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
-    else return false;
+    if ((c & 0xE0) == 0xC0)
+      len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0)
+      len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0)
+      len = 4, cp = c & 0x07;
+    else
+      return false;
     if (i + static_cast<size_t>(len) > n) return false;
     for (int k = 1; k < len; ++k) {
       const auto cc = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
@@ -118,7 +122,8 @@ TensorInfo parse_entry(const std::string& ctx, const std::string& name, const Js
   int64_t numel = 1;
   for (const Json& d : *sh) {
     int64_t s;
-    if (!get_index(d, &s)) fail(ctx, where + ": shape " + sh->dump() + " has a negative, non-integer or too large size");
+    if (!get_index(d, &s))
+      fail(ctx, where + ": shape " + sh->dump() + " has a negative, non-integer or too large size");
     info.shape.push_back(s);
     if (__builtin_mul_overflow(numel, s, &numel))
       fail(ctx, where + ": shape " + sh->dump() + " has more elements than fit in 64 bits");
@@ -134,10 +139,10 @@ TensorInfo parse_entry(const std::string& ctx, const std::string& name, const Js
   if (end < begin) fail(ctx, where + ": data_offsets " + off->dump() + " end before they begin");
   if (end - begin != need)
     fail(ctx, where + ": data_offsets " + off->dump() + " span " + std::to_string(end - begin) + " bytes but dtype " +
-                   dt->get<std::string>() + " with shape " + shape_str(info.shape) + " needs " + std::to_string(need));
+                  dt->get<std::string>() + " with shape " + shape_str(info.shape) + " needs " + std::to_string(need));
   if (end > data_size)
     fail(ctx, where + ": data_offsets " + off->dump() + " go past the end of the data area (" +
-                   std::to_string(data_size) + " bytes; the file is truncated?)");
+                  std::to_string(data_size) + " bytes; the file is truncated?)");
   info.offset = begin;
   info.nbytes = need;
   return info;
@@ -147,7 +152,8 @@ Header read_header(const char* op, const std::string& file, std::ifstream& f) {
   const std::string ctx = who(op, file);
   std::error_code ec;
   const auto kind = std::filesystem::status(file, ec).type();
-  MP_CHECK(kind != std::filesystem::file_type::directory, op, ": '", file, "' is a folder; expected a .safetensors file");
+  MP_CHECK(kind != std::filesystem::file_type::directory, op, ": '", file,
+           "' is a folder; expected a .safetensors file");
   MP_CHECK(kind == std::filesystem::file_type::not_found || kind == std::filesystem::file_type::regular, op, ": '",
            file, "' is not a regular file; expected a .safetensors file");
   f.open(file, std::ios::binary);
@@ -158,7 +164,8 @@ Header read_header(const char* op, const std::string& file, std::ifstream& f) {
   f.seekg(0, std::ios::end);
   const int64_t file_size = static_cast<int64_t>(f.tellg());
   f.seekg(0);
-  if (file_size < 8) fail(ctx, "the file has " + std::to_string(file_size) + " bytes, fewer than the 8-byte header length");
+  if (file_size < 8)
+    fail(ctx, "the file has " + std::to_string(file_size) + " bytes, fewer than the 8-byte header length");
   unsigned char len_bytes[8];
   f.read(reinterpret_cast<char*>(len_bytes), 8);
   if (!f) fail(ctx, "could not read the 8-byte header length");
@@ -168,7 +175,7 @@ Header read_header(const char* op, const std::string& file, std::ifstream& f) {
     fail(ctx, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
   if (static_cast<int64_t>(n) > file_size - 8)
     fail(ctx, "header length " + std::to_string(n) + " is larger than the " + std::to_string(file_size - 8) +
-                   " bytes after it");
+                  " bytes after it");
   std::string text(static_cast<size_t>(n), '\0');
   f.read(text.data(), static_cast<std::streamsize>(n));
   if (!f) fail(ctx, "could not read the " + std::to_string(n) + "-byte header");
@@ -195,9 +202,7 @@ Header read_header(const char* op, const std::string& file, std::ifstream& f) {
   Json root;
   try {
     root = Json::parse(text, cb);
-  } catch (const Json::exception& e) {
-    fail(ctx, std::string("the header is not valid JSON (") + e.what() + ")");
-  }
+  } catch (const Json::exception& e) { fail(ctx, std::string("the header is not valid JSON (") + e.what() + ")"); }
   if (!dup.empty()) {
     if (dup_depth == 1) fail(ctx, "tensor '" + dup + "' appears twice in the header");
     fail(ctx, "key '" + dup + "' appears twice in one object of the header");
@@ -209,10 +214,12 @@ Header read_header(const char* op, const std::string& file, std::ifstream& f) {
   h.data_size = file_size - h.data_start;
   for (const auto& [key, value] : root.items()) {
     if (key == kMetadataKey) {
-      if (!value.is_object()) fail(ctx, std::string("\"__metadata__\" is a ") + json_type(value) + ", expected an object");
+      if (!value.is_object())
+        fail(ctx, std::string("\"__metadata__\" is a ") + json_type(value) + ", expected an object");
       for (const auto& [mk, mv] : value.items()) {
         if (!mv.is_string())
-          fail(ctx, "metadata '" + mk + "' is a " + json_type(mv) + ", expected a string (safetensors metadata is str -> str)");
+          fail(ctx, "metadata '" + mk + "' is a " + json_type(mv) +
+                        ", expected a string (safetensors metadata is str -> str)");
         h.metadata[mk] = mv.get<std::string>();
       }
       continue;
@@ -232,18 +239,19 @@ Header read_header(const char* op, const std::string& file, std::ifstream& f) {
   for (size_t i : order) {
     const TensorInfo& e = h.entries[i];
     if (e.offset < covered)
-      fail(ctx, "tensor '" + e.name + "' (bytes " + std::to_string(e.offset) + ".." + std::to_string(e.offset + e.nbytes) +
-                     ") overlaps tensor '" + (prev ? prev->name : std::string()) + "' (ending at " +
-                     std::to_string(covered) + ")");
+      fail(ctx, "tensor '" + e.name + "' (bytes " + std::to_string(e.offset) + ".." +
+                    std::to_string(e.offset + e.nbytes) + ") overlaps tensor '" + (prev ? prev->name : std::string()) +
+                    "' (ending at " + std::to_string(covered) + ")");
     if (e.offset > covered)
-      fail(ctx, "tensor '" + e.name + "' begins at byte " + std::to_string(e.offset) + " of the data area, leaving a hole after byte " +
-                     std::to_string(covered) + " (the data area must be fully covered)");
+      fail(ctx, "tensor '" + e.name + "' begins at byte " + std::to_string(e.offset) +
+                    " of the data area, leaving a hole after byte " + std::to_string(covered) +
+                    " (the data area must be fully covered)");
     covered = e.offset + e.nbytes;
     prev = &e;
   }
   if (covered != h.data_size)
     fail(ctx, "the tensors cover " + std::to_string(covered) + " bytes of a " + std::to_string(h.data_size) +
-                   "-byte data area (trailing bytes after the last tensor)");
+                  "-byte data area (trailing bytes after the last tensor)");
   for (TensorInfo& e : h.entries) e.offset += h.data_start;
   return h;
 }
@@ -282,7 +290,8 @@ void save_safetensors(const std::string& path, const nn::StateDict& tensors,
   int64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     MP_CHECK(!name.empty(), "save_safetensors: '", path, "': a tensor has an empty name; give every tensor a name");
-    MP_CHECK(name != kMetadataKey, "save_safetensors: '", path, "': '__metadata__' is reserved for the metadata; rename the tensor");
+    MP_CHECK(name != kMetadataKey, "save_safetensors: '", path,
+             "': '__metadata__' is reserved for the metadata; rename the tensor");
     MP_CHECK(valid_utf8(name), "save_safetensors: '", path, "': tensor name '", name, "' is not valid UTF-8");
     MP_CHECK(t.defined(), "save_safetensors: '", path, "': tensor '", name, "' is undefined; expected a tensor");
     Tensor c = t.detach();

@@ -30,7 +30,8 @@ amp::AmpOptions amp_options(const TrainConfig& c);
 /// The optimizer of the config over `params`.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params);
 /// The LR schedule (warm-up + decay) over `steps_per_epoch * epochs` steps.
-std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim::Optimizer& opt, int64_t steps_per_epoch);
+std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim::Optimizer& opt,
+                                                     int64_t steps_per_epoch);
 /// The checkpoint file of a config ("" when checkpointing is off).
 std::string checkpoint_path(const TrainConfig& c);
 /// Whether progress bars should redraw in place (stdout is a terminal and `out` is std::cout).

@@ -36,7 +36,8 @@ bool is_number(const std::string& s) {
 
 /// Display width: UTF-8 code points (continuation bytes do not count).
 size_t width(const std::string& s) {
-  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+  return static_cast<size_t>(
+      std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
 }
 
 std::string escape(const std::string& s) {
@@ -58,8 +59,8 @@ std::string Table::to_markdown() const {
   cells.emplace_back();
   for (const auto& h : header) cells.back().push_back(escape(h));
   for (size_t r = 0; r < rows.size(); ++r) {
-    MP_CHECK(rows[r].size() <= cols, "Table::to_markdown: row ", r, " has ", rows[r].size(), " cells but the header has ",
-             cols, " columns; add header columns or shorten the row");
+    MP_CHECK(rows[r].size() <= cols, "Table::to_markdown: row ", r, " has ", rows[r].size(),
+             " cells but the header has ", cols, " columns; add header columns or shorten the row");
     cells.emplace_back();
     for (size_t c = 0; c < cols; ++c) cells.back().push_back(c < rows[r].size() ? escape(rows[r][c]) : std::string());
   }
@@ -70,8 +71,10 @@ std::string Table::to_markdown() const {
     for (size_t r = 0; r < cells.size(); ++r) {
       w[c] = std::max(w[c], width(cells[r][c]));
       if (r == 0 || cells[r][c].empty()) continue;
-      if (is_number(cells[r][c])) numeric = true;
-      else all = false;
+      if (is_number(cells[r][c]))
+        numeric = true;
+      else
+        all = false;
     }
     right[c] = numeric && all;
     if (right[c]) w[c] = std::max<size_t>(w[c], 4);  // "---:"

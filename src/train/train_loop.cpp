@@ -51,8 +51,9 @@ constexpr const char* kEpochStatsKey = "epoch_stats";
 // written, atomically like every checkpoint, as best.safetensors beside checkpoint.safetensors: a full
 // checkpoint (`mixprec eval` and `convert` take it; copied over checkpoint.safetensors, --resume would
 // continue after that epoch). The run summary reports the best epoch and metric, and names
-// best.safetensors when the file holds that epoch (a first process without --save_best wrote none). With --ema_decay the weight averages' metric is the one
-// judged (as timm's checkpoint saver does): the averages are what such a run is for.
+// best.safetensors when the file holds that epoch (a first process without --save_best wrote none). With --ema_decay
+// the weight averages' metric is the one judged (as timm's checkpoint saver does): the averages are what such a run is
+// for.
 constexpr const char* kBestKey = "best";
 
 // The 16-bit CPU kernel paths the run used, key -> path: written into every checkpoint and adopted by a resumed
@@ -93,8 +94,16 @@ std::string hex_double(double v) {
 
 TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const Progress& start, int64_t baseline,
                      std::ostream& out, const std::map<std::string, std::string>& resumed)
-    : c_(c), sum_(sum), parts_(std::move(parts)), start_(start), baseline_(baseline), out_(out),
-      text_(is_text_task(c)), dev_(run_device(c)), ckpt_(checkpoint_path(c)), meta_{{"config", config_to_json(c)}} {
+    : c_(c),
+      sum_(sum),
+      parts_(std::move(parts)),
+      start_(start),
+      baseline_(baseline),
+      out_(out),
+      text_(is_text_task(c)),
+      dev_(run_device(c)),
+      ckpt_(checkpoint_path(c)),
+      meta_{{"config", config_to_json(c)}} {
   if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
   paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);
@@ -126,19 +135,19 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
   const nlohmann::json j = parse_metadata(what, it->second);
   auto number = [&](const char* key) {
     const auto f = j.find(key);
-    MP_CHECK(j.is_object() && f != j.end() && f->is_string(), what, ": expected the hex-float string '", key,
-             "', got ", f == j.end() || !j.is_object() ? std::string("nothing") : f->dump());
+    MP_CHECK(j.is_object() && f != j.end() && f->is_string(), what, ": expected the hex-float string '", key, "', got ",
+             f == j.end() || !j.is_object() ? std::string("nothing") : f->dump());
     const std::string text = f->get<std::string>();
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
-    MP_CHECK(!text.empty() && end == text.c_str() + text.size(), what, ": '", key, "' should be a number, got '",
-             text, "'");
+    MP_CHECK(!text.empty() && end == text.c_str() + text.size(), what, ": '", key, "' should be a number, got '", text,
+             "'");
     return v;
   };
   EpochCarry r;
   const double epoch = number("epoch"), batch = number("batch"), steps = number("steps");
-  MP_CHECK(epoch == static_cast<double>(start_.epoch) && batch == static_cast<double>(start_.batch) &&
-               steps >= 0 && steps <= batch && steps == std::floor(steps),
+  MP_CHECK(epoch == static_cast<double>(start_.epoch) && batch == static_cast<double>(start_.batch) && steps >= 0 &&
+               steps <= batch && steps == std::floor(steps),
            what, ": it describes ", steps, " steps up to epoch ", epoch, ", batch ", batch,
            " but the checkpoint stands at epoch ", start_.epoch, ", batch ", start_.batch,
            "; the file is inconsistent: resume from another checkpoint");
@@ -165,16 +174,16 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
     }
   }
   const int64_t n = c_.grad_accum;
-  MP_CHECK(start_.batch % n == 0, "--resume: checkpoint '", ckpt_, "' stands after batch ", start_.batch,
-           " of epoch ", start_.epoch + 1, ", which is inside an optimizer step of --grad_accum ", n, " batches",
+  MP_CHECK(start_.batch % n == 0, "--resume: checkpoint '", ckpt_, "' stands after batch ", start_.batch, " of epoch ",
+           start_.epoch + 1, ", which is inside an optimizer step of --grad_accum ", n, " batches",
            saved ? "; it was written with --grad_accum " + std::to_string(saved->grad_accum) : std::string(),
            ": resume with the --grad_accum it was written with");
   if (!saved) return;
   // Settings that change what the run computes; the others (paths, workers, logging, checkpoint
   // cadence, evaluation batch) may change freely between processes.
-  static const std::set<std::string> kFree{"data_dir", "num_workers",      "eval_batch_size", "checkpoint_dir",
-                                           "checkpoint_every", "save_best", "resume", "stop_after_steps",
-                                           "log",      "label",            "quiet"};
+  static const std::set<std::string> kFree{
+      "data_dir",         "num_workers", "eval_batch_size", "checkpoint_dir", "checkpoint_every", "save_best", "resume",
+      "stop_after_steps", "log",         "label",           "quiet"};
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
   std::string changed;
@@ -209,16 +218,15 @@ void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::s
   if (const KernelPathRecord r = kernel_path_record(); !r.choices.empty())
     md[kKernelPathsKey] = nlohmann::json(r.choices).dump();
   if (p.batch > 0) {  // within an epoch: its statistics so far (Note [resumed epoch statistics])
-    const nlohmann::ordered_json j{
-        {"epoch", hex_double(static_cast<double>(p.epoch))},
-        {"batch", hex_double(static_cast<double>(p.batch))},
-        {"steps", hex_double(static_cast<double>(epoch_steps_))},
-        {"loss_sum", hex_double(loss_sum_)},
-        {"units", hex_double(carry_.units + units_)},
-        {"seconds", hex_double(carry_.seconds + seconds_since(t_epoch_) - ckpt_seconds_)},
-        {"data_wait", hex_double(carry_.data_wait + data_wait_)},
-        {"ema", hex_double(ema_.value)},
-        {"ema_started", hex_double(ema_.started ? 1 : 0)}};
+    const nlohmann::ordered_json j{{"epoch", hex_double(static_cast<double>(p.epoch))},
+                                   {"batch", hex_double(static_cast<double>(p.batch))},
+                                   {"steps", hex_double(static_cast<double>(epoch_steps_))},
+                                   {"loss_sum", hex_double(loss_sum_)},
+                                   {"units", hex_double(carry_.units + units_)},
+                                   {"seconds", hex_double(carry_.seconds + seconds_since(t_epoch_) - ckpt_seconds_)},
+                                   {"data_wait", hex_double(carry_.data_wait + data_wait_)},
+                                   {"ema", hex_double(ema_.value)},
+                                   {"ema_started", hex_double(ema_.started ? 1 : 0)}};
     md[kEpochStatsKey] = j.dump();
   }
   save_checkpoint(path.empty() ? ckpt_ : path, parts_.refs, p, extra, md);
@@ -284,8 +292,13 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   const int64_t global = start_.global_step + sum_.steps;
   if (log_) {
     const double elapsed = carry_.seconds + seconds_since(t_epoch_) - ckpt_seconds_;
-    log_->write({{"type", std::string("step")}, {"epoch", epoch_ + 1}, {"step", global}, {"loss", l},
-                 {"lr", parts_.optimizer.lr(0)}, {"scale", scaler.get_scale()}, {"skipped", !stepped},
+    log_->write({{"type", std::string("step")},
+                 {"epoch", epoch_ + 1},
+                 {"step", global},
+                 {"loss", l},
+                 {"lr", parts_.optimizer.lr(0)},
+                 {"scale", scaler.get_scale()},
+                 {"skipped", !stepped},
                  {"throughput", (carry_.units + units_) / std::max(elapsed, 1e-9)},
                  {"data_wait", carry_.data_wait + data_wait},
                  {"memory", memory::memory_stats(dev_).allocated - baseline_}});
@@ -329,7 +342,9 @@ void TrainLoop::end_epoch(const Eval& model, const std::optional<Eval>& ema, dou
   const double val_loss = model.loss, val_metric = model.metric;
   EpochStats es{.epoch = epoch_ + 1,
                 .train_loss = epoch_steps_ > 0 ? loss_sum_ / static_cast<double>(epoch_steps_) : 0,
-                .val_loss = val_loss, .val_metric = val_metric, .seconds = epoch_seconds_,
+                .val_loss = val_loss,
+                .val_metric = val_metric,
+                .seconds = epoch_seconds_,
                 .data_wait_seconds = wait};
   if (ema) {
     es.ema_val_loss = ema->loss;
@@ -348,20 +363,25 @@ void TrainLoop::end_epoch(const Eval& model, const std::optional<Eval>& ema, dou
     else
       out_ << ", test loss " << fmt(val_loss, 4) << ", test accuracy " << fmt(100 * val_metric, 2) << "%";
     if (ema)
-      out_ << (text_ ? ", EMA valid ppl " + fmt(ema->metric, 2) : ", EMA test accuracy " + fmt(100 * ema->metric, 2) + "%");
+      out_ << (text_ ? ", EMA valid ppl " + fmt(ema->metric, 2)
+                     : ", EMA test accuracy " + fmt(100 * ema->metric, 2) + "%");
     out_ << ", " << fmt(epoch_seconds_, 1) << " s (data wait " << fmt(wait, 1) << " s)\n";
   }
   if (log_) {
-    std::vector<std::pair<std::string, LogValue>> fields{
-        {"type", std::string("epoch")}, {"epoch", es.epoch}, {"train_loss", es.train_loss},
-        {"val_loss", val_loss}, {text_ ? "val_perplexity" : "val_accuracy", val_metric}};
+    std::vector<std::pair<std::string, LogValue>> fields{{"type", std::string("epoch")},
+                                                         {"epoch", es.epoch},
+                                                         {"train_loss", es.train_loss},
+                                                         {"val_loss", val_loss},
+                                                         {text_ ? "val_perplexity" : "val_accuracy", val_metric}};
     if (ema) {
       fields.emplace_back("ema_val_loss", ema->loss);
       fields.emplace_back(text_ ? "ema_val_perplexity" : "ema_val_accuracy", ema->metric);
     }
-    fields.insert(fields.end(), {{"seconds", epoch_seconds_}, {"data_wait", wait},
+    fields.insert(fields.end(), {{"seconds", epoch_seconds_},
+                                 {"data_wait", wait},
                                  {"peak_memory", memory::memory_stats(dev_).peak_allocated - baseline_},
-                                 {"skipped_total", parts_.scaler.skipped_steps()}, {"scale", parts_.scaler.get_scale()}});
+                                 {"skipped_total", parts_.scaler.skipped_steps()},
+                                 {"scale", parts_.scaler.get_scale()}});
     log_->write(fields);
   }
   // Note [the best epoch]

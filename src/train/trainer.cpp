@@ -39,8 +39,8 @@ TrainConfig with_task_defaults(const TrainConfig& in) {
 
 amp::AmpOptions amp_options(const TrainConfig& c) {
   amp::AmpOptions o;
-  o.opt_level = c.precision == "fp32" ? amp::OptLevel::O0
-                                      : amp::opt_level_from_string(c.opt_level.empty() ? "O2" : c.opt_level);
+  o.opt_level =
+      c.precision == "fp32" ? amp::OptLevel::O0 : amp::opt_level_from_string(c.opt_level.empty() ? "O2" : c.opt_level);
   o.dtype = c.precision == "fp16" ? DType::f16 : DType::bf16;
   if (!c.loss_scale.empty()) o.loss_scale = amp::LossScale::parse(c.loss_scale);
   if (!c.keep_batchnorm_fp32.empty()) o.keep_batchnorm_fp32 = c.keep_batchnorm_fp32 == "true";
@@ -71,15 +71,16 @@ std::unique_ptr<optim::Optimizer> grouped(const TrainConfig& c, std::vector<Tens
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params) {
   if (c.optimizer == "sgd")
-    return grouped<optim::SGD>(c, std::move(params), optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
-                                                                       .weight_decay = c.weight_decay,
-                                                                       .nesterov = c.nesterov});
+    return grouped<optim::SGD>(
+        c, std::move(params),
+        optim::SGDOptions{.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay, .nesterov = c.nesterov});
   if (c.optimizer == "adam")
     return grouped<optim::Adam>(c, std::move(params), optim::AdamOptions{.lr = c.lr, .weight_decay = c.weight_decay});
   return grouped<optim::AdamW>(c, std::move(params), optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
 }
 
-std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim::Optimizer& opt, int64_t steps_per_epoch) {
+std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim::Optimizer& opt,
+                                                     int64_t steps_per_epoch) {
   const int64_t total = std::max<int64_t>(1, steps_per_epoch * c.epochs);
   optim::WarmupScheduleOptions o;
   o.warmup_steps = std::min<int64_t>(total, std::llround(c.warmup_epochs * static_cast<double>(steps_per_epoch)));
@@ -167,8 +168,12 @@ ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data:
   const bool was_training = model.module().is_training();
   model.module().eval();
   autograd::NoGradGuard ng;
-  data::DataLoader loader(test, {.batch_size = c.eval_batch_size, .shuffle = false, .drop_last = false,
-                                 .num_workers = c.num_workers, .prefetch = 2, .seed = c.seed});
+  data::DataLoader loader(test, {.batch_size = c.eval_batch_size,
+                                 .shuffle = false,
+                                 .drop_last = false,
+                                 .num_workers = c.num_workers,
+                                 .prefetch = 2,
+                                 .seed = c.seed});
   loader.start_epoch(0);
   double loss_sum = 0;
   int64_t correct = 0, n = 0;
@@ -185,7 +190,6 @@ ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data:
   MP_CHECK(n > 0, "evaluation: the test split of ", c.dataset, " is empty");
   return {loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n), n};
 }
-
 
 }  // namespace
 
@@ -204,11 +208,11 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
   memory::reset_peak_memory_stats(dev);
 
   manual_seed(c.seed);
-  std::shared_ptr<nn::UnaryModule> model = models::create_image_model(
-      c.model, {.in_channels = sets.channels,
-                .image_size = sets.size,
-                .num_classes = sets.classes,
-                .memory_format = models::memory_format_from_flag(c.memory_format)});
+  std::shared_ptr<nn::UnaryModule> model =
+      models::create_image_model(c.model, {.in_channels = sets.channels,
+                                           .image_size = sets.size,
+                                           .num_classes = sets.classes,
+                                           .memory_format = models::memory_format_from_flag(c.memory_format)});
   model->to(dev);  // initialised on the host (the same weights on every device), then moved
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
@@ -217,19 +221,26 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
   std::optional<optim::ModelEma> ema;  // after initialize(): the averages start from the training weights
   if (c.ema_decay > 0) ema.emplace(*model, c.ema_decay, opt.get());
 
-  data::DataLoader loader(sets.train, {.batch_size = c.batch_size, .shuffle = true, .drop_last = true,
-                                       .num_workers = c.num_workers, .prefetch = 4, .seed = c.seed});
+  data::DataLoader loader(sets.train, {.batch_size = c.batch_size,
+                                       .shuffle = true,
+                                       .drop_last = true,
+                                       .num_workers = c.num_workers,
+                                       .prefetch = 4,
+                                       .seed = c.seed});
   const int64_t n = c.grad_accum;  // batches per optimizer step (Note [gradient accumulation])
   MP_CHECK(loader.num_batches() >= n, "train: the training split has ", sets.train->size(), " images, fewer than ",
            n == 1 ? "one batch of " + std::to_string(c.batch_size)
                   : "one optimizer step of " + std::to_string(n) + " batches of " + std::to_string(c.batch_size),
            "; lower --batch_size", n == 1 ? "" : " or --grad_accum");
-  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, loader.num_batches() / n)
-                                                            : loader.num_batches() / n;
+  const int64_t steps_per_epoch =
+      c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, loader.num_batches() / n) : loader.num_batches() / n;
   const int64_t batches = steps_per_epoch * n;  // the batches each epoch uses
   std::unique_ptr<optim::WarmupSchedule> sched = make_schedule(c, *opt, steps_per_epoch);
 
-  const CheckpointRefs refs{.model = model.get(), .optimizer = opt.get(), .scaler = &scaler, .scheduler = sched.get(),
+  const CheckpointRefs refs{.model = model.get(),
+                            .optimizer = opt.get(),
+                            .scaler = &scaler,
+                            .scheduler = sched.get(),
                             .ema = ema ? &*ema : nullptr};
   Progress pos;
   std::map<std::string, std::string> resumed_metadata;
@@ -243,9 +254,8 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
   }
   TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
-    out << sum.label << ": " << setup.describe() << "; " << c.model << " on " << c.dataset << " ("
-        << sets.train->size() << " train / " << sets.test->size() << " test images, " << steps_per_epoch
-        << " steps per epoch"
+    out << sum.label << ": " << setup.describe() << "; " << c.model << " on " << c.dataset << " (" << sets.train->size()
+        << " train / " << sets.test->size() << " test images, " << steps_per_epoch << " steps per epoch"
         << (n == 1 ? std::string() : " of " + std::to_string(n) + " x " + std::to_string(c.batch_size) + " images")
         << ")\n";
 
@@ -282,17 +292,20 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
 EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, std::ostream& out) {
   const auto t0 = Clock::now();
   ImageSets sets = load_images(c, /*need_train=*/false);
-  std::shared_ptr<nn::UnaryModule> model = models::create_image_model(
-      c.model, {.in_channels = sets.channels,
-                .image_size = sets.size,
-                .num_classes = sets.classes,
-                .memory_format = models::memory_format_from_flag(c.memory_format)});
+  std::shared_ptr<nn::UnaryModule> model =
+      models::create_image_model(c.model, {.in_channels = sets.channels,
+                                           .image_size = sets.size,
+                                           .num_classes = sets.classes,
+                                           .memory_format = models::memory_format_from_flag(c.memory_format)});
   const amp::AmpOptions o = convert_for_eval(c, *model);
   model->to(run_device(c));
   model->load_state_dict(weights, /*strict=*/true);
   amp::AmpModel m(model, o);
   const ImageEval ev = evaluate_images_with(m, sets.test, c);
-  return {.metric_name = "accuracy", .loss = ev.loss, .metric = ev.accuracy, .examples = ev.examples,
+  return {.metric_name = "accuracy",
+          .loss = ev.loss,
+          .metric = ev.accuracy,
+          .examples = ev.examples,
           .seconds = seconds_since(t0)};
 }
 
@@ -372,8 +385,12 @@ std::string summary_to_json(const RunSummary& s) {
   j["diverged"] = s.diverged;
   nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
   for (const EpochStats& e : s.epochs)
-    epochs.push_back({{"epoch", e.epoch}, {"train_loss", num(e.train_loss)}, {"val_loss", num(e.val_loss)},
-                      {"val_metric", num(e.val_metric)}, {"seconds", e.seconds}, {"data_wait_seconds", e.data_wait_seconds}});
+    epochs.push_back({{"epoch", e.epoch},
+                      {"train_loss", num(e.train_loss)},
+                      {"val_loss", num(e.val_loss)},
+                      {"val_metric", num(e.val_metric)},
+                      {"seconds", e.seconds},
+                      {"data_wait_seconds", e.data_wait_seconds}});
   for (size_t i = 0; i < s.epochs.size(); ++i)
     if (s.epochs[i].ema_val_metric) {
       epochs[i]["ema_val_loss"] = num(*s.epochs[i].ema_val_loss);

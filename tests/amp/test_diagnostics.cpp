@@ -165,8 +165,7 @@ TEST(OverflowFinder, NamesTheModuleWhoseOutputGradientOverflowed) {
   scaler.scale(sum(out.to(DType::f32))).backward();
   ASSERT_TRUE(finder.first_backward().has_value());
   EXPECT_EQ(*finder.first_backward(), "0 (Linear)");
-  EXPECT_NE(finder.report().find("backward: first non-finite gradient at the output of 0 (Linear)"),
-            std::string::npos)
+  EXPECT_NE(finder.report().find("backward: first non-finite gradient at the output of 0 (Linear)"), std::string::npos)
       << finder.report();
   // And the scaler refuses the step the finder explains.
   optim::SGD opt(model->parameters(), {.lr = 0.1});

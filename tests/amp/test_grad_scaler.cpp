@@ -697,8 +697,13 @@ TEST(GradScaler, DefaultsAndValidation) {
 TEST(GradScaler, StateDictRoundTripContinuesIdentically) {
   Toy toy(20);
   optim::SGD opt(toy.params(), {.lr = 1e-3});
-  const GradScalerOptions o{.init_scale = 1024.0, .growth_factor = 4.0, .backoff_factor = 0.25, .growth_interval = 3,
-                            .hysteresis = 2, .min_scale = 2.0, .max_scale = 1e6};
+  const GradScalerOptions o{.init_scale = 1024.0,
+                            .growth_factor = 4.0,
+                            .backoff_factor = 0.25,
+                            .growth_interval = 3,
+                            .hysteresis = 2,
+                            .min_scale = 2.0,
+                            .max_scale = 1e6};
   GradScaler scaler(o);
   // Reach a state where every tracker is nonzero: 1 clean step, 1 overflow (hysteresis 2 leaves its
   // tracker at 1 and the scale unchanged), then 2 clean steps (growth tracker 2).
@@ -748,7 +753,5 @@ TEST(GradScaler, StateDictRoundTripContinuesIdentically) {
   try {
     GradScaler().load_state_dict(bad);
     FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("growth_tracker"), std::string::npos);
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("growth_tracker"), std::string::npos); }
 }

@@ -42,7 +42,7 @@ std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
 
 struct SmallCase {
   DType dtype;
-  int log2_update;  // the update is 2^log2_update, below half an ulp of 1.0
+  int log2_update;   // the update is 2^log2_update, below half an ulp of 1.0
   int first_change;  // the step at which the master has moved past half an ulp (ties round to 1.0)
 };
 
@@ -230,11 +230,10 @@ TEST(MasterWeights, AmpOptionsChecksStochasticRounding) {
   try {
     amp::initialize(model, opt, {.opt_level = amp::OptLevel::O2, .dtype = DType::bf16, .stochastic_rounding = true});
     FAIL() << "O2 with stochastic rounding was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("use O3"), std::string::npos) << e.what();
-  }
-  amp::AmpSetup s = amp::initialize(model, opt, {.opt_level = amp::OptLevel::O3, .dtype = DType::bf16,
-                                                 .stochastic_rounding = true, .rounding_seed = 5});
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("use O3"), std::string::npos) << e.what(); }
+  amp::AmpSetup s = amp::initialize(
+      model, opt,
+      {.opt_level = amp::OptLevel::O3, .dtype = DType::bf16, .stochastic_rounding = true, .rounding_seed = 5});
   EXPECT_TRUE(opt.stochastic_rounding());
   EXPECT_NE(s.describe().find("stochastic rounding"), std::string::npos) << s.describe();
 }
@@ -389,9 +388,7 @@ TEST(MasterWeights, O2StateDictRoundTripContinuesIdentically) {
       EXPECT_TRUE(bitwise_equal(p1[i].second.detach(), p2[i].second.detach())) << p1[i].first;
       const Tensor m1 = opt.master(p1[i].second), m2 = opt2.master(p2[i].second);
       EXPECT_EQ(m1.defined(), m2.defined()) << p1[i].first;
-      if (m1.defined()) {
-        EXPECT_TRUE(bitwise_equal(m1, m2)) << p1[i].first;
-      }
+      if (m1.defined()) { EXPECT_TRUE(bitwise_equal(m1, m2)) << p1[i].first; }
     }
     EXPECT_EQ(setup.scaler.get_scale(), setup2.scaler.get_scale());
   }

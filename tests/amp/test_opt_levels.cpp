@@ -174,9 +174,7 @@ TEST(OptLevels, SmallCnnTrainsToTheSameAccuracyAtO0O1O2) {
     EXPECT_LE(o0.accuracy - r.accuracy, 0.03) << l.name;
     // bf16 needs no loss scaling: nothing skipped. f16 starts at 65536 and may skip a few steps while the
     // scale finds its level (each overflow halves it); more than 10% skipped would mean it never settles.
-    if (l.dtype == DType::bf16) {
-      EXPECT_EQ(r.skipped, 0) << l.name;
-    }
+    if (l.dtype == DType::bf16) { EXPECT_EQ(r.skipped, 0) << l.name; }
     EXPECT_LE(r.skipped, kSteps / 10) << l.name;
   }
 }
@@ -239,9 +237,7 @@ TEST(OptLevels, O2ConvertsLayersKeepsBatchNormAndMastersHoldOriginalValues) {
   }
   EXPECT_EQ(rounded, 6);  // 2 convs + linear, weight and bias: random values are never all bf16-exact
   for (const auto& [name, b] : model->named_buffers())
-    if (name.find("running") != std::string::npos) {
-      EXPECT_EQ(b.dtype(), DType::f32) << name;
-    }
+    if (name.find("running") != std::string::npos) { EXPECT_EQ(b.dtype(), DType::f32) << name; }
 
   // One step: the optimizer updates the masters from the original values and writes bf16 weights.
   Tensor x = randn({4, 1, 8, 8});
@@ -257,8 +253,8 @@ TEST(OptLevels, O2ConvertsLayersKeepsBatchNormAndMastersHoldOriginalValues) {
 }
 
 TEST(OptLevels, O2WithoutKeepBatchnormAndO3ConvertEverything) {
-  for (auto [level, keep] : {std::pair{OptLevel::O2, std::optional<bool>(false)},
-                             std::pair{OptLevel::O3, std::optional<bool>()}}) {
+  for (auto [level, keep] :
+       {std::pair{OptLevel::O2, std::optional<bool>(false)}, std::pair{OptLevel::O3, std::optional<bool>()}}) {
     manual_seed(4);
     auto model = make_cnn(8);
     optim::SGD opt(model->parameters(), {.lr = 0.1});
@@ -266,9 +262,7 @@ TEST(OptLevels, O2WithoutKeepBatchnormAndO3ConvertEverything) {
         amp::initialize(model, opt, {.opt_level = level, .dtype = DType::f16, .keep_batchnorm_fp32 = keep});
     for (const auto& [name, p] : model->named_parameters()) EXPECT_EQ(p.dtype(), DType::f16) << name;
     for (const auto& [name, b] : model->named_buffers())
-      if (name.find("running") != std::string::npos) {
-        EXPECT_EQ(b.dtype(), DType::f16) << name;
-      }
+      if (name.find("running") != std::string::npos) { EXPECT_EQ(b.dtype(), DType::f16) << name; }
     EXPECT_EQ(opt.master_weights(), level == OptLevel::O2);
     EXPECT_EQ(opt.parameters().at(0).impl_ptr(), model->parameters().at(0).impl_ptr());
     // The output is f32 at every level.
@@ -343,10 +337,10 @@ TEST(OptLevels, ResolveDefaultsPerLevelAndDtype) {
     bool keep_bn, masters;
   };
   const Row rows[] = {
-      {OptLevel::O0, DType::f16, K::none, true, false},      {OptLevel::O0, DType::f32, K::none, true, false},
-      {OptLevel::O1, DType::f16, K::dynamic, true, false},   {OptLevel::O1, DType::bf16, K::none, true, false},
-      {OptLevel::O2, DType::f16, K::dynamic, true, true},    {OptLevel::O2, DType::bf16, K::none, true, true},
-      {OptLevel::O3, DType::f16, K::none, false, false},     {OptLevel::O3, DType::bf16, K::none, false, false},
+      {OptLevel::O0, DType::f16, K::none, true, false},    {OptLevel::O0, DType::f32, K::none, true, false},
+      {OptLevel::O1, DType::f16, K::dynamic, true, false}, {OptLevel::O1, DType::bf16, K::none, true, false},
+      {OptLevel::O2, DType::f16, K::dynamic, true, true},  {OptLevel::O2, DType::bf16, K::none, true, true},
+      {OptLevel::O3, DType::f16, K::none, false, false},   {OptLevel::O3, DType::bf16, K::none, false, false},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(std::string(amp::opt_level_name(r.level)) + " " + dtype_name(r.dtype));
@@ -430,8 +424,6 @@ TEST(OptLevels, OptLevelFromString) {
     try {
       (void)amp::opt_level_from_string(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("O0, O1, O2 or O3"), std::string::npos) << bad;
-    }
+    } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("O0, O1, O2 or O3"), std::string::npos) << bad; }
   }
 }

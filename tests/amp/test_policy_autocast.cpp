@@ -212,7 +212,7 @@ TEST(AmpAutocast, ParameterUsedTwiceIsCastOnce) {
     Autocast guard({.dtype = DType::bf16});
     Tensor h = (*layer)(x);
     EXPECT_EQ(amp::autocast_cache_size(), 2u);  // weight and bias; x is not a leaf parameter
-    Tensor y = (*layer)(relu(h));              // the same parameters again: no new casts
+    Tensor y = (*layer)(relu(h));               // the same parameters again: no new casts
     EXPECT_EQ(amp::autocast_cache_size(), 2u);
     // The cache hands back the very same cast tensor.
     const Tensor c1 = amp::autocast_cast(layer->weight(), DType::bf16);
@@ -322,7 +322,7 @@ TEST(AmpAutocast, BackwardRunsWithAutocastSuspended) {
   sum(h).backward();  // backward called inside the region, as training loops often do
   EXPECT_FALSE(active_in_backward);
   EXPECT_EQ(dtype_in_backward, DType::f32);
-  EXPECT_EQ(grad_dtype, DType::bf16);  // the gradient of a bf16 output is bf16
+  EXPECT_EQ(grad_dtype, DType::bf16);                  // the gradient of a bf16 output is bf16
   EXPECT_TRUE(amp::autocast_active(DeviceType::cpu));  // and the region is active again afterwards
   EXPECT_EQ(w.grad().dtype(), DType::f32);
 }

@@ -94,9 +94,8 @@ TEST(Gradcheck, DetectsAWrongGradient) {
       out.copy_(in[0] * in[0]);
     }
     Tensor xd = in[0].detach();
-    autograd::record("WrongBackward", {in[0]}, {out}, [xd](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{g[0] * xd};
-    });
+    autograd::record("WrongBackward", {in[0]}, {out},
+                     [xd](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0] * xd}; });
     return std::vector<Tensor>{out};
   };
   EXPECT_FALSE(gradcheck(wrong, {x}).ok);

@@ -79,7 +79,7 @@ void run_loop(Path path, const float* x, float* y, int64_t n) {
 
 struct Case {
   const char* name;
-  double bound;                                 // documented max error in ulp
+  double bound;  // documented max error in ulp
   void (*loop)(Path, const float*, float*, int64_t);
   double (*ref)(double);
   // The exact result where the function is documented to saturate/overflow/underflow (else NaN).
@@ -89,12 +89,12 @@ struct Case {
 float no_exact(float) { return NAN; }
 // Thresholds of Note [fast float transcendentals]: the correctly rounded ones, except erf's (a few
 // floats early; the AVX-512 build saturates 2 floats after the baseline one, kErfLastBelowOne).
-constexpr float kExpInfFrom = 0x1.62e43p+6f;       // 88.72284: exp is inf from here
-constexpr float kExpZeroBelow = -0x1.9fe368p+6f;   // -103.97208: exp and sigmoid are 0 below
-constexpr float kTanhOneAbove = 0x1.205966p+3f;    // 9.0109129
-constexpr float kSigmoidOneAbove = 0x1.154244p+4f; // 17.328678
-constexpr float kErfOneAbove = 0x1.f5a424p+1f;     // 3.9190717
-constexpr float kErfLastBelowOne = 0x1.f5a42p+1f;  // 3.9190712: erf < 1 here in both builds
+constexpr float kExpInfFrom = 0x1.62e43p+6f;        // 88.72284: exp is inf from here
+constexpr float kExpZeroBelow = -0x1.9fe368p+6f;    // -103.97208: exp and sigmoid are 0 below
+constexpr float kTanhOneAbove = 0x1.205966p+3f;     // 9.0109129
+constexpr float kSigmoidOneAbove = 0x1.154244p+4f;  // 17.328678
+constexpr float kErfOneAbove = 0x1.f5a424p+1f;      // 3.9190717
+constexpr float kErfLastBelowOne = 0x1.f5a42p+1f;   // 3.9190712: erf < 1 here in both builds
 
 const Case kCases[] = {
     {"exp", kFastExpMaxUlp, run_loop<ExpFn<float>>, [](double x) { return std::exp(x); },
@@ -221,14 +221,38 @@ TEST(FastMath, DenseWindows) {
     float center;
   };
   const Window windows[] = {
-      {0, 0x1.199cc6p+6f}, {0, -0x1.76da64p+2f}, {0, 0x1.62e43p-2f}, {0, -0x1.62e43p-2f}, {0, 0x1.0a2b24p+0f},
-      {0, 0x1.bb9d3cp+0f}, {0, kExpInfFrom}, {0, kExpZeroBelow},
+      {0, 0x1.199cc6p+6f},
+      {0, -0x1.76da64p+2f},
+      {0, 0x1.62e43p-2f},
+      {0, -0x1.62e43p-2f},
+      {0, 0x1.0a2b24p+0f},
+      {0, 0x1.bb9d3cp+0f},
+      {0, kExpInfFrom},
+      {0, kExpZeroBelow},
       {0, -0x1.5d58ap+6f},  // -126 ln 2: subnormal results start
-      {1, 0x1.55d47cp+0f}, {1, 0x1.4665f2p+0f}, {1, 0x1.555556p-1f}, {1, 0x1.555556p+0f}, {1, 0x1p-126f},
-      {1, 1.0f}, {1, 0x1p-149f},
-      {2, 0x1.896ba2p-1f}, {2, 0.625f}, {2, -0.625f}, {2, kTanhOneAbove}, {2, -kTanhOneAbove},
-      {3, -0x1.430482p+6f}, {3, -0x1.0fb91cp+4f}, {3, 0.0f}, {3, kSigmoidOneAbove}, {3, kExpZeroBelow},
-      {4, 0x1.bffa1cp-1f}, {4, 0x1.0ef86ep+0f}, {4, 0.9f}, {4, -0.9f}, {4, kErfOneAbove}, {4, -kErfOneAbove},
+      {1, 0x1.55d47cp+0f},
+      {1, 0x1.4665f2p+0f},
+      {1, 0x1.555556p-1f},
+      {1, 0x1.555556p+0f},
+      {1, 0x1p-126f},
+      {1, 1.0f},
+      {1, 0x1p-149f},
+      {2, 0x1.896ba2p-1f},
+      {2, 0.625f},
+      {2, -0.625f},
+      {2, kTanhOneAbove},
+      {2, -kTanhOneAbove},
+      {3, -0x1.430482p+6f},
+      {3, -0x1.0fb91cp+4f},
+      {3, 0.0f},
+      {3, kSigmoidOneAbove},
+      {3, kExpZeroBelow},
+      {4, 0x1.bffa1cp-1f},
+      {4, 0x1.0ef86ep+0f},
+      {4, 0.9f},
+      {4, -0.9f},
+      {4, kErfOneAbove},
+      {4, -kErfOneAbove},
   };
   constexpr int64_t kHalf = 1 << 15;
   for (const Window& w : windows) {
@@ -264,16 +288,20 @@ TEST(FastMath, SpecialValues) {
     float x, want;  // want NaN: result must be NaN
   };
   const Expect table[] = {
-      {0, 0.0f, 1.0f}, {0, -0.0f, 1.0f}, {0, inf, inf}, {0, -inf, 0.0f}, {0, qnan, qnan}, {0, -qnan, qnan},
-      {0, kExpInfFrom, inf},
-      {0, kExpZeroBelow, tiny}, {0, std::nextafter(kExpZeroBelow, -inf), 0.0f}, {0, -1e30f, 0.0f}, {0, 1e30f, inf},
-      {1, 1.0f, 0.0f}, {1, 0.0f, -inf}, {1, -0.0f, -inf}, {1, -1.0f, qnan}, {1, -tiny, qnan}, {1, -inf, qnan},
-      {1, inf, inf}, {1, qnan, qnan},
-      {2, 0.0f, 0.0f}, {2, -0.0f, -0.0f}, {2, inf, 1.0f}, {2, -inf, -1.0f}, {2, qnan, qnan}, {2, 20.0f, 1.0f},
-      {2, -20.0f, -1.0f}, {2, tiny, tiny}, {2, -tiny, -tiny},
-      {3, 0.0f, 0.5f}, {3, -0.0f, 0.5f}, {3, inf, 1.0f}, {3, -inf, 0.0f}, {3, qnan, qnan}, {3, 1e30f, 1.0f},
-      {3, -1e30f, 0.0f}, {3, kExpZeroBelow, tiny},
-      {4, 0.0f, 0.0f}, {4, -0.0f, -0.0f}, {4, inf, 1.0f}, {4, -inf, -1.0f}, {4, qnan, qnan}, {4, 10.0f, 1.0f},
+      {0, 0.0f, 1.0f},       {0, -0.0f, 1.0f},         {0, inf, inf},
+      {0, -inf, 0.0f},       {0, qnan, qnan},          {0, -qnan, qnan},
+      {0, kExpInfFrom, inf}, {0, kExpZeroBelow, tiny}, {0, std::nextafter(kExpZeroBelow, -inf), 0.0f},
+      {0, -1e30f, 0.0f},     {0, 1e30f, inf},          {1, 1.0f, 0.0f},
+      {1, 0.0f, -inf},       {1, -0.0f, -inf},         {1, -1.0f, qnan},
+      {1, -tiny, qnan},      {1, -inf, qnan},          {1, inf, inf},
+      {1, qnan, qnan},       {2, 0.0f, 0.0f},          {2, -0.0f, -0.0f},
+      {2, inf, 1.0f},        {2, -inf, -1.0f},         {2, qnan, qnan},
+      {2, 20.0f, 1.0f},      {2, -20.0f, -1.0f},       {2, tiny, tiny},
+      {2, -tiny, -tiny},     {3, 0.0f, 0.5f},          {3, -0.0f, 0.5f},
+      {3, inf, 1.0f},        {3, -inf, 0.0f},          {3, qnan, qnan},
+      {3, 1e30f, 1.0f},      {3, -1e30f, 0.0f},        {3, kExpZeroBelow, tiny},
+      {4, 0.0f, 0.0f},       {4, -0.0f, -0.0f},        {4, inf, 1.0f},
+      {4, -inf, -1.0f},      {4, qnan, qnan},          {4, 10.0f, 1.0f},
       {4, -10.0f, -1.0f},
   };
   for (Path p : paths()) {
@@ -284,8 +312,8 @@ TEST(FastMath, SpecialValues) {
       if (std::isnan(e.want)) {
         EXPECT_TRUE(std::isnan(y)) << c.name << "(" << e.x << ") = " << y << " (" << name(p) << ")";
       } else {
-        EXPECT_EQ(to_bits(y), to_bits(e.want)) << c.name << "(" << std::hexfloat << e.x << ") = " << y << ", want "
-                                               << e.want << " (" << name(p) << ")";
+        EXPECT_EQ(to_bits(y), to_bits(e.want))
+            << c.name << "(" << std::hexfloat << e.x << ") = " << y << ", want " << e.want << " (" << name(p) << ")";
       }
     }
     // Saturation is tight: just before each threshold the result is not yet saturated.

@@ -145,7 +145,8 @@ TEST(KernelPaths, ConcurrentWritersLoseNoEntry) {
     writers.emplace_back([&, w] {
       for (int i = 0; i < 25; ++i) {
         const std::string key = "writer " + std::to_string(w) + " entry " + std::to_string(i);
-        const std::string err = mp::backend::cpu::store_path_cache(file, identity, {{key, {"native", {{"native", 1.0}}}}});
+        const std::string err =
+            mp::backend::cpu::store_path_cache(file, identity, {{key, {"native", {{"native", 1.0}}}}});
         EXPECT_EQ(err, "");
       }
     });

@@ -161,9 +161,7 @@ void check_conv(const Conv2dArgs& a, bool bias, uint32_t seed = 7) {
                   bias ? both_bias.data() : nullptr);
   EXPECT_EQ(both_src.bytes, diff_src.bytes) << "conv2d_backward diff_src differs from conv2d_backward_data";
   EXPECT_EQ(both_wei.bytes, diff_wei.bytes) << "conv2d_backward diff_weight differs from conv2d_backward_weights";
-  if (bias) {
-    EXPECT_EQ(both_bias.bytes, diff_bias.bytes) << "conv2d_backward diff_bias differs";
-  }
+  if (bias) { EXPECT_EQ(both_bias.bytes, diff_bias.bytes) << "conv2d_backward diff_bias differs"; }
   // One of the two only.
   std::memset(both_src.data(), 0xff, both_src.bytes.size());
   conv2d_backward(a, nullptr, diff_dst.data(), wei.data(), both_src.data(), nullptr, nullptr);
@@ -277,9 +275,7 @@ TEST(OnednnConv, ErrorsNameTheProblem) {
     try {
       conv2d_forward(a, buf.data(), buf.data(), nullptr, buf.data());
       ADD_FAILURE() << "expected an mp::Error mentioning " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what(); }
   };
   Conv2dArgs a = shape(1, 4, 5, 5, 4, 3);
   a.src_dtype = DType::f64;

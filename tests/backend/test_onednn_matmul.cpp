@@ -120,9 +120,7 @@ void check_matmul(const MatmulArgs& args, uint32_t seed = 1) {
       for (int64_t j = 0; j < args.n; ++j)
         in_c[bb * args.c_strides[0] + i * args.c_strides[1] + j * args.c_strides[2]] = true;
   for (size_t e = 0; e < in_c.size(); ++e)
-    if (!in_c[e]) {
-      ASSERT_EQ(c.get(static_cast<int64_t>(e)), c_old.values[e]) << "gap element " << e << " written";
-    }
+    if (!in_c[e]) { ASSERT_EQ(c.get(static_cast<int64_t>(e)), c_old.values[e]) << "gap element " << e << " written"; }
 }
 
 constexpr DType kF32 = DType::f32, kBf16 = DType::bf16;
@@ -229,9 +227,7 @@ TEST(OnednnMatmul, ErrorsNameTheProblem) {
     try {
       matmul(args, buf.data(), buf.data(), buf.data(), nullptr);
       ADD_FAILURE() << "expected an mp::Error mentioning " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what(); }
   };
   expect_error(MatmulArgs::contiguous(1, 2, 2, 2, DType::i32, kF32), "i32");
   expect_error(MatmulArgs::contiguous(1, 2, 2, 2, kF32, kBf16), "bf16 C");

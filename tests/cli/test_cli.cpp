@@ -100,10 +100,10 @@ TEST(Cli, ARunDescribedInAFileWithFlagsOverIt) {
   r = run("train --config " + file.string() + " --print_config --batch_size 7 --augment");
   ASSERT_EQ(r.code, 0) << r.output;
   j = nlohmann::json::parse(r.output);
-  EXPECT_EQ(j["epochs"], 3);         // from the file
+  EXPECT_EQ(j["epochs"], 3);          // from the file
   EXPECT_EQ(j["precision"], "bf16");  // from the file
-  EXPECT_EQ(j["batch_size"], 7);     // the flag wins
-  EXPECT_EQ(j["augment"], true);     // the flag wins
+  EXPECT_EQ(j["batch_size"], 7);      // the flag wins
+  EXPECT_EQ(j["augment"], true);      // the flag wins
 
   // The file runs: a short word-LM job from a file alone.
   j["epochs"] = 1;
@@ -181,10 +181,9 @@ TEST(Cli, TrainEvalConvertCompareAndPlotAWordLm) {
     // an older mixprec logged twice are plotted once (the replay wins).
     for (const char* run_dir : {"run-a", "run-b"}) {
       fs::create_directories(dir / run_dir);
-      std::ofstream(dir / run_dir / "log.jsonl")
-          << "{\"type\":\"step\",\"step\":1,\"loss\":2.0,\"scale\":1}\n"
-          << "{\"type\":\"step\",\"step\":2,\"loss\":1.5,\"scale\":1}\n"
-          << "{\"type\":\"step\",\"step\":2,\"loss\":1.25,\"scale\":1}\n";
+      std::ofstream(dir / run_dir / "log.jsonl") << "{\"type\":\"step\",\"step\":1,\"loss\":2.0,\"scale\":1}\n"
+                                                 << "{\"type\":\"step\",\"step\":2,\"loss\":1.5,\"scale\":1}\n"
+                                                 << "{\"type\":\"step\",\"step\":2,\"loss\":1.25,\"scale\":1}\n";
     }
     r = run("plot " + (dir / "run-a" / "log.jsonl").string() + " " + (dir / "run-b" / "log.jsonl").string() +
             " --out " + (dir / "plots2").string());
@@ -206,12 +205,14 @@ TEST(Cli, SigtermStopsAfterTheStepWithACheckpointThatResumes) {
   const fs::path log = dir / "run.jsonl";
   const std::string train = std::string(MP_CLI_PATH) + " train --dataset text --data_dir " + corpus().string() +
                             " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --epochs 100" +
-                            " --max_steps_per_epoch 20 --quiet --checkpoint_dir " + dir.string() + " --log " + log.string();
+                            " --max_steps_per_epoch 20 --quiet --checkpoint_dir " + dir.string() + " --log " +
+                            log.string();
   // Start it, wait (at most ~60 s) until it has logged 5 steps, then SIGTERM; the script prints the exit status.
   const fs::path script = dir / "stop.sh";
   std::ofstream(script) << train << " > " << (dir / "out.txt").string() << " 2>&1 &\n"
                         << "pid=$!; i=0\n"
-                        << "while [ \"$(cat " << log.string() << " 2>/dev/null | grep -c '\"type\":\"step\"')\" -lt 5 ] && "
+                        << "while [ \"$(cat " << log.string()
+                        << " 2>/dev/null | grep -c '\"type\":\"step\"')\" -lt 5 ] && "
                         << "[ $i -lt 3000 ]; do sleep 0.02; i=$((i + 1)); done\n"
                         << "kill -TERM $pid; wait $pid; echo rc=$?\n";
   FILE* p = ::popen(("sh " + script.string()).c_str(), "r");
@@ -244,12 +245,14 @@ TEST(Cli, SigtermStopsAfterTheStepWithACheckpointThatResumes) {
 }
 
 TEST(Cli, BenchStepPrintsJsonAndRefusesBadFlags) {
-  Result r = run("bench step --model mlp --image_size 8 --in_channels 1 --batch_size 8 --warmup 1 --steps 2 "
-                 "--precision bf16");
+  Result r =
+      run("bench step --model mlp --image_size 8 --in_channels 1 --batch_size 8 --warmup 1 --steps 2 "
+          "--precision bf16");
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* key : {"\"median_ms\"", "\"throughput\"", "\"peak_bytes\"", "\"opt_level\":\"O2\""})
     EXPECT_CONTAINS(r.output, key);
-  r = run("bench step --model lstm --vocab_size 50 --embed_size 8 --hidden_size 8 --seq_len 4 --batch_size 2 "
+  r =
+      run("bench step --model lstm --vocab_size 50 --embed_size 8 --hidden_size 8 --seq_len 4 --batch_size 2 "
           "--warmup 1 --steps 1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(r.output, "\"tok/s\"");
@@ -268,7 +271,8 @@ TEST(Cli, BenchSuitesWriteReports) {
     return std::string(std::istreambuf_iterator<char>(f), {});
   };
   // op-breakdown: a per-kernel table with matmul in it, fp32 and bf16 JSON with the op lists.
-  Result r = run("bench op-breakdown --model mlp --batch_size 8 --warmup 0 --steps 1 --report " + (dir / "ob").string());
+  Result r =
+      run("bench op-breakdown --model mlp --batch_size 8 --warmup 0 --steps 1 --report " + (dir / "ob").string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(text(dir / "ob" / "op-breakdown.md"), "| matmul");
   EXPECT_CONTAINS(text(dir / "ob" / "op-breakdown.md"), "whole step");
@@ -278,14 +282,18 @@ TEST(Cli, BenchSuitesWriteReports) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(text(dir / "li" / "lstm-impl.md"), "fused speed-up");
   // lstm-sweep on one tiny configuration: TFLOP/s columns filled.
-  r = run("bench lstm-sweep --layers 1 --batches 4 --cells 16 --vocab_size 50 --warmup 0 --steps 1 --pytorch off --report " +
+  r =
+      run("bench lstm-sweep --layers 1 --batches 4 --cells 16 --vocab_size 50 --warmup 0 --steps 1 --pytorch off "
+          "--report " +
           (dir / "ls").string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(text(dir / "ls" / "lstm-sweep.json"), "\"tflops\"");
   EXPECT_CONTAINS(text(dir / "ls" / "lstm-sweep.md"), "|      1 |     4 |    16 |");
   // resnets with a budget: the max-batch search runs real steps and records its trials.
-  r = run("bench resnets --models resnet18 --batch_size 2 --warmup 0 --steps 1 --memory_budget_gib 0.15 "
-          "--pytorch off --report " + (dir / "rn").string());
+  r =
+      run("bench resnets --models resnet18 --batch_size 2 --warmup 0 --steps 1 --memory_budget_gib 0.15 "
+          "--pytorch off --report " +
+          (dir / "rn").string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(text(dir / "rn" / "resnets.json"), "\"max_batch_trials\"");
   EXPECT_CONTAINS(text(dir / "rn" / "resnets.md"), "| resnet18 |");

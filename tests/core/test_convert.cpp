@@ -206,9 +206,7 @@ TEST(ConvertPaths, BestIsSupportedAndNamed) {
   EXPECT_TRUE(mp::convert_path_supported(ConvertPath::scalar));
   EXPECT_TRUE(mp::convert_path_supported(mp::best_convert_path()));
   EXPECT_STREQ(mp::convert_path_name(ConvertPath::avx512), "avx512");
-  if (mp::convert_path_supported(ConvertPath::avx512)) {
-    EXPECT_EQ(mp::best_convert_path(), ConvertPath::avx512);
-  }
+  if (mp::convert_path_supported(ConvertPath::avx512)) { EXPECT_EQ(mp::best_convert_path(), ConvertPath::avx512); }
   std::cout << "best conversion path: " << mp::convert_path_name(mp::best_convert_path()) << "\n";
 }
 

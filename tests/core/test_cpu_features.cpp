@@ -44,17 +44,13 @@ TEST(CpuFeatures, CachedAndStable) {
 TEST(CpuFeatures, Implications) {
   const mp::CpuFeatures& f = mp::cpu_features();
   // Every AVX-512 extension needs AVX-512F; AVX-512F parts all have AVX2/FMA/F16C.
-  if (f.avx512bw || f.avx512vl || f.avx512_bf16 || f.avx512_fp16) {
-    EXPECT_TRUE(f.avx512f);
-  }
+  if (f.avx512bw || f.avx512vl || f.avx512_bf16 || f.avx512_fp16) { EXPECT_TRUE(f.avx512f); }
   if (f.avx512f) {
     EXPECT_TRUE(f.avx2);
     EXPECT_TRUE(f.fma);
     EXPECT_TRUE(f.f16c);
   }
-  if (f.amx_bf16 || f.amx_int8) {
-    EXPECT_TRUE(f.amx_tile);
-  }
+  if (f.amx_bf16 || f.amx_int8) { EXPECT_TRUE(f.amx_tile); }
   // No shipped CPU has AVX512-FP16 without BW/VL (it builds on them).
   if (f.avx512_fp16) {
     EXPECT_TRUE(f.avx512bw);
@@ -68,10 +64,17 @@ TEST(CpuFeatures, StringListsExactlyThePresentFeatures) {
   std::istringstream words(mp::cpu_features_string());
   for (std::string w; words >> w;) listed.insert(w);
   const std::pair<bool, const char*> all[] = {
-      {f.avx2, "avx2"},         {f.f16c, "f16c"},           {f.fma, "fma"},
-      {f.avx512f, "avx512f"},   {f.avx512bw, "avx512bw"},   {f.avx512vl, "avx512vl"},
-      {f.avx512_bf16, "avx512_bf16"}, {f.avx512_fp16, "avx512_fp16"}, {f.amx_tile, "amx_tile"},
-      {f.amx_bf16, "amx_bf16"}, {f.amx_int8, "amx_int8"},
+      {f.avx2, "avx2"},
+      {f.f16c, "f16c"},
+      {f.fma, "fma"},
+      {f.avx512f, "avx512f"},
+      {f.avx512bw, "avx512bw"},
+      {f.avx512vl, "avx512vl"},
+      {f.avx512_bf16, "avx512_bf16"},
+      {f.avx512_fp16, "avx512_fp16"},
+      {f.amx_tile, "amx_tile"},
+      {f.amx_bf16, "amx_bf16"},
+      {f.amx_int8, "amx_int8"},
   };
   size_t present = 0;
   for (const auto& [on, name] : all) {
@@ -94,18 +97,21 @@ TEST(CpuFeatures, AgreesWithProcCpuinfo) {
     bool kernel_may_not_know;
   };
   const Row rows[] = {
-      {f.avx2, "avx2", false},          {f.f16c, "f16c", false},         {f.fma, "fma", false},
-      {f.avx512f, "avx512f", false},    {f.avx512bw, "avx512bw", false}, {f.avx512vl, "avx512vl", false},
-      {f.avx512_bf16, "avx512_bf16", true}, {f.avx512_fp16, "avx512_fp16", true},
-      {f.amx_tile, "amx_tile", true},   {f.amx_bf16, "amx_bf16", true},  {f.amx_int8, "amx_int8", true},
+      {f.avx2, "avx2", false},
+      {f.f16c, "f16c", false},
+      {f.fma, "fma", false},
+      {f.avx512f, "avx512f", false},
+      {f.avx512bw, "avx512bw", false},
+      {f.avx512vl, "avx512vl", false},
+      {f.avx512_bf16, "avx512_bf16", true},
+      {f.avx512_fp16, "avx512_fp16", true},
+      {f.amx_tile, "amx_tile", true},
+      {f.amx_bf16, "amx_bf16", true},
+      {f.amx_int8, "amx_int8", true},
   };
   for (const Row& r : rows) {
     const bool listed = flags.count(r.flag) == 1;
-    if (listed) {
-      EXPECT_TRUE(r.detected) << r.flag << " is in /proc/cpuinfo but not detected";
-    }
-    if (r.detected && !r.kernel_may_not_know) {
-      EXPECT_TRUE(listed) << r.flag << " detected but not in /proc/cpuinfo";
-    }
+    if (listed) { EXPECT_TRUE(r.detected) << r.flag << " is in /proc/cpuinfo but not detected"; }
+    if (r.detected && !r.kernel_may_not_know) { EXPECT_TRUE(listed) << r.flag << " detected but not in /proc/cpuinfo"; }
   }
 }

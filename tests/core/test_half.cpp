@@ -133,24 +133,24 @@ TEST(Half, Boundaries) {
   EXPECT_EQ(h(0.0f), 0x0000);
   EXPECT_EQ(h(-0.0f), 0x8000);
   EXPECT_EQ(h(1.0f), 0x3c00);
-  EXPECT_EQ(h(65504.0f), 0x7bff);                                // max half
-  EXPECT_EQ(h(std::nextafter(65520.0f, 0.0f)), 0x7bff);          // just below the overflow midpoint
-  EXPECT_EQ(h(65520.0f), 0x7c00);                                // midpoint, ties to even -> inf
+  EXPECT_EQ(h(65504.0f), 0x7bff);                        // max half
+  EXPECT_EQ(h(std::nextafter(65520.0f, 0.0f)), 0x7bff);  // just below the overflow midpoint
+  EXPECT_EQ(h(65520.0f), 0x7c00);                        // midpoint, ties to even -> inf
   EXPECT_EQ(h(-65520.0f), 0xfc00);
   EXPECT_EQ(h(INFINITY), 0x7c00);
   EXPECT_EQ(h(-INFINITY), 0xfc00);
-  EXPECT_EQ(h(std::ldexp(1.0f, -14)), 0x0400);                   // min normal
-  EXPECT_EQ(h(std::ldexp(1.0f, -24)), 0x0001);                   // min subnormal
-  EXPECT_EQ(h(std::ldexp(1.0f, -25)), 0x0000);                   // tie between 0 and 2^-24 -> 0
+  EXPECT_EQ(h(std::ldexp(1.0f, -14)), 0x0400);  // min normal
+  EXPECT_EQ(h(std::ldexp(1.0f, -24)), 0x0001);  // min subnormal
+  EXPECT_EQ(h(std::ldexp(1.0f, -25)), 0x0000);  // tie between 0 and 2^-24 -> 0
   EXPECT_EQ(h(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
-  EXPECT_EQ(h(std::ldexp(3.0f, -25)), 0x0002);                   // 1.5 units -> 2 (even)
-  EXPECT_EQ(h(std::ldexp(5.0f, -25)), 0x0002);                   // 2.5 units -> 2 (even)
-  EXPECT_EQ(h(1.0f + std::ldexp(1.0f, -11)), 0x3c00);            // tie -> even mantissa
-  EXPECT_EQ(h(1.0f + std::ldexp(3.0f, -11)), 0x3c02);            // tie -> even mantissa (up)
-  EXPECT_EQ(h(f32_from_bits(0x00000001u)), 0x0000);              // float subnormal -> 0
-  EXPECT_EQ(h(f32_from_bits(0x7fc00000u)), 0x7e00);              // quiet NaN
-  EXPECT_EQ(h(f32_from_bits(0x7f800001u)), 0x7e00);              // signalling NaN -> quiet
-  EXPECT_EQ(h(f32_from_bits(0xff812345u)), 0xfe09);              // sign and top payload kept
+  EXPECT_EQ(h(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 units -> 2 (even)
+  EXPECT_EQ(h(std::ldexp(5.0f, -25)), 0x0002);         // 2.5 units -> 2 (even)
+  EXPECT_EQ(h(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie -> even mantissa
+  EXPECT_EQ(h(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie -> even mantissa (up)
+  EXPECT_EQ(h(f32_from_bits(0x00000001u)), 0x0000);    // float subnormal -> 0
+  EXPECT_EQ(h(f32_from_bits(0x7fc00000u)), 0x7e00);    // quiet NaN
+  EXPECT_EQ(h(f32_from_bits(0x7f800001u)), 0x7e00);    // signalling NaN -> quiet
+  EXPECT_EQ(h(f32_from_bits(0xff812345u)), 0xfe09);    // sign and top payload kept
   EXPECT_EQ(f32_bits(half_bits_to_float(0x0001)), f32_bits(std::ldexp(1.0f, -24)));
   EXPECT_EQ(f32_bits(half_bits_to_float(0x7bff)), f32_bits(65504.0f));
   EXPECT_EQ(f32_bits(half_bits_to_float(0x7c01)), 0x7fc02000u);  // sNaN -> qNaN, payload kept
@@ -243,7 +243,8 @@ TEST(HalfExhaustive, FloatToHalfMatchesVcvtps2phForAll2To32Inputs) {
       for (uint32_t lo = 0; lo < 65536; ++lo) {
         const uint32_t x = (h << 16) | lo;
         const uint16_t ours = float_to_half_bits(f32_from_bits(x));
-        if (ours != hw[lo]) [[unlikely]] bad.add(x, ours, hw[lo]);
+        if (ours != hw[lo]) [[unlikely]]
+          bad.add(x, ours, hw[lo]);
       }
     }
   }
@@ -281,9 +282,7 @@ TEST(BFloat16Exhaustive, FloatToBf16MatchesVcvtneps2bf16ExceptSubnormals) {
     }
   }
   EXPECT_EQ(bad.count(), 0u) << bad.text();
-  if (kBlockStride == 1) {
-    EXPECT_EQ(subnormals, 2u * 0x7fffffu);
-  }
+  if (kBlockStride == 1) { EXPECT_EQ(subnormals, 2u * 0x7fffffu); }
   std::cout << "VCVTNEPS2BF16 flushed " << hw_flushed << " of " << subnormals
             << " FP32 subnormal inputs to signed zero (MXCSR.DAZ off)\n";
 }

@@ -37,11 +37,9 @@ constexpr size_t kN = size_t{1} << 22;  // draws per statistical test
 // Random123 kat_vectors, "philox4x32 10" lines (counter words, key words -> output words).
 TEST(Philox, KnownAnswerVectors) {
   expect_block(mp::philox4x32_10(U32x4{{0, 0, 0, 0}}, 0, 0), 0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u);
-  expect_block(mp::philox4x32_10(U32x4{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu,
-                                 0xffffffffu),
+  expect_block(mp::philox4x32_10(U32x4{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu),
                0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu);
-  expect_block(mp::philox4x32_10(U32x4{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u,
-                                 0x299f31d0u),
+  expect_block(mp::philox4x32_10(U32x4{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u),
                0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u);
 }
 
@@ -72,7 +70,8 @@ TEST(Philox, BlocksSoaMatchTheScalarBlocks) {
       for (int64_t k = 0; k < n; ++k) {
         const U32x4 b = mp::philox_block(kSeed, first + static_cast<uint64_t>(k));
         for (int w = 0; w < 4; ++w)
-          ASSERT_EQ(out[static_cast<size_t>(4 * k + w)], b.v[w]) << "first " << first << " block " << k << " word " << w;
+          ASSERT_EQ(out[static_cast<size_t>(4 * k + w)], b.v[w])
+              << "first " << first << " block " << k << " word " << w;
       }
       EXPECT_EQ(out[static_cast<size_t>(4 * n)], 0xdeadbeefu) << "wrote past the last block";
     }

@@ -81,7 +81,7 @@ TEST(Profiler, OffRecordsNothingAndSessionRestores) {
 namespace {
 
 struct FakeClock {
-  static inline double now = 0;           // the timestamp the next record() takes, in seconds
+  static inline double now = 0;  // the timestamp the next record() takes, in seconds
   static inline int records = 0, released = 0, elapsed_calls = 0;
   static inline std::vector<int> devices;  // the device of every record
 };

@@ -59,12 +59,12 @@ inline bool gpu_required() {
 
 /// Skip the test when there is neither a CUDA device nor the self-check mode (fail instead when
 /// gpu_required()).
-#define MP_SKIP_WITHOUT_GPU()                                                                          \
-  if (!::mp::cuda_test::device_available()) {                                                         \
-    if (::mp::cuda_test::gpu_required())                                                              \
-      GTEST_FAIL() << "MP_CUDA_TESTS_REQUIRE_GPU=1 but there is no CUDA device: "                     \
-                   << ::mp::backend::cuda::no_device_reason();                                        \
-    GTEST_SKIP() << "no CUDA device (" << ::mp::backend::cuda::no_device_reason()                    \
+#define MP_SKIP_WITHOUT_GPU()                                                                             \
+  if (!::mp::cuda_test::device_available()) {                                                             \
+    if (::mp::cuda_test::gpu_required())                                                                  \
+      GTEST_FAIL() << "MP_CUDA_TESTS_REQUIRE_GPU=1 but there is no CUDA device: "                         \
+                   << ::mp::backend::cuda::no_device_reason();                                            \
+    GTEST_SKIP() << "no CUDA device (" << ::mp::backend::cuda::no_device_reason()                         \
                  << "); MP_CUDA_TESTS_ON_CPU=1 runs these tests with the CPU standing in for the device"; \
   }
 
@@ -155,8 +155,9 @@ struct Tol {
 };
 
 /// Bit-identical values (IEEE basic operations: +, -, *, /, sqrt, comparisons, selections, casts).
-inline Tol exact(std::string why = "bit-identical: IEEE basic operations (correctly rounded on both devices) and "
-                                   "selections on the same inputs") {
+inline Tol exact(std::string why =
+                     "bit-identical: IEEE basic operations (correctly rounded on both devices) and "
+                     "selections on the same inputs") {
   return Tol{.why = std::move(why)};
 }
 
@@ -164,9 +165,12 @@ inline Tol exact(std::string why = "bit-identical: IEEE basic operations (correc
 /// whose f32/f64 results may differ by a few ulps between the devices' math libraries.
 inline Tol libm_tol(DType dt, double ulps_f32, double ulps_f64, const std::string& why) {
   Tol t;
-  if (dt == DType::f32) t.ulps = ulps_f32;
-  else if (dt == DType::f64) t.ulps = ulps_f64;
-  else t.ulps = 1;
+  if (dt == DType::f32)
+    t.ulps = ulps_f32;
+  else if (dt == DType::f64)
+    t.ulps = ulps_f64;
+  else
+    t.ulps = 1;
   t.why = why + (is_low_precision(dt) ? "; 16-bit output: the f32 results differ by a few f32 ulps (one f16 ulp "
                                         "is 2^13 f32 ulps, one bf16 ulp 2^16), so the rounded outputs are equal or, "
                                         "near a rounding boundary, one 16-bit ulp apart"
@@ -282,13 +286,13 @@ inline ::testing::AssertionResult close(const std::string& what, const Tensor& g
        << " (|diff| " << std::fabs(g[i] - w[i]) << ", allowed " << allowed[i] << ")";
     return os.str();
   };
-  return ::testing::AssertionFailure()
-         << what << " [" << dtype_name(dt) << " " << shape_str(want.sizes()) << ", " << w.size() << " elements]: "
-         << nbad << " element(s) differ beyond the tolerance\n  tolerance: ulps " << tol.ulps << ", rtol " << tol.rtol
-         << ", atol " << tol.atol << ", scaled " << tol.scaled << ", normwise " << tol.normwise
-         << " (max |cpu| " << max_want << ") -- " << tol.why << "\n  first mismatch at "
-         << at(first) << "\n  worst mismatch at " << at(worst) << "\n  max abs err " << max_abs << ", max rel err "
-         << max_rel;
+  return ::testing::AssertionFailure() << what << " [" << dtype_name(dt) << " " << shape_str(want.sizes()) << ", "
+                                       << w.size() << " elements]: " << nbad
+                                       << " element(s) differ beyond the tolerance\n  tolerance: ulps " << tol.ulps
+                                       << ", rtol " << tol.rtol << ", atol " << tol.atol << ", scaled " << tol.scaled
+                                       << ", normwise " << tol.normwise << " (max |cpu| " << max_want << ") -- "
+                                       << tol.why << "\n  first mismatch at " << at(first) << "\n  worst mismatch at "
+                                       << at(worst) << "\n  max abs err " << max_abs << ", max rel err " << max_rel;
 }
 
 /// Bit-identical elements (same dtype, shape, bytes; a NaN matches any NaN). For integer, bool and
@@ -333,14 +337,14 @@ inline ::testing::AssertionResult identical(const std::string& what, const Tenso
 }
 
 /// Compare two host numbers (losses, norms) with a relative tolerance; `why` states it.
-inline ::testing::AssertionResult near_rel(const std::string& what, double device_value, double cpu_value,
-                                           double rtol, const std::string& why) {
+inline ::testing::AssertionResult near_rel(const std::string& what, double device_value, double cpu_value, double rtol,
+                                           const std::string& why) {
   const double d = std::fabs(device_value - cpu_value);
   if (d <= rtol * std::max(std::fabs(cpu_value), 1e-30) || (std::isnan(device_value) && std::isnan(cpu_value)))
     return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << std::setprecision(10) << what << ": device " << device_value << ", cpu "
-                                       << cpu_value << ", relative difference " << d / std::fabs(cpu_value)
-                                       << " > " << rtol << " (" << why << ")";
+                                       << cpu_value << ", relative difference " << d / std::fabs(cpu_value) << " > "
+                                       << rtol << " (" << why << ")";
 }
 
 // ============================================================================ inputs
@@ -429,9 +433,7 @@ inline std::string desc(const std::string& op, DType dt, const Shape& shape) {
 inline void guarded(const std::string& what, const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << what << ": threw: " << e.what();
-  }
+  } catch (const std::exception& e) { ADD_FAILURE() << what << ": threw: " << e.what(); }
 }
 
 /// Whether an exception message says a dtype is not supported on the device (allowed for f64 in the
@@ -463,12 +465,12 @@ class DeviceThreads {
 /// when empty, become leaves requiring grad), the op, the output tolerance and, for backward, the
 /// gradient tolerance (the same upstream gradient, uniform in [-1, 1), on both devices).
 struct OpCheck {
-  std::string name;                                       ///< op, dtype and case for messages
-  std::vector<Tensor> inputs;                             ///< CPU tensors
+  std::string name;                                      ///< op, dtype and case for messages
+  std::vector<Tensor> inputs;                            ///< CPU tensors
   std::function<Tensor(const std::vector<Tensor>&)> fn;  ///< the op (applied to leaves of either device)
-  Tol out;                                                ///< forward tolerance
-  std::optional<Tol> grad;                                ///< gradient tolerance; nullopt: forward only
-  std::vector<size_t> grad_inputs;                        ///< inputs that get gradients (empty: floating ones)
+  Tol out;                                               ///< forward tolerance
+  std::optional<Tol> grad;                               ///< gradient tolerance; nullopt: forward only
+  std::vector<size_t> grad_inputs;                       ///< inputs that get gradients (empty: floating ones)
   /// Optional per-element scale of the forward tolerance (Tol::scaled), from the CPU inputs.
   std::function<Tensor(const std::vector<Tensor>&)> out_scale;
   /// For ops linear in each floating input (matmul, conv, linear, sums, pools, embedding): the scale of

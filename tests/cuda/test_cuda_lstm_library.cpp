@@ -37,14 +37,14 @@ bool dtype_runs(DType dt) {
   if (!dev().is_cuda()) return true;
   const std::string msg = test::error_of([&] {
     const TensorOptions o{.dtype = dt, .device = dev()};
-    (void)lstm_layer_library(zeros({1, 1, 8}, o), zeros({1, 8}, o), zeros({1, 8}, {.device = dev()}),
-                             zeros({32, 8}, o), zeros({32, 8}, o));
+    (void)lstm_layer_library(zeros({1, 1, 8}, o), zeros({1, 8}, o), zeros({1, 8}, {.device = dev()}), zeros({32, 8}, o),
+                             zeros({32, 8}, o));
   });
   if (msg == "(no error)") return true;
   std::printf("[   NOTE   ] lstm_layer_library %s does not run on %s: %s\n", dtype_name(dt), dev().str().c_str(),
               msg.c_str());
-  EXPECT_NE(msg.find("cuDNN 9.13"), std::string::npos) << "only a bf16 RNN missing from an old cuDNN may be refused: "
-                                                         << msg;
+  EXPECT_NE(msg.find("cuDNN 9.13"), std::string::npos)
+      << "only a bf16 RNN missing from an old cuDNN may be refused: " << msg;
   return false;
 }
 
@@ -56,8 +56,8 @@ TEST(CudaLstmLibrary, MatchesCpuFusedForwardAndBackward) {
     int64_t T, B, I, H;
     bool bias;
   };
-  const std::vector<Case> cases = {{6, 4, 10, 16, true}, {6, 5, 10, 16, false}, {1, 3, 7, 9, true},
-                                   {5, 8, 48, 64, true}};
+  const std::vector<Case> cases = {
+      {6, 4, 10, 16, true}, {6, 5, 10, 16, false}, {1, 3, 7, 9, true}, {5, 8, 48, 64, true}};
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
     if (!dtype_runs(dt)) continue;
     for (const Case& k : cases) {
@@ -81,8 +81,9 @@ TEST(CudaLstmLibrary, MatchesCpuFusedForwardAndBackward) {
       // round h: a few 16-bit ulps at |values| <= 1, contracted over the steps by the forget gate.
       chk.out = Tol{.ulps = 4,
                     .atol = is_low_precision(dt) ? 8 * ulp(dt, 1.0) : static_cast<double>(k.T) * 512 * acc_roundoff(dt),
-                    .why = "T recurrent steps of GEMMs + gates in another order (16-bit: gates rounded on the CPU, "
-                           "c rounded by cuDNN)"};
+                    .why =
+                        "T recurrent steps of GEMMs + gates in another order (16-bit: gates rounded on the CPU, "
+                        "c rounded by cuDNN)"};
       // Gradients, relative to the largest element: the same sums backward over T steps (f32); 16-bit:
       // the CPU's backward rounds dG, dh and dW to 16 bits per step, cuDNN returns 16-bit gradients.
       chk.grad = Tol{.ulps = 4,
@@ -100,9 +101,10 @@ TEST(CudaLstmLibrary, InferenceMatchesTrainingAndRepeatsBitForBit) {
   // compute the same function; cuDNN may pick other kernels for the two modes (4 ulps + GEMM order).
   // The same call twice (the cached plan) gives identical bits.
   const int64_t T = 7, B = 6, I = 12, H = 20;
-  const std::vector<Tensor> in = {uniform({T, B, I}, -1, 1), uniform({B, H}, -1, 1), uniform({B, H}, -1, 1),
-                                  uniform({4 * H, I}, -0.3, 0.3), uniform({4 * H, H}, -0.3, 0.3),
-                                  uniform({4 * H}, -0.3, 0.3), uniform({4 * H}, -0.3, 0.3)};
+  const std::vector<Tensor> in = {uniform({T, B, I}, -1, 1),      uniform({B, H}, -1, 1),
+                                  uniform({B, H}, -1, 1),         uniform({4 * H, I}, -0.3, 0.3),
+                                  uniform({4 * H, H}, -0.3, 0.3), uniform({4 * H}, -0.3, 0.3),
+                                  uniform({4 * H}, -0.3, 0.3)};
   guarded("lstm_layer_library inference vs training", [&] {
     std::vector<Tensor> d;
     for (const Tensor& t : in) d.push_back(on_dev(t));
@@ -116,7 +118,8 @@ TEST(CudaLstmLibrary, InferenceMatchesTrainingAndRepeatsBitForBit) {
     d[3].requires_grad_(true);
     const Tensor train = library_or_fused(d);
     EXPECT_TRUE(close("training vs inference", train, infer_a.to(kCPU),
-                      Tol{.ulps = 4, .atol = T * 512 * acc_roundoff(DType::f32),
+                      Tol{.ulps = 4,
+                          .atol = T * 512 * acc_roundoff(DType::f32),
                           .why = "training and inference kernels may accumulate in another order"}));
   });
 }
@@ -126,7 +129,9 @@ TEST(CudaLstmLibrary, NnLstmLibraryOnCudaMatchesFusedOnCpu) {
   guarded("nn::LSTM library (cuda) vs fused (cpu)", [] {
     manual_seed(21);
     nn::LSTM cpu(nn::LSTMOptions{.input_size = 10, .hidden_size = 16, .num_layers = 2});
-    nn::LSTM gpu(nn::LSTMOptions{.input_size = 10, .hidden_size = 16, .num_layers = 2,
+    nn::LSTM gpu(nn::LSTMOptions{.input_size = 10,
+                                 .hidden_size = 16,
+                                 .num_layers = 2,
                                  .impl = dev().is_cuda() ? nn::LstmImpl::library : nn::LstmImpl::fused});
     gpu.load_state_dict(cpu.state_dict());
     gpu.to(dev());
@@ -143,7 +148,8 @@ TEST(CudaLstmLibrary, NnLstmLibraryOnCudaMatchesFusedOnCpu) {
     const Tensor go = uniform({T, B, 16}, -1, 1);
     add(sum(mul(oc, go)), sum(sc.c)).backward();
     add(sum(mul(od, on_dev(go))), sum(sd.c)).backward();
-    const Tol grad{.ulps = 4, .normwise = 2 * T * 2048 * acc_roundoff(DType::f32),
+    const Tol grad{.ulps = 4,
+                   .normwise = 2 * T * 2048 * acc_roundoff(DType::f32),
                    .why = "backward through two layers of T steps (relative to the largest gradient)"};
     EXPECT_TRUE(close("nn::LSTM grad of x", xd.grad(), xc.grad(), grad));
     const auto pc = cpu.named_parameters(), pd = gpu.named_parameters();
@@ -157,8 +163,13 @@ TEST(CudaLstmLibrary, SecondBackwardThroughOneForwardIsRefused) {
   MP_SKIP_WITHOUT_GPU();
   if (!dev().is_cuda()) GTEST_SKIP() << "self-check mode: the CPU's graphs may be back-propagated twice (tests/ops)";
   // Note [cuDNN reserve space is consumed] in cudnn_rnn.cu: the first backward works, the second says why not.
-  std::vector<Tensor> in = {uniform({3, 2, 4}, -1, 1),      uniform({2, 8}, -1, 1),      uniform({2, 8}, -1, 1),
-                            uniform({32, 4}, -0.3, 0.3), uniform({32, 8}, -0.3, 0.3), Tensor(), Tensor()};
+  std::vector<Tensor> in = {uniform({3, 2, 4}, -1, 1),
+                            uniform({2, 8}, -1, 1),
+                            uniform({2, 8}, -1, 1),
+                            uniform({32, 4}, -0.3, 0.3),
+                            uniform({32, 8}, -0.3, 0.3),
+                            Tensor(),
+                            Tensor()};
   for (Tensor& t : in) t = on_dev(t, t.defined());
   const Tensor loss = sum(library_or_fused(in));
   const std::vector<Tensor> wrt(in.begin(), in.begin() + 5);

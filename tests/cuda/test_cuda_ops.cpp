@@ -40,12 +40,35 @@ Tensor cast_sample(DType dt, bool negatives, const Shape& shape) {
 // value whose f64 -> f16 conversion through f32 rounds twice (1 + 2^-11 + 2^-40 becomes the tie
 // 1 + 2^-11 in f32, then 1.0 in f16: the CPU's scalar_cast goes through float, so must the GPU).
 std::vector<double> special_floats() {
-  return {0.0,          -0.0,        kInf,        -kInf,       kNaN,       1.0,          -1.5,
-          65504.0,      65519.0,     65520.0,     -70000.0,    1e-8,       3e-5,         -6.1e-5,
-          5.9604645e-8, 1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), 1.0 + std::ldexp(1.0, -11),
-          1.0 + 3 * std::ldexp(1.0, -11), 3.4028234663852886e38, -3.4028234663852886e38, 1e-40, 1e300, -1e-300,
-          1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40), 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -35),
-          0.1,          -0.2,        1.0 / 3.0};
+  return {0.0,
+          -0.0,
+          kInf,
+          -kInf,
+          kNaN,
+          1.0,
+          -1.5,
+          65504.0,
+          65519.0,
+          65520.0,
+          -70000.0,
+          1e-8,
+          3e-5,
+          -6.1e-5,
+          5.9604645e-8,
+          1.0 + std::ldexp(1.0, -8),
+          1.0 + 3 * std::ldexp(1.0, -8),
+          1.0 + std::ldexp(1.0, -11),
+          1.0 + 3 * std::ldexp(1.0, -11),
+          3.4028234663852886e38,
+          -3.4028234663852886e38,
+          1e-40,
+          1e300,
+          -1e-300,
+          1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40),
+          1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -35),
+          0.1,
+          -0.2,
+          1.0 / 3.0};
 }
 
 // A view of a leaf (applied on both devices), so ops see strided or broadcast operands.
@@ -61,7 +84,11 @@ const std::vector<View>& unary_views() {
   static const std::vector<View> v = {
       {"contiguous [1037]", {1037}, [](const Tensor& t) { return t; }},
       {"transposed [61, 17]^T", {61, 17}, [](const Tensor& t) { return t.t(); }},
-      {"broadcast [8, 1, 9] -> [8, 5, 9]", {8, 1, 9}, [](const Tensor& t) { return t.expand({8, 5, 9}); }},
+      {"broadcast [8, 1, 9] -> [8, 5, 9]",
+       {8, 1, 9},
+       [](const Tensor& t) {
+         return t.expand({8, 5, 9});
+       }},
   };
   return v;
 }
@@ -123,18 +150,24 @@ std::vector<UnaryCase> unary_cases() {
        }},
       {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, 0.1, 4,
        [](DType dt) {
-         return libm_tol(dt, 2, 1, "1/sqrt(x): correctly rounded sqrt and division on both (exact), but CUDA's "
-                                   "rsqrtf (2 ulp) may stand in for 1/sqrtf under other flags");
+         return libm_tol(dt, 2, 1,
+                         "1/sqrt(x): correctly rounded sqrt and division on both (exact), but CUDA's "
+                         "rsqrtf (2 ulp) may stand in for 1/sqrtf under other flags");
        },
        [](DType dt) {
-         return per_dtype(dt, 8, 4, 4, 0, 0, 0, "backward -g y^3 / 2 from y = rsqrt(x): y may differ by 2 ulp (f32) "
-                                                "or 1 ulp (16-bit), cubed: 3x, plus the products' roundings");
+         return per_dtype(dt, 8, 4, 4, 0, 0, 0,
+                          "backward -g y^3 / 2 from y = rsqrt(x): y may differ by 2 ulp (f32) "
+                          "or 1 ulp (16-bit), cubed: 3x, plus the products' roundings");
        }},
       {"exp", [](const Tensor& x) { return exp(x); }, -4, 4,
        [](DType dt) { return libm_tol(dt, 4, 2, "expf: CUDA 2 ulp + fast_exp 1.03 ulp"); },
-       [](DType dt) { return per_dtype(dt, 5, 3, 2, 0, 0, 0, "backward g * exp(x): the forward's difference plus one product"); }},
+       [](DType dt) {
+         return per_dtype(dt, 5, 3, 2, 0, 0, 0, "backward g * exp(x): the forward's difference plus one product");
+       }},
       {"log", [](const Tensor& x) { return log(x); }, 0.1, 4,
-       [](DType dt) { return libm_tol(dt, 3, 2, "logf: CUDA 1 ulp + fast_log 0.97 ulp (both relative to the result)"); },
+       [](DType dt) {
+         return libm_tol(dt, 3, 2, "logf: CUDA 1 ulp + fast_log 0.97 ulp (both relative to the result)");
+       },
        [](DType) { return exact("backward g / x: one correctly rounded division"); }},
       {"tanh", [](const Tensor& x) { return tanh(x); }, -4, 4,
        [](DType dt) { return libm_tol(dt, 4, 3, "tanhf: CUDA 2 ulp + fast_tanh 1.08 ulp"); },
@@ -142,13 +175,15 @@ std::vector<UnaryCase> unary_cases() {
          // g (1 - y^2): y may differ by 4 f32 ulps (<= 4 * 2^-24 absolute, |y| < 1), so 1 - y^2 by 8 * 2^-24 plus
          // an FMA contraction's 2^-24: absolute, as 1 - y^2 cancels near |y| = 1. 16-bit: y may differ by one
          // 16-bit ulp (<= 2^-p below 1), so 1 - y^2 by 2 * 2^-p (|g| < 1).
-         return per_dtype(dt, 2, 2, 1, 10 * u, 10 * u64, 2 * unit_roundoff(dt),
-                          "backward g (1 - y^2) with y = tanh(x) from the forward: absolute, 1 - y^2 cancels near |y| = 1");
+         return per_dtype(
+             dt, 2, 2, 1, 10 * u, 10 * u64, 2 * unit_roundoff(dt),
+             "backward g (1 - y^2) with y = tanh(x) from the forward: absolute, 1 - y^2 cancels near |y| = 1");
        }},
       {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, -6, 6,
        [](DType dt) {
-         return libm_tol(dt, 5, 3, "GPU sigmoid = expf(-|x|) (2 ulp), e / (1 + e) and 1 - q: <= 3.5 ulp; CPU "
-                                   "fast_sigmoid 1.46 ulp");
+         return libm_tol(dt, 5, 3,
+                         "GPU sigmoid = expf(-|x|) (2 ulp), e / (1 + e) and 1 - q: <= 3.5 ulp; CPU "
+                         "fast_sigmoid 1.46 ulp");
        },
        [u, u64](DType dt) {
          return per_dtype(dt, 3, 2, 1, 7 * u, 7 * u64, 2 * unit_roundoff(dt),
@@ -198,8 +233,8 @@ TEST(CudaTensor, CastsBetweenEveryDtypePair) {
       const Tensor xd = on_dev(x);
       for (DType dst : kAllTypes) {
         if (negatives && dst == DType::u8) continue;  // undefined in C++ for negative floats: no reference
-        const std::string what = std::string("cast ") + dtype_name(src) + " -> " + dtype_name(dst) +
-                                 (negatives ? " (signed values)" : "");
+        const std::string what =
+            std::string("cast ") + dtype_name(src) + " -> " + dtype_name(dst) + (negatives ? " (signed values)" : "");
         guarded(what, [&] {
           EXPECT_TRUE(identical(what, xd.to(dst), x.to(dst)));
           EXPECT_TRUE(identical(what + " of a transposed view", xd.t().to(dst), x.t().to(dst)));
@@ -224,13 +259,22 @@ TEST(CudaTensor, ContiguousCloneAndToOfStridedViews) {
   MP_SKIP_WITHOUT_GPU();
   const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> views = {
       {"transpose(0, 2)", [](const Tensor& t) { return t.transpose(0, 2); }},
-      {"permute(1, 2, 0)", [](const Tensor& t) { return t.permute({1, 2, 0}); }},
+      {"permute(1, 2, 0)",
+       [](const Tensor& t) {
+         return t.permute({1, 2, 0});
+       }},
       {"slice(2, 1, 9, 3)", [](const Tensor& t) { return t.slice(2, 1, 9, 3); }},
       {"select(1, 4)", [](const Tensor& t) { return t.select(1, 4); }},
       {"narrow(0, 1, 3) (offset, contiguous)", [](const Tensor& t) { return t.narrow(0, 1, 3); }},
-      {"narrow(2, 3, 1).expand (stride 0)", [](const Tensor& t) { return t.narrow(2, 3, 1).expand({6, 7, 5}); }},
+      {"narrow(2, 3, 1).expand (stride 0)",
+       [](const Tensor& t) {
+         return t.narrow(2, 3, 1).expand({6, 7, 5});
+       }},
       {"slice(0, 0, 6, 2).transpose(1, 2)", [](const Tensor& t) { return t.slice(0, 0, 6, 2).transpose(1, 2); }},
-      {"select(0, 2).unsqueeze(0).expand", [](const Tensor& t) { return t.select(0, 2).unsqueeze(0).expand({4, 7, 10}); }},
+      {"select(0, 2).unsqueeze(0).expand",
+       [](const Tensor& t) {
+         return t.select(0, 2).unsqueeze(0).expand({4, 7, 10});
+       }},
   };
   for (DType dt : kAllTypes) {
     const Tensor x = cast_sample(dt, dt != DType::u8, {6, 7, 10});
@@ -280,9 +324,12 @@ TEST(CudaTensor, FillFactoriesAndRandomStreams) {
     const std::string what = std::string("fill ") + dtype_name(dt);
     guarded(what, [&] {
       const double v = dt == DType::b8 ? 1.0 : dt == DType::u8 ? 200.0 : is_floating(dt) ? -2.5 : -7.0;
-      EXPECT_TRUE(identical(what + " full", full({3, 37}, v, {.dtype = dt, .device = dev()}), full({3, 37}, v, {.dtype = dt})));
-      EXPECT_TRUE(identical(what + " zeros", zeros({1037}, {.dtype = dt, .device = dev()}), zeros({1037}, {.dtype = dt})));
-      EXPECT_TRUE(identical(what + " ones", ones({5, 0, 3}, {.dtype = dt, .device = dev()}), ones({5, 0, 3}, {.dtype = dt})));
+      EXPECT_TRUE(
+          identical(what + " full", full({3, 37}, v, {.dtype = dt, .device = dev()}), full({3, 37}, v, {.dtype = dt})));
+      EXPECT_TRUE(
+          identical(what + " zeros", zeros({1037}, {.dtype = dt, .device = dev()}), zeros({1037}, {.dtype = dt})));
+      EXPECT_TRUE(
+          identical(what + " ones", ones({5, 0, 3}, {.dtype = dt, .device = dev()}), ones({5, 0, 3}, {.dtype = dt})));
       // fill_ through a strided view leaves the other elements alone.
       const Tensor base = cast_sample(dt, false, {10, 11});
       Tensor cb = base.clone(), db = on_dev(base);
@@ -409,17 +456,20 @@ TEST(CudaPointwise, BinaryOpsWithBroadcastingAndPromotion) {
         chk.fn = [&c, tr](const std::vector<Tensor>& in) { return c.fn(tr ? in[0].t() : in[0], in[1]); };
         chk.out = c.fwd(dt);
         const double eu = is_low_precision(dt) ? c.grad_elem_ulps16 : c.grad_elem_ulps_f32;
-        if (s.K > 1) chk.grad = broadcast_grad_tol(dt, s.K, c.grad_bound, eu);
-        else if (eu == 0) chk.grad = exact("element-wise gradients of IEEE operations");
-        else chk.grad = Tol{.ulps = eu, .why = "element-wise gradients through powf/logf (CUDA vs glibc) and products"};
+        if (s.K > 1)
+          chk.grad = broadcast_grad_tol(dt, s.K, c.grad_bound, eu);
+        else if (eu == 0)
+          chk.grad = exact("element-wise gradients of IEEE operations");
+        else
+          chk.grad = Tol{.ulps = eu, .why = "element-wise gradients through powf/logf (CUDA vs glibc) and products"};
         check_op(chk);
       }
     }
   }
   // Mixed dtypes: the result has the promoted dtype and is computed in it; the gradients come back in
   // each input's dtype.
-  const std::vector<std::pair<DType, DType>> mixes = {{DType::f16, DType::f32}, {DType::bf16, DType::f16},
-                                                      {DType::f32, DType::f64}, {DType::bf16, DType::f32}};
+  const std::vector<std::pair<DType, DType>> mixes = {
+      {DType::f16, DType::f32}, {DType::bf16, DType::f16}, {DType::f32, DType::f64}, {DType::bf16, DType::f32}};
   for (const auto& [da, db] : mixes) {
     for (const char* op : {"add", "mul", "maximum"}) {
       OpCheck chk;
@@ -451,7 +501,9 @@ TEST(CudaPointwise, TiesOfMaximumMinimumSplitTheGradient) {
       chk.name = std::string(op) + " with ties " + dtype_name(dt);
       chk.inputs = {from_set({300}, {-1, 0, 0.5, 2}, dt), from_set({300}, {-1, 0, 0.5, 2}, dt)};
       const bool is_max = std::string(op) == "maximum";
-      chk.fn = [is_max](const std::vector<Tensor>& in) { return is_max ? maximum(in[0], in[1]) : minimum(in[0], in[1]); };
+      chk.fn = [is_max](const std::vector<Tensor>& in) {
+        return is_max ? maximum(in[0], in[1]) : minimum(in[0], in[1]);
+      };
       chk.out = exact("a selection");
       chk.grad = exact("g, 0 or g / 2 (ties): exact");
       check_op(chk);
@@ -473,7 +525,7 @@ TEST(CudaPointwise, ComparisonsWhereAndIntegerArithmetic) {
   // false, except ne).
   const std::vector<std::pair<DType, DType>> pairs = {
       {DType::f32, DType::f32}, {DType::f16, DType::f16}, {DType::bf16, DType::bf16}, {DType::f64, DType::f64},
-      {DType::f16, DType::f32}, {DType::i64, DType::i64}, {DType::i32, DType::i64}, {DType::f32, DType::i64},
+      {DType::f16, DType::f32}, {DType::i64, DType::i64}, {DType::i32, DType::i64},   {DType::f32, DType::i64},
       {DType::u8, DType::u8},   {DType::b8, DType::b8}};
   for (const auto& [da, db] : pairs) {
     auto sample = [](DType dt, const Shape& s) {
@@ -520,7 +572,8 @@ TEST(CudaPointwise, ComparisonsWhereAndIntegerArithmetic) {
         EXPECT_TRUE(identical("neg " + n, neg(ad), neg(a)));
         EXPECT_TRUE(identical("abs " + n, abs(ad - bd), abs(a - b)));
       }
-      EXPECT_TRUE(close("exp " + n + " (-> f32)", exp(ad), exp(a), libm_tol(DType::f32, 4, 2, "expf: CUDA 2 + fast_exp 1.03 ulp")));
+      EXPECT_TRUE(close("exp " + n + " (-> f32)", exp(ad), exp(a),
+                        libm_tol(DType::f32, 4, 2, "expf: CUDA 2 + fast_exp 1.03 ulp")));
     });
   }
 }

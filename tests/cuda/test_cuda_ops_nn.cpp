@@ -65,8 +65,8 @@ OpCheck conv_check(const std::string& name, DType dt, const Shape& x, const Shap
   // cuDNN's algorithms (implicit GEMM, Winograd, FFT) sum in other orders and some add transform roundings:
   // 4 sqrt(K) u_acc sum|x w|. 16-bit with bias: the bias is added by a separate pass, so the output may be
   // rounded twice (Note [cuDNN convolution precision]): 2 ulps.
-  chk.out = with_bias_rounding(gemm_tol(dt, K, 4, 1, "convolution: cuDNN's summation order / algorithm, output rounding"),
-                               dt, bias);
+  chk.out = with_bias_rounding(
+      gemm_tol(dt, K, 4, 1, "convolution: cuDNN's summation order / algorithm, output rounding"), dt, bias);
   chk.grad = gemm_tol(dt, K_bwd, 4, 2,
                       "data and weight gradients: cuDNN's order over O/g kh kw or N oh ow terms; a 16-bit weight "
                       "gradient is rounded inside cuDNN (Note [conv weight gradient dtype]) then once more");
@@ -146,7 +146,8 @@ TEST(CudaLinalg, LinearReluMatchesTheCpu) {
     for (int variant = 0; variant < 3; ++variant) {
       const bool bias = variant != 1, tx = variant == 2;
       OpCheck chk;
-      chk.name = std::string("linear_relu ") + dtype_name(dt) + (bias ? " + bias" : " no bias") + (tx ? " transposed x" : "");
+      chk.name =
+          std::string("linear_relu ") + dtype_name(dt) + (bias ? " + bias" : " no bias") + (tx ? " transposed x" : "");
       chk.inputs = {uniform(tx ? Shape{53, 37} : Shape{37, 53}, -1, 1, dt), uniform({29, 53}, -0.5, 0.5, dt),
                     bias ? uniform({29}, -1, 1, dt) : Tensor()};
       chk.fn = [tx](const std::vector<Tensor>& in) { return linear_relu(tx ? in[0].t() : in[0], in[1], in[2]); };
@@ -242,12 +243,27 @@ TEST(CudaConv, Conv2dGeometriesAndDtypes) {
   const std::vector<Case> cases = {
       {"3x3 pad 1 + bias", {2, 3, 11, 13}, {8, 3, 3, 3}, {.padding = {1, 1}}, true, false},
       {"3x3 stride 2", {2, 4, 12, 9}, {6, 4, 3, 3}, {.stride = {2, 2}}, false, false},
-      {"3x3 dilation 2 pad 2 + bias", {1, 5, 10, 10}, {4, 5, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}}, true, false},
+      {"3x3 dilation 2 pad 2 + bias",
+       {1, 5, 10, 10},
+       {4, 5, 3, 3},
+       {.padding = {2, 2}, .dilation = {2, 2}},
+       true,
+       false},
       {"groups 2 + bias", {2, 6, 9, 9}, {8, 3, 3, 3}, {.padding = {1, 1}, .groups = 2}, true, false},
       {"depthwise (groups = C)", {2, 8, 10, 7}, {8, 1, 3, 3}, {.padding = {1, 1}, .groups = 8}, false, false},
       {"1x1 stride 2 + bias", {3, 16, 8, 8}, {32, 16, 1, 1}, {.stride = {2, 2}}, true, false},
-      {"5x3 stride (1, 2) pad (2, 1) + bias", {2, 3, 15, 17}, {5, 3, 5, 3}, {.stride = {1, 2}, .padding = {2, 1}}, true, false},
-      {"odd channels [4, 13, 16, 16] x [17, 13, 3, 3]", {4, 13, 16, 16}, {17, 13, 3, 3}, {.padding = {1, 1}}, false, false},
+      {"5x3 stride (1, 2) pad (2, 1) + bias",
+       {2, 3, 15, 17},
+       {5, 3, 5, 3},
+       {.stride = {1, 2}, .padding = {2, 1}},
+       true,
+       false},
+      {"odd channels [4, 13, 16, 16] x [17, 13, 3, 3]",
+       {4, 13, 16, 16},
+       {17, 13, 3, 3},
+       {.padding = {1, 1}},
+       false,
+       false},
       {"strided input view (transpose(1, 2))", {2, 11, 3, 13}, {8, 3, 3, 3}, {.padding = {1, 1}}, true, true},
   };
   for (DType dt : kFloatTypes) {
@@ -335,7 +351,8 @@ TEST(CudaPool, MaxAvgAndAdaptivePools) {
       {"3x3 / 2 pad 1", {2, 3, 9, 11}, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}},
       {"3x3 / 1 pad 1 ceil", {1, 2, 7, 7}, {.kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1}, .ceil_mode = true}},
       {"2x2 / 2 ceil (odd sizes)", {2, 2, 7, 9}, {.kernel = {2, 2}, .ceil_mode = true}},
-      {"3x2 / (2, 1) no count_include_pad", {2, 3, 10, 6},
+      {"3x2 / (2, 1) no count_include_pad",
+       {2, 3, 10, 6},
        {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1}, .count_include_pad = false}},
   };
   for (DType dt : kFloatTypes) {
@@ -368,7 +385,8 @@ TEST(CudaPool, MaxAvgAndAdaptivePools) {
     guarded(std::string("max_pool2d NaN ") + dtype_name(dt), [&] {
       Tensor x = uniform({1, 2, 6, 6}, -1, 1, dt);
       x.select(1, 0).select(1, 2).narrow(1, 3, 1).fill_(kNaN);
-      EXPECT_TRUE(identical("max_pool2d with NaN", max_pool2d(on_dev(x), {.kernel = {2, 2}}), max_pool2d(x, {.kernel = {2, 2}})));
+      EXPECT_TRUE(identical("max_pool2d with NaN", max_pool2d(on_dev(x), {.kernel = {2, 2}}),
+                            max_pool2d(x, {.kernel = {2, 2}})));
     });
     const std::vector<std::pair<Shape, std::array<int64_t, 2>>> adaptive = {
         {{2, 3, 7, 5}, {3, 2}}, {{2, 3, 8, 8}, {1, 1}}, {{1, 2, 5, 7}, {5, 7}}, {{2, 4, 13, 11}, {4, 3}}};
@@ -463,8 +481,8 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
         for (bool training : {true, false}) {
           if (!training && !k.running) continue;
           const int64_t C = k.x[1], M = shape_numel(k.x) / C;
-          const std::string what = std::string("batch_norm ") + dtype_name(dt) + " (weights " + dtype_name(wdt) +
-                                   ") " + k.name + (training ? " train" : " eval");
+          const std::string what = std::string("batch_norm ") + dtype_name(dt) + " (weights " + dtype_name(wdt) + ") " +
+                                   k.name + (training ? " train" : " eval");
           guarded(what, [&] {
             const MemoryFormat fmt = k.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
             const Tensor x = normal(k.x, 0.5, 1.0, dt).contiguous(fmt);
@@ -481,10 +499,15 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
               ASSERT_EQ(dx.suggest_memory_format(), fmt) << "on_dev must keep the layout: " << dx.describe();
               EXPECT_EQ(got.suggest_memory_format(), fmt) << got.describe();
             }
-            EXPECT_TRUE(close(what + " y", got, want, training ? norm_out_tol(dt, M) : Tol{.ulps = 2, .atol = 32 * acc_roundoff(dt), .why = "eval: fixed statistics, one element-wise pass (rounding / FMA)"}));
+            EXPECT_TRUE(close(what + " y", got, want,
+                              training ? norm_out_tol(dt, M)
+                                       : Tol{.ulps = 2,
+                                             .atol = 32 * acc_roundoff(dt),
+                                             .why = "eval: fixed statistics, one element-wise pass (rounding / FMA)"}));
             if (training && k.running) {
               // new = 0.9 old + 0.1 batch: the batch statistics' differences scaled by 0.1 (plus M / (M - 1)).
-              const Tol rt{.ulps = 2, .atol = 4 * std::sqrt(static_cast<double>(M)) * acc_roundoff(dt),
+              const Tol rt{.ulps = 2,
+                           .atol = 4 * std::sqrt(static_cast<double>(M)) * acc_roundoff(dt),
                            .why = "running statistics: 0.1 x the batch statistics' differences"};
               EXPECT_TRUE(close(what + " running_mean", drm, crm, rt));
               EXPECT_TRUE(close(what + " running_var", drv, crv, rt));
@@ -492,7 +515,10 @@ TEST(CudaNorm, BatchNormTrainEvalRunningStatsAndGradients) {
             const Tensor go = uniform(k.x, -1, 1, dt).contiguous(fmt);
             want.backward(go);
             got.backward(on_dev(go));
-            EXPECT_TRUE(close(what + " dx", dx.grad(), cx.grad(), training ? norm_dx_tol(dt, M) : Tol{.ulps = 2, .atol = 8 * acc_roundoff(dt), .why = "eval: dx = w invstd dy"}));
+            EXPECT_TRUE(close(what + " dx", dx.grad(), cx.grad(),
+                              training
+                                  ? norm_dx_tol(dt, M)
+                                  : Tol{.ulps = 2, .atol = 8 * acc_roundoff(dt), .why = "eval: dx = w invstd dy"}));
             if (k.affine) {
               EXPECT_TRUE(close(what + " dweight", dw.grad(), cw.grad(), norm_dw_tol(wdt, M, M)));
               EXPECT_TRUE(close(what + " dbias", db.grad(), cb.grad(), norm_dw_tol(wdt, M, M)));
@@ -518,7 +544,8 @@ TEST(CudaNorm, BatchNormReluAndAddReluMatchTheUnfusedOps) {
             const MemoryFormat fmt = cl ? MemoryFormat::channels_last : MemoryFormat::contiguous;
             const DType pdt = dt == DType::f64 ? DType::f64 : DType::f32;
             const Shape shape{4, 24, 6, 5};
-            const Tensor x = normal(shape, 0.3, 2.0, dt).contiguous(fmt), r = normal(shape, 0.0, 1.0, dt).contiguous(fmt);
+            const Tensor x = normal(shape, 0.3, 2.0, dt).contiguous(fmt),
+                         r = normal(shape, 0.0, 1.0, dt).contiguous(fmt);
             const Tensor w = uniform({24}, 0.5, 1.5, pdt), b = uniform({24}, -0.5, 0.5, pdt);
             const Tensor rm = uniform({24}, -0.3, 0.3, pdt), rv = uniform({24}, 0.5, 2.0, pdt);
             const Tensor go = uniform(shape, -1, 1, dt).contiguous(fmt);
@@ -545,9 +572,7 @@ TEST(CudaNorm, BatchNormReluAndAddReluMatchTheUnfusedOps) {
             EXPECT_TRUE(identical(what + " dweight", f.dw, u.dw.to(kCPU)));
             EXPECT_TRUE(identical(what + " dbias", f.db, u.db.to(kCPU)));
             EXPECT_TRUE(identical(what + " running_mean", f.rm, u.rm.to(kCPU)));
-            if (residual) {
-              EXPECT_TRUE(identical(what + " dresidual", f.dr, u.dr.to(kCPU)));
-            }
+            if (residual) { EXPECT_TRUE(identical(what + " dresidual", f.dr, u.dr.to(kCPU))); }
             EXPECT_EQ(f.y.suggest_memory_format(), fmt) << f.y.describe();
           });
         }
@@ -665,7 +690,9 @@ TEST(CudaSoftmax, SoftmaxAndLogSoftmaxForwardBackward) {
           const Tensor want = log ? log_softmax(cx, k.dim) : softmax(cx, k.dim);
           const Tensor got = log ? log_softmax(dx, k.dim) : softmax(dx, k.dim);
           const double r = softmax_rel(dt, n), a = log_softmax_abs(dt, n);
-          const Tol fwd = log ? Tol{.ulps = 1, .rtol = 2 * acc_roundoff(dt), .atol = a,
+          const Tol fwd = log ? Tol{.ulps = 1,
+                                    .rtol = 2 * acc_roundoff(dt),
+                                    .atol = a,
                                     .why = "log_softmax: log of the row sum (its order differs) and logf / fast_log"}
                               : Tol{.ulps = 1, .rtol = r, .why = "softmax: expf vs fast_exp and the row sum's order"};
           EXPECT_TRUE(close(what + " forward", got, want, fwd));
@@ -687,9 +714,9 @@ TEST(CudaSoftmax, SoftmaxAndLogSoftmaxForwardBackward) {
             const Tensor p = exp(y64);
             bound = mul(p, add(mul(abs(sum(g64, {k.dim}, true)), ay + 5 * u), mul(sum(abs(g64), {k.dim}, true), sq)));
           }
-          EXPECT_TRUE(close(what + " backward", dx.grad(), cx.grad(),
-                            Tol{.ulps = 1, .scaled = 2, .why = "backward: the forward's differences propagated (bound x2)"},
-                            bound));
+          EXPECT_TRUE(close(
+              what + " backward", dx.grad(), cx.grad(),
+              Tol{.ulps = 1, .scaled = 2, .why = "backward: the forward's differences propagated (bound x2)"}, bound));
         });
       }
     }
@@ -727,7 +754,9 @@ TEST(CudaLoss, CrossEntropyNllAndMse) {
       // the smoothing's mean over C by 2 sqrt(C) u mean|x|; a mean / sum over N rows adds 2 sqrt(N) u
       // relative. The loss is f32 (f64 for f64 logits) in every case.
       const double row = log_softmax_abs(dt, C) + 2 * std::sqrt(static_cast<double>(C)) * u * 4;
-      const Tol lt{.ulps = 2, .rtol = 2 * std::sqrt(static_cast<double>(N)) * u, .atol = 2 * row,
+      const Tol lt{.ulps = 2,
+                   .rtol = 2 * std::sqrt(static_cast<double>(N)) * u,
+                   .atol = 2 * row,
                    .why = "class loss: each row's log-sum-exp (order, expf vs fast_exp, logf vs fast_log)"};
       const std::vector<bool> logp = {false, true};
       for (bool nll : logp) {
@@ -742,7 +771,8 @@ TEST(CudaLoss, CrossEntropyNllAndMse) {
         chk.out = lt;
         // grad = w (p_c - [c == t](1 - eps) - eps / C): p differs by its exponent's difference (row + 6 u)
         // relative; nll has p = 0 (exact up to an FMA). Normwise: |w| p <= max |grad| + |w|.
-        chk.grad = Tol{.ulps = 2, .normwise = 2 * (row + 6 * u),
+        chk.grad = Tol{.ulps = 2,
+                       .normwise = 2 * (row + 6 * u),
                        .why = "class-loss gradient: the softmax probabilities' differences"};
         chk.grad_inputs = {0};
         check_op(chk);
@@ -780,9 +810,7 @@ TEST(CudaLoss, BadTargetsThrowTheCpuMessage) {
     t.narrow(0, 5, 1).fill_(-100);
     for (bool nll : {false, true}) {
       const std::string what = std::string(nll ? "nll_loss" : "cross_entropy") + " " + dtype_name(dt);
-      auto run = [nll](const Tensor& x, const Tensor& y) {
-        return nll ? nll_loss(x, y) : cross_entropy(x, y);
-      };
+      auto run = [nll](const Tensor& x, const Tensor& y) { return nll ? nll_loss(x, y) : cross_entropy(x, y); };
       const std::string cpu_msg = test::error_of([&] { (void)run(logits, t); });
       const std::string dev_msg = test::error_of([&] { (void)run(on_dev(logits), on_dev(t)).item<double>(); });
       EXPECT_NE(cpu_msg, "(no error)") << what;

@@ -70,15 +70,16 @@ Tol param_tol(DType dt, bool master, int steps) {
   // cancels the weight (seen on an H200: a master of 0 on the CPU, 2^-33 on the device) the rounded
   // parameters keep that difference.
   if (master)
-    return Tol{.ulps = 1, .atol = state_tol(DType::f32, steps).atol,
+    return Tol{.ulps = 1,
+               .atol = state_tol(DType::f32, steps).atol,
                .why = "16-bit parameter = the f32 master rounded once; the masters' FMA allowance"};
   return Tol{.ulps = 1.0 * steps, .why = "16-bit parameter rounded after every step: one ulp per step"};
 }
 
 // Compare parameters, every state buffer and the masters after a step.
 // `buffer_atol`: an extra absolute allowance of the state buffers (see the callers).
-void compare_state(const std::string& what, const optim::Optimizer& copt, const optim::Optimizer& dopt,
-                   const Twins& t, bool master, int steps, double buffer_atol = 0.0) {
+void compare_state(const std::string& what, const optim::Optimizer& copt, const optim::Optimizer& dopt, const Twins& t,
+                   bool master, int steps, double buffer_atol = 0.0) {
   for (size_t i = 0; i < t.cpu.size(); ++i) {
     const std::string w = what + " param " + std::to_string(i) + " " + shape_str(t.cpu[i].sizes());
     const DType dt = t.cpu[i].dtype();
@@ -120,8 +121,8 @@ TEST(CudaOptim, SgdStepsMatchTheCpu) {
       if (dt != DType::f32) gdts.push_back(DType::f32);  // f32 gradients of a 16-bit / f64 parameter
       for (DType gdt : gdts) {
         for (const auto& [name, o] : configs) {
-          const std::string what = std::string("SGD ") + name + ", " + dtype_name(dt) + " params, " +
-                                   dtype_name(gdt) + " grads" + (master ? ", f32 masters" : "");
+          const std::string what = std::string("SGD ") + name + ", " + dtype_name(dt) + " params, " + dtype_name(gdt) +
+                                   " grads" + (master ? ", f32 masters" : "");
           guarded(what, [&, &o = o] {
             const Twins t = make_params(dt);
             optim::SGD copt(t.cpu, o), dopt(t.dev, o);
@@ -193,7 +194,8 @@ TEST(CudaOptim, StochasticRoundingMatchesTheCpu) {
   MP_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::bf16, DType::f16}) {
     for (bool adam : {false, true}) {
-      const std::string what = std::string(adam ? "Adam" : "SGD") + ", " + dtype_name(dt) + " params, stochastic rounding";
+      const std::string what =
+          std::string(adam ? "Adam" : "SGD") + ", " + dtype_name(dt) + " params, stochastic rounding";
       guarded(what, [&] {
         const Twins t = make_params(dt);
         std::unique_ptr<optim::Optimizer> copt, dopt;
@@ -253,7 +255,8 @@ TEST(CudaAmp, UnscaleMatchesTheCpuAndFindsInfNaNAnywhere) {
                                                       {{129}, DType::bf16}};
   for (const Poison& p : poisons) {
     for (bool explicit_unscale : {true, false}) {
-      const std::string what = std::string("GradScaler ") + p.name + (explicit_unscale ? ", unscale_ then step" : ", step only (fused)");
+      const std::string what =
+          std::string("GradScaler ") + p.name + (explicit_unscale ? ", unscale_ then step" : ", step only (fused)");
       guarded(what, [&] {
         Twins t;
         for (const auto& [s, dt] : grads) {
@@ -277,7 +280,8 @@ TEST(CudaAmp, UnscaleMatchesTheCpuAndFindsInfNaNAnywhere) {
           ds.unscale_(dopt);
           if (p.value == 0.0) {
             for (size_t i = 0; i < t.cpu.size(); ++i)
-              EXPECT_TRUE(identical(what + " unscaled gradient " + std::to_string(i), t.dev[i].grad(), t.cpu[i].grad()));
+              EXPECT_TRUE(
+                  identical(what + " unscaled gradient " + std::to_string(i), t.dev[i].grad(), t.cpu[i].grad()));
           }
         }
         const bool c_stepped = cs.step(copt), d_stepped = ds.step(dopt);
@@ -288,7 +292,8 @@ TEST(CudaAmp, UnscaleMatchesTheCpuAndFindsInfNaNAnywhere) {
         EXPECT_EQ(ds.get_scale(), cs.get_scale()) << what;
         for (size_t i = 0; i < t.cpu.size(); ++i)
           EXPECT_TRUE(close(what + " parameter " + std::to_string(i), t.dev[i], t.cpu[i],
-                            Tol{.ulps = 1, .atol = 2 * acc_roundoff(t.cpu[i].dtype()),
+                            Tol{.ulps = 1,
+                                .atol = 2 * acc_roundoff(t.cpu[i].dtype()),
                                 .why = "w - lr g / S (exact unscaling; FMA contraction may drop one rounding)"}));
       });
     }
@@ -333,11 +338,13 @@ TEST(CudaAmp, ClipGradNormMatchesTheCpu) {
       const double cn = optim::clip_grad_norm_(t.cpu, 1.0);
       const double dn = optim::clip_grad_norm_(t.dev, 1.0);
       // The norm: sums of squares in f32 (f64) in another order: relative 2 sqrt(K) u_acc (terms >= 0).
-      EXPECT_TRUE(near_rel("clip_grad_norm_ total norm", dn, cn, 2 * std::sqrt(static_cast<double>(K)) * acc_roundoff(dt) + 1e-15,
+      EXPECT_TRUE(near_rel("clip_grad_norm_ total norm", dn, cn,
+                           2 * std::sqrt(static_cast<double>(K)) * acc_roundoff(dt) + 1e-15,
                            "sum of squares over K elements in another order"));
       for (size_t i = 0; i < t.cpu.size(); ++i)
         EXPECT_TRUE(close(std::string("clipped gradient ") + std::to_string(i), t.dev[i].grad(), t.cpu[i].grad(),
-                          Tol{.ulps = 2, .rtol = 2 * std::sqrt(static_cast<double>(K)) * acc_roundoff(dt),
+                          Tol{.ulps = 2,
+                              .rtol = 2 * std::sqrt(static_cast<double>(K)) * acc_roundoff(dt),
                               .why = "g * max_norm / (norm + 1e-6): the norms differ by the reduction order"}));
     });
   }

@@ -43,8 +43,20 @@ const std::vector<ReduceShape>& reduce_shapes() {
       {"[4, 5, 6, 7] dims {1, 3} keepdim", {4, 5, 6, 7}, [](const Tensor& t) { return t; }, {1, 3}, true},
       {"[4, 5, 6, 7] dims {0, 2}", {4, 5, 6, 7}, [](const Tensor& t) { return t; }, {0, 2}, false},
       {"[65, 33]^T dim 1", {65, 33}, [](const Tensor& t) { return t.t(); }, {1}, false},
-      {"[8, 1, 9] -> [8, 5, 9] dim 1 (stride 0)", {8, 1, 9}, [](const Tensor& t) { return t.expand({8, 5, 9}); }, {1}, false},
-      {"[8, 1, 9] -> [8, 5, 9] dims {0, 2}", {8, 1, 9}, [](const Tensor& t) { return t.expand({8, 5, 9}); }, {0, 2}, false},
+      {"[8, 1, 9] -> [8, 5, 9] dim 1 (stride 0)",
+       {8, 1, 9},
+       [](const Tensor& t) {
+         return t.expand({8, 5, 9});
+       },
+       {1},
+       false},
+      {"[8, 1, 9] -> [8, 5, 9] dims {0, 2}",
+       {8, 1, 9},
+       [](const Tensor& t) {
+         return t.expand({8, 5, 9});
+       },
+       {0, 2},
+       false},
   };
   return v;
 }
@@ -62,8 +74,9 @@ Tol reduce_grad_tol(DType dt) {
   Tol t;
   t.ulps = 1;
   t.atol = 4 * 5 * acc_roundoff(dt);
-  t.why = "expanded upstream gradient (exact), summed over <= 5 broadcast copies (order differs: <= 4 u_acc * 5 "
-          "absolute for |g| < 1) and rounded once";
+  t.why =
+      "expanded upstream gradient (exact), summed over <= 5 broadcast copies (order differs: <= 4 u_acc * 5 "
+      "absolute for |g| < 1) and rounded once";
   return t;
 }
 
@@ -120,9 +133,7 @@ TEST(CudaReduce, LargeReductionsOfSmallIntegersAreExact) {
       const Tensor x = integers({n}, -4, 5, dt);
       const Tensor xd = on_dev(x);
       EXPECT_TRUE(identical("sum [2^22 - 3] " + d, sum(xd), sum(x)));
-      if (is_floating(dt)) {
-        EXPECT_TRUE(identical("mean [2^22 - 3] " + d, mean(xd), mean(x)));
-      }
+      if (is_floating(dt)) { EXPECT_TRUE(identical("mean [2^22 - 3] " + d, mean(xd), mean(x))); }
       // Few outputs with long rows, and many outputs with long columns.
       const int64_t r = (int64_t{1} << 20) + 1;
       const Tensor rows = x.narrow(0, 0, 3 * r).view({3, r});
@@ -146,7 +157,8 @@ TEST(CudaReduce, LargeRandomSumsWithinTheRoundingBound) {
     const Tensor x = uniform({n}, 0, 1, dt);
     guarded(std::string("large random sum ") + dtype_name(dt), [&] {
       const Tensor s = sum(abs(x.to(DType::f64)));
-      EXPECT_TRUE(close(std::string("sum [2^21 + 3] ") + dtype_name(dt), sum(on_dev(x)), sum(x), reduction_tol(dt, n), s));
+      EXPECT_TRUE(
+          close(std::string("sum [2^21 + 3] ") + dtype_name(dt), sum(on_dev(x)), sum(x), reduction_tol(dt, n), s));
       EXPECT_TRUE(close(std::string("sum_squares [2^21 + 3] ") + dtype_name(dt), sum_squares(on_dev(x)), sum_squares(x),
                         reduction_tol(dt == DType::f64 ? DType::f64 : DType::f32, n), sum(square(x.to(DType::f64)))));
     });
@@ -228,7 +240,8 @@ TEST(CudaReduce, MaxMinArgmaxWithTiesAndNaN) {
         EXPECT_TRUE(identical(what + " values", dv, cv));
         EXPECT_TRUE(identical(what + " indices", di, ci));
         EXPECT_TRUE(identical(what + " argmax", argmax(xd, dim), argmax(xc, dim)));
-        EXPECT_TRUE(identical(what + " of a transposed view", std::get<1>(max(xd.t(), dim)), std::get<1>(max(xc.t(), dim))));
+        EXPECT_TRUE(
+            identical(what + " of a transposed view", std::get<1>(max(xd.t(), dim)), std::get<1>(max(xc.t(), dim))));
         if (fl) {
           const Tensor g = uniform(cv.sizes(), -1, 1, dt);
           cv.backward(g);
@@ -269,7 +282,9 @@ TEST(CudaReduce, SumToSize) {
     chk.inputs = {uniform({4, 5, 6}, -1, 1, dt)};
     chk.fn = [](const std::vector<Tensor>& in) { return sum_to_size(in[0], {5, 1}); };
     chk.out = reduction_tol(dt, 24);
-    chk.out_scale = [](const std::vector<Tensor>& in) { return sum_to_size(abs(in[0].detach().to(DType::f64)), {5, 1}); };
+    chk.out_scale = [](const std::vector<Tensor>& in) {
+      return sum_to_size(abs(in[0].detach().to(DType::f64)), {5, 1});
+    };
     chk.grad = exact("the upstream gradient expanded");
     check_op(chk);
   }
@@ -311,7 +326,7 @@ TEST(CudaShape, CatStackSplitChunkUnbind) {
     sp.name = std::string("split/chunk/unbind then recombine ") + dtype_name(dt);
     sp.inputs = {uniform({10, 6}, -2, 2, dt)};
     sp.fn = [](const std::vector<Tensor>& in) {
-      const auto parts = split(in[0], 4, 0);     // 4, 4, 2 rows
+      const auto parts = split(in[0], 4, 0);    // 4, 4, 2 rows
       const auto cols = chunk(parts[1], 3, 1);  // 3 column pairs
       const auto rows = unbind(parts[2], 0);    // 2 rows of 6
       return cat({parts[0].t().contiguous().view({-1}), cols[2].contiguous().view({-1}) * 2.0,

@@ -83,8 +83,8 @@ TEST(CudaIndex, DropoutMaskIsTheCpuMaskBitForBit) {
     for (const Case& k : shapes) {
       if (k.s[0] > 100000 && dt != DType::f32 && dt != DType::bf16) continue;  // large: two dtypes suffice
       for (double p : {0.1, 0.5, 0.9, 1.0}) {
-        const std::string what = desc("dropout p=" + std::to_string(p).substr(0, 3), dt, k.s) +
-                                 " offset " + std::to_string(k.offset);
+        const std::string what =
+            desc("dropout p=" + std::to_string(p).substr(0, 3), dt, k.s) + " offset " + std::to_string(k.offset);
         guarded(what, [&] {
           const Tensor x = uniform(k.s, 0.5, 2, dt);  // nonzero: a dropped element is visible
           const Tensor cx = cpu_leaf(x, true), dx = on_dev(x, true);
@@ -131,7 +131,8 @@ TEST(CudaRnn, LstmGatesCellsAndLayer) {
       };
       const DType out_dt = promote_types(dt, cdt);
       g.out = Tol{.ulps = 4, .atol = 32 * acc_roundoff(out_dt), .why = "sigmoid / tanh of each device's libm"};
-      g.grad = Tol{.ulps = 4, .atol = 256 * acc_roundoff(out_dt),
+      g.grad = Tol{.ulps = 4,
+                   .atol = 256 * acc_roundoff(out_dt),
                    .why = "gate gradients: products of up to 5 activations, each a few ulps apart, and 1 - s cancels"};
       check_op(g);
     }
@@ -140,10 +141,11 @@ TEST(CudaRnn, LstmGatesCellsAndLayer) {
     // may be one ulp apart (ulp(dt, 4) for |gates| < 4), times the slopes: 2 ulp(dt, 4).
     const double atol = is_low_precision(dt) ? 2 * ulp(dt, 4.0) : 512 * acc_roundoff(dt);
     const Tol cell_out{.ulps = 2, .atol = atol, .why = "GEMMs (accumulation order) feeding the gate activations"};
-    const Tol cell_grad{.ulps = 2, .normwise = is_low_precision(dt) ? 8 * unit_roundoff(dt) : 2048 * acc_roundoff(dt),
+    const Tol cell_grad{.ulps = 2,
+                        .normwise = is_low_precision(dt) ? 8 * unit_roundoff(dt) : 2048 * acc_roundoff(dt),
                         .why = "cell gradients through the activations and the GEMMs (relative to the largest)"};
-    const std::vector<Tensor> cell_in = {uniform({B, I}, -1, 1, dt),      uniform({B, H}, -1, 1, dt),
-                                         uniform({B, H}, -2, 2, dt),      uniform({4 * H, I}, -0.3, 0.3, dt),
+    const std::vector<Tensor> cell_in = {uniform({B, I}, -1, 1, dt),         uniform({B, H}, -1, 1, dt),
+                                         uniform({B, H}, -2, 2, dt),         uniform({4 * H, I}, -0.3, 0.3, dt),
                                          uniform({4 * H, H}, -0.3, 0.3, dt), uniform({4 * H}, -0.3, 0.3, dt),
                                          uniform({4 * H}, -0.3, 0.3, dt)};
     OpCheck lc;
@@ -160,8 +162,12 @@ TEST(CudaRnn, LstmGatesCellsAndLayer) {
 
     OpCheck gr;
     gr.name = std::string("gru_cell ") + dtype_name(dt);
-    gr.inputs = {cell_in[0], cell_in[1], uniform({3 * H, I}, -0.3, 0.3, dt), uniform({3 * H, H}, -0.3, 0.3, dt),
-                 uniform({3 * H}, -0.3, 0.3, dt), uniform({3 * H}, -0.3, 0.3, dt)};
+    gr.inputs = {cell_in[0],
+                 cell_in[1],
+                 uniform({3 * H, I}, -0.3, 0.3, dt),
+                 uniform({3 * H, H}, -0.3, 0.3, dt),
+                 uniform({3 * H}, -0.3, 0.3, dt),
+                 uniform({3 * H}, -0.3, 0.3, dt)};
     gr.fn = [](const std::vector<Tensor>& in) { return gru_cell(in[0], in[1], in[2], in[3], in[4], in[5]); };
     gr.out = cell_out;
     gr.grad = cell_grad;
@@ -170,8 +176,12 @@ TEST(CudaRnn, LstmGatesCellsAndLayer) {
 
     OpCheck rn;
     rn.name = std::string("rnn_tanh_cell ") + dtype_name(dt);
-    rn.inputs = {cell_in[0], cell_in[1], uniform({H, I}, -0.3, 0.3, dt), uniform({H, H}, -0.3, 0.3, dt),
-                 uniform({H}, -0.3, 0.3, dt), uniform({H}, -0.3, 0.3, dt)};
+    rn.inputs = {cell_in[0],
+                 cell_in[1],
+                 uniform({H, I}, -0.3, 0.3, dt),
+                 uniform({H, H}, -0.3, 0.3, dt),
+                 uniform({H}, -0.3, 0.3, dt),
+                 uniform({H}, -0.3, 0.3, dt)};
     rn.fn = [](const std::vector<Tensor>& in) { return rnn_tanh_cell(in[0], in[1], in[2], in[3], in[4], in[5]); };
     rn.out = cell_out;
     rn.grad = cell_grad;
@@ -190,9 +200,11 @@ TEST(CudaRnn, LstmGatesCellsAndLayer) {
       auto [y, hT, cT] = lstm_layer(in[0], in[1], in[2], in[3], in[4]);
       return cat({y.reshape({-1}), hT.reshape({-1}), cT.reshape({-1})}, 0);
     };
-    ll.out = Tol{.ulps = 4, .atol = is_low_precision(dt) ? 8 * ulp(dt, 1.0) : 6 * 512 * acc_roundoff(dt),
+    ll.out = Tol{.ulps = 4,
+                 .atol = is_low_precision(dt) ? 8 * ulp(dt, 1.0) : 6 * 512 * acc_roundoff(dt),
                  .why = "T = 6 recurrent steps of GEMM + gates (16-bit: h rounded each step)"};
-    ll.grad = Tol{.ulps = 4, .normwise = is_low_precision(dt) ? 16 * unit_roundoff(dt) : 6 * 2048 * acc_roundoff(dt),
+    ll.grad = Tol{.ulps = 4,
+                  .normwise = is_low_precision(dt) ? 16 * unit_roundoff(dt) : 6 * 2048 * acc_roundoff(dt),
                   .why = "backward through 6 steps (relative to the largest gradient)"};
     ll.f64_may_be_unsupported = true;
     check_op(ll);

@@ -23,11 +23,11 @@ const Device kCuda{DeviceType::cuda, 0};
 // The runtime tests use cuda:0 itself (no self-check mode): their own skip, failing like the others' when
 // MP_CUDA_TESTS_REQUIRE_GPU=1.
 #undef MP_SKIP_WITHOUT_GPU
-#define MP_SKIP_WITHOUT_GPU()                                                                        \
-  if (cu::device_count() == 0) {                                                                    \
-    if (::mp::cuda_test::gpu_required())                                                            \
+#define MP_SKIP_WITHOUT_GPU()                                                                                \
+  if (cu::device_count() == 0) {                                                                             \
+    if (::mp::cuda_test::gpu_required())                                                                     \
       GTEST_FAIL() << "MP_CUDA_TESTS_REQUIRE_GPU=1 but there is no CUDA device: " << cu::no_device_reason(); \
-    GTEST_SKIP() << "no CUDA device: " << cu::no_device_reason();                                   \
+    GTEST_SKIP() << "no CUDA device: " << cu::no_device_reason();                                            \
   }
 #define MP_SKIP_WITH_GPU() \
   if (cu::device_count() > 0) GTEST_SKIP() << "a CUDA device is present; this test is for machines without one"
@@ -338,9 +338,9 @@ TEST(CudaAllocator, StatsReuseAndEmptyCache) {
     EXPECT_EQ(s1.num_allocs - s0.num_allocs, 1);
   }
   const memory::MemoryStats s2 = a.stats();
-  EXPECT_EQ(s2.allocated, s0.allocated);                      // freed...
-  EXPECT_EQ(s2.reserved - s0.reserved, int64_t{4} << 20);     // ...but cached
-  EXPECT_EQ(s2.peak_allocated - s0.allocated, bytes);         // the peak remembers it
+  EXPECT_EQ(s2.allocated, s0.allocated);                   // freed...
+  EXPECT_EQ(s2.reserved - s0.reserved, int64_t{4} << 20);  // ...but cached
+  EXPECT_EQ(s2.peak_allocated - s0.allocated, bytes);      // the peak remembers it
   {
     // A request of the same size class reuses the cached block: same address, no new reservation.
     const Tensor t = empty({numel + 100}, {.device = kCuda});

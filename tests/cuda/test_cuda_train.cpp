@@ -43,9 +43,10 @@ struct Precision {
 };
 
 const std::vector<Precision>& precisions() {
-  static const std::vector<Precision> p = {{"f32 (O0)", OptLevel::O0, DType::f32, 1e-4},
-                                           {"bf16 O2", OptLevel::O2, DType::bf16, std::ldexp(1.0, -8)},
-                                           {"f16 O2 dynamic loss scale", OptLevel::O2, DType::f16, std::ldexp(1.0, -11)}};
+  static const std::vector<Precision> p = {
+      {"f32 (O0)", OptLevel::O0, DType::f32, 1e-4},
+      {"bf16 O2", OptLevel::O2, DType::bf16, std::ldexp(1.0, -8)},
+      {"f16 O2 dynamic loss scale", OptLevel::O2, DType::f16, std::ldexp(1.0, -11)}};
   return p;
 }
 
@@ -119,8 +120,10 @@ void compare_modules(const std::string& what, const nn::Module& device_model, co
       ADD_FAILURE() << what << ": the device model lacks " << name;
       continue;
     }
-    if (is_floating(t.dtype())) EXPECT_TRUE(close(what + " " + name, *dt, t, tol));
-    else EXPECT_TRUE(identical(what + " " + name, *dt, t));
+    if (is_floating(t.dtype()))
+      EXPECT_TRUE(close(what + " " + name, *dt, t, tol));
+    else
+      EXPECT_TRUE(identical(what + " " + name, *dt, t));
   }
 }
 
@@ -134,7 +137,8 @@ TEST(CudaTrain, MlpSgdMomentumStepsMatchTheCpu) {
   std::vector<double> losses[2];
   for (int d = 0; d < 2; ++d) {
     manual_seed(5);
-    auto model = std::make_shared<models::MLP>(models::MLPOptions{.in_features = 64, .hidden = {48, 32}, .num_classes = 5});
+    auto model =
+        std::make_shared<models::MLP>(models::MLPOptions{.in_features = 64, .hidden = {48, 32}, .num_classes = 5});
     if (d == 1) model->to(dev());
     optim::SGD opt(model->parameters(), {.lr = 0.3, .momentum = 0.9});
     const Tensor xd = d == 1 ? on_dev(x) : x, yd = d == 1 ? on_dev(y) : y;
@@ -181,9 +185,11 @@ static void compare_modules_against_noise(const std::string& what, const nn::Mod
       continue;
     }
     const double noise = max(abs(sub(t.to(DType::f64), rt->to(DType::f64)))).item<double>();
-    Tol tol{.ulps = 2, .atol = 2 * noise,
-            .why = "2 x the largest |CPU - CPU reference run| of this tensor + 2 ulps: Note [16-bit runs against 16-bit "
-                   "noise]"};
+    Tol tol{.ulps = 2,
+            .atol = 2 * noise,
+            .why =
+                "2 x the largest |CPU - CPU reference run| of this tensor + 2 ulps: Note [16-bit runs against 16-bit "
+                "noise]"};
     EXPECT_TRUE(close(what + " " + name, *dt, t, tol));
   }
 }
@@ -198,107 +204,107 @@ TEST(CudaTrain, ResNet8InF32Bf16O2AndF16O2) {
   // the CPU reference runs its channels-last path).
   std::shared_ptr<nn::UnaryModule> cpu_f32_nchw;  // the CPU's f32 NCHW run, kept for the channels-last one
   for (MemoryFormat fmt : {MemoryFormat::contiguous, MemoryFormat::channels_last})
-  for (const Precision& p : precisions()) {
-    const std::string tag = std::string("ResNet-8 ") + memory_format_name(fmt) + " " + p.name;
-    const bool scaled = p.dtype == DType::f16;
-    std::vector<StepResult> res[2];
-    std::shared_ptr<nn::UnaryModule> trained[2];
-    // 16-bit: a third run, on the CPU in f32 (O0) with the same steps skipped, measures how far this
-    // trajectory moves under 16-bit rounding at all (Note [16-bit runs against 16-bit noise] below).
-    std::vector<double> ref_losses;
-    std::shared_ptr<nn::UnaryModule> ref_model;
-    if (p.dtype != DType::f32) {
-      guarded(tag + " cpu f32 reference", [&] {
-        manual_seed(22);
-        ref_model = resnet8(fmt);
-        optim::SGD opt(ref_model->parameters(), {.lr = 0.1, .momentum = 0.9});
-        for (int step = 0; step < kSteps; ++step) {
-          const auto& [x, y] = batches[static_cast<size_t>(step % 4)];
-          opt.zero_grad();
-          const Tensor loss = cross_entropy((*ref_model)(x), y);
-          ref_losses.push_back(loss.item<double>());
-          if (scaled && step == kPoisoned) continue;  // the 16-bit run skips this step
-          loss.backward();
-          opt.step();
-        }
-      });
-    }
-    for (int d = 0; d < 2; ++d) {
-      guarded(tag + (d ? " device" : " cpu"), [&] {
-        manual_seed(22);
-        auto model = resnet8(fmt);
-        if (d == 1) model->to(dev());
-        optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
-        amp::AmpSetup s = amp::initialize(model, opt, amp_options(p));
-        for (int step = 0; step < kSteps; ++step) {
-          const auto& [x, y] = batches[static_cast<size_t>(step % 4)];
-          res[d].push_back(image_step(s, opt, d == 1 ? on_dev(x) : x, d == 1 ? on_dev(y) : y,
-                                      scaled && step == kPoisoned));
-        }
-        if (d == 1) {
-          // The optimizer's state (momentum buffers, f32 masters) lives on the device.
-          for (const Tensor& prm : opt.parameters()) {
-            EXPECT_EQ(prm.device(), dev());
-            if (const optim::ParamState* st = opt.state(prm)) {
-              for (const auto& [name, buf] : st->buffers) EXPECT_EQ(buf.device(), dev()) << name;
+    for (const Precision& p : precisions()) {
+      const std::string tag = std::string("ResNet-8 ") + memory_format_name(fmt) + " " + p.name;
+      const bool scaled = p.dtype == DType::f16;
+      std::vector<StepResult> res[2];
+      std::shared_ptr<nn::UnaryModule> trained[2];
+      // 16-bit: a third run, on the CPU in f32 (O0) with the same steps skipped, measures how far this
+      // trajectory moves under 16-bit rounding at all (Note [16-bit runs against 16-bit noise] below).
+      std::vector<double> ref_losses;
+      std::shared_ptr<nn::UnaryModule> ref_model;
+      if (p.dtype != DType::f32) {
+        guarded(tag + " cpu f32 reference", [&] {
+          manual_seed(22);
+          ref_model = resnet8(fmt);
+          optim::SGD opt(ref_model->parameters(), {.lr = 0.1, .momentum = 0.9});
+          for (int step = 0; step < kSteps; ++step) {
+            const auto& [x, y] = batches[static_cast<size_t>(step % 4)];
+            opt.zero_grad();
+            const Tensor loss = cross_entropy((*ref_model)(x), y);
+            ref_losses.push_back(loss.item<double>());
+            if (scaled && step == kPoisoned) continue;  // the 16-bit run skips this step
+            loss.backward();
+            opt.step();
+          }
+        });
+      }
+      for (int d = 0; d < 2; ++d) {
+        guarded(tag + (d ? " device" : " cpu"), [&] {
+          manual_seed(22);
+          auto model = resnet8(fmt);
+          if (d == 1) model->to(dev());
+          optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+          amp::AmpSetup s = amp::initialize(model, opt, amp_options(p));
+          for (int step = 0; step < kSteps; ++step) {
+            const auto& [x, y] = batches[static_cast<size_t>(step % 4)];
+            res[d].push_back(
+                image_step(s, opt, d == 1 ? on_dev(x) : x, d == 1 ? on_dev(y) : y, scaled && step == kPoisoned));
+          }
+          if (d == 1) {
+            // The optimizer's state (momentum buffers, f32 masters) lives on the device.
+            for (const Tensor& prm : opt.parameters()) {
+              EXPECT_EQ(prm.device(), dev());
+              if (const optim::ParamState* st = opt.state(prm)) {
+                for (const auto& [name, buf] : st->buffers) EXPECT_EQ(buf.device(), dev()) << name;
+              }
             }
           }
-        }
-        trained[d] = model;
-      });
-    }
-    if (res[0].size() != kSteps || res[1].size() != kSteps) continue;  // a failure was reported above
-    std::vector<double> lc, ld;
-    for (int i = 0; i < kSteps; ++i) {
-      lc.push_back(res[0][i].loss);
-      ld.push_back(res[1][i].loss);
-    }
-    print_losses(tag, lc, ld);
-    if (p.dtype != DType::f32 && ref_losses.size() != static_cast<size_t>(kSteps)) continue;
-    double noise = 0;  // the largest |16-bit CPU loss - f32 CPU loss| so far
-    for (int i = 0; i < kSteps; ++i) {
-      const std::string at = tag + " step " + std::to_string(i);
-      if (p.dtype == DType::f32) {
-        EXPECT_TRUE(near_rel(at + " loss", res[1][i].loss, res[0][i].loss, p.loss_rtol, "see the file comment"));
-      } else {
-        noise = std::max(noise, std::fabs(lc[i] - ref_losses[i]));
-        const double allowed = p.loss_rtol * std::fabs(lc[i]) + 2 * noise;
-        EXPECT_LE(std::fabs(ld[i] - lc[i]), allowed)
-            << at << " loss: device " << ld[i] << ", cpu " << lc[i] << ", f32 cpu " << ref_losses[i]
-            << "; allowed one 16-bit ulp of the loss + 2 x the largest 16-bit vs f32 difference so far ("
-            << noise << ": Note [16-bit runs against 16-bit noise])";
+          trained[d] = model;
+        });
       }
-      EXPECT_EQ(res[1][i].stepped, res[0][i].stepped) << at;
-      EXPECT_EQ(res[1][i].scale, res[0][i].scale) << at;
+      if (res[0].size() != kSteps || res[1].size() != kSteps) continue;  // a failure was reported above
+      std::vector<double> lc, ld;
+      for (int i = 0; i < kSteps; ++i) {
+        lc.push_back(res[0][i].loss);
+        ld.push_back(res[1][i].loss);
+      }
+      print_losses(tag, lc, ld);
+      if (p.dtype != DType::f32 && ref_losses.size() != static_cast<size_t>(kSteps)) continue;
+      double noise = 0;  // the largest |16-bit CPU loss - f32 CPU loss| so far
+      for (int i = 0; i < kSteps; ++i) {
+        const std::string at = tag + " step " + std::to_string(i);
+        if (p.dtype == DType::f32) {
+          EXPECT_TRUE(near_rel(at + " loss", res[1][i].loss, res[0][i].loss, p.loss_rtol, "see the file comment"));
+        } else {
+          noise = std::max(noise, std::fabs(lc[i] - ref_losses[i]));
+          const double allowed = p.loss_rtol * std::fabs(lc[i]) + 2 * noise;
+          EXPECT_LE(std::fabs(ld[i] - lc[i]), allowed)
+              << at << " loss: device " << ld[i] << ", cpu " << lc[i] << ", f32 cpu " << ref_losses[i]
+              << "; allowed one 16-bit ulp of the loss + 2 x the largest 16-bit vs f32 difference so far (" << noise
+              << ": Note [16-bit runs against 16-bit noise])";
+        }
+        EXPECT_EQ(res[1][i].stepped, res[0][i].stepped) << at;
+        EXPECT_EQ(res[1][i].scale, res[0][i].scale) << at;
+      }
+      if (scaled) {
+        EXPECT_FALSE(res[1][kPoisoned].stepped) << "the overflowing step must be skipped";
+        EXPECT_EQ(res[1][kPoisoned].scale, res[1][kPoisoned - 1].scale / 2) << "an overflow halves the scale";
+      }
+      // Learning: the mean loss over the last pass through the 4 batches is well below the first pass's
+      // (f32 and bf16 go from 1.39 to 1.01, f16 with its skipped step to 1.12).
+      double first_pass = 0, last_pass = 0;
+      for (int i = 0; i < 4; ++i) {
+        first_pass += ld[static_cast<size_t>(i)] / 4;
+        last_pass += ld[static_cast<size_t>(kSteps - 4 + i)] / 4;
+      }
+      EXPECT_LT(last_pass, 0.9 * first_pass) << tag << ": the device run does not learn";
+      // Weights and batch-norm statistics after the run: f32 as the losses; 16-bit ones against the
+      // 16-bit noise of this trajectory (Note [16-bit runs against 16-bit noise]).
+      if (p.dtype == DType::f32 && fmt == MemoryFormat::channels_last && cpu_f32_nchw) {
+        // The CPU's NCHW f32 run is the same arithmetic in other summation orders: its distance from the
+        // CPU's channels-last run is this trajectory's f32 noise (seen on an H200, 2026-11-26: the CPU's
+        // channels-last run ended 7e-6 from the NCHW runs' last loss, which the device's matched, with
+        // weights up to 4e-4 from the device's).
+        compare_modules_against_noise(tag + " final", *trained[1], *trained[0], *cpu_f32_nchw);
+      } else if (p.dtype == DType::f32) {
+        compare_modules(tag + " final", *trained[1], *trained[0],
+                        Tol{.ulps = 8, .normwise = 1e-4, .why = "f32 training: see the file comment"});
+        cpu_f32_nchw = trained[0];
+      } else {
+        compare_modules_against_noise(tag + " final", *trained[1], *trained[0], *ref_model);
+      }
     }
-    if (scaled) {
-      EXPECT_FALSE(res[1][kPoisoned].stepped) << "the overflowing step must be skipped";
-      EXPECT_EQ(res[1][kPoisoned].scale, res[1][kPoisoned - 1].scale / 2) << "an overflow halves the scale";
-    }
-    // Learning: the mean loss over the last pass through the 4 batches is well below the first pass's
-    // (f32 and bf16 go from 1.39 to 1.01, f16 with its skipped step to 1.12).
-    double first_pass = 0, last_pass = 0;
-    for (int i = 0; i < 4; ++i) {
-      first_pass += ld[static_cast<size_t>(i)] / 4;
-      last_pass += ld[static_cast<size_t>(kSteps - 4 + i)] / 4;
-    }
-    EXPECT_LT(last_pass, 0.9 * first_pass) << tag << ": the device run does not learn";
-    // Weights and batch-norm statistics after the run: f32 as the losses; 16-bit ones against the
-    // 16-bit noise of this trajectory (Note [16-bit runs against 16-bit noise]).
-    if (p.dtype == DType::f32 && fmt == MemoryFormat::channels_last && cpu_f32_nchw) {
-      // The CPU's NCHW f32 run is the same arithmetic in other summation orders: its distance from the
-      // CPU's channels-last run is this trajectory's f32 noise (seen on an H200, 2026-11-26: the CPU's
-      // channels-last run ended 7e-6 from the NCHW runs' last loss, which the device's matched, with
-      // weights up to 4e-4 from the device's).
-      compare_modules_against_noise(tag + " final", *trained[1], *trained[0], *cpu_f32_nchw);
-    } else if (p.dtype == DType::f32) {
-      compare_modules(tag + " final", *trained[1], *trained[0],
-                      Tol{.ulps = 8, .normwise = 1e-4, .why = "f32 training: see the file comment"});
-      cpu_f32_nchw = trained[0];
-    } else {
-      compare_modules_against_noise(tag + " final", *trained[1], *trained[0], *ref_model);
-    }
-  }
 }
 
 TEST(CudaTrain, WordLmTwoLstmLayersInF32Bf16O2AndF16O2) {
@@ -346,11 +352,13 @@ TEST(CudaTrain, WordLmTwoLstmLayersInF32Bf16O2AndF16O2) {
         }
       });
     }
-    if (losses[0].size() != static_cast<size_t>(kWindows) || losses[1].size() != static_cast<size_t>(kWindows)) continue;
+    if (losses[0].size() != static_cast<size_t>(kWindows) || losses[1].size() != static_cast<size_t>(kWindows))
+      continue;
     print_losses(std::string("word LM ") + p.name, losses[0], losses[1]);
     for (size_t i = 0; i < losses[0].size(); ++i)
-      EXPECT_TRUE(near_rel(std::string("word LM ") + p.name + " window " + std::to_string(i), losses[1][i], losses[0][i],
-                           2 * p.loss_rtol, "see the file comment; x2 for the 2 x 8 recurrent steps per window"));
+      EXPECT_TRUE(near_rel(std::string("word LM ") + p.name + " window " + std::to_string(i), losses[1][i],
+                           losses[0][i], 2 * p.loss_rtol,
+                           "see the file comment; x2 for the 2 x 8 recurrent steps per window"));
     // The runs fall from ln 40 = 3.69 to 3.33 in 8 windows in every precision, on the CPU and on an H200
     // alike (2026-11-26); a run that does not learn stays near 3.69.
     EXPECT_LT(losses[1].back(), 0.95 * losses[1].front()) << p.name << ": the device run does not learn";
@@ -374,7 +382,8 @@ TEST(CudaTrain, SixteenBitGradientsAccumulateInF32) {
     const Tensor g = p.grad();
     ASSERT_EQ(g.dtype(), DType::f32) << dtype_name(dt);
     EXPECT_EQ(g.device(), dev());
-    EXPECT_TRUE(identical(std::string("accumulated ") + dtype_name(dt) + " gradient", g, full({1000}, 1.0 + 7 * small)));
+    EXPECT_TRUE(
+        identical(std::string("accumulated ") + dtype_name(dt) + " gradient", g, full({1000}, 1.0 + 7 * small)));
   }
   const Tensor x = normal({48, 64}, 0, 1);
   const Tensor y = argmax(matmul(x, normal({64, 5}, 0, 1)), 1);
@@ -386,7 +395,8 @@ TEST(CudaTrain, SixteenBitGradientsAccumulateInF32) {
     for (int d = 0; d < 2; ++d) {
       guarded(tag + (d ? " device" : " cpu"), [&] {
         manual_seed(6);
-        auto model = std::make_shared<models::MLP>(models::MLPOptions{.in_features = 64, .hidden = {48}, .num_classes = 5});
+        auto model =
+            std::make_shared<models::MLP>(models::MLPOptions{.in_features = 64, .hidden = {48}, .num_classes = 5});
         if (d == 1) model->to(dev());
         optim::SGD opt(model->parameters(), {.lr = 0.2, .momentum = 0.9});
         amp::AmpSetup s = amp::initialize(model, opt, amp_options(prec));
@@ -414,8 +424,9 @@ TEST(CudaTrain, SixteenBitGradientsAccumulateInF32) {
     for (size_t i = 0; i < 4; ++i)
       EXPECT_TRUE(near_rel(tag + " loss at step " + std::to_string(i), losses[1][i], losses[0][i], prec.loss_rtol,
                            "see the file comment"));
-    compare_modules(tag + " final", *trained[1], *trained[0],
-                    Tol{.ulps = 2, .normwise = 2 * unit_roundoff(prec.dtype), .why = "16-bit weights: rounded masters"});
+    compare_modules(
+        tag + " final", *trained[1], *trained[0],
+        Tol{.ulps = 2, .normwise = 2 * unit_roundoff(prec.dtype), .why = "16-bit weights: rounded masters"});
   }
 }
 
@@ -482,7 +493,8 @@ TEST(CudaTrain, CheckpointFromTheDeviceLoadsOnTheCpuAndBack) {
       if (on_device) model->to(dev());
       optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
       amp::AmpSetup s = amp::initialize(model, opt, amp_options(p));
-      const train::LoadedCheckpoint lc = train::load_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scaler = &s.scaler});
+      const train::LoadedCheckpoint lc =
+          train::load_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scaler = &s.scaler});
       EXPECT_EQ(lc.progress.global_step, 3);
       const nn::StateDict want = dmodel->state_dict(), got = model->state_dict();
       for (const auto& [name, t] : want) {

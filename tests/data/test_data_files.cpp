@@ -329,8 +329,8 @@ TEST_F(DataFiles, Cifar10FolderLayouts) {
   const ImageData test = load_cifar10(Split::test, sub.string());
   EXPECT_EQ(test.labels.to_vector<int64_t>(), (std::vector<int64_t>{4, 0, 9}));
   expect_cifar_pixels(test);
-  write_file((sub / "batches.meta.txt").string(), Bytes{'a', '\n', 'b', '\n', 'c', '\n', 'd', '\n', 'e', '\n', 'f',
-                                                         '\n', 'g', '\n', 'h', '\n', 'i', '\n', 'j', '\n', '\n'});
+  write_file((sub / "batches.meta.txt").string(), Bytes{'a',  '\n', 'b',  '\n', 'c',  '\n', 'd',  '\n', 'e',  '\n', 'f',
+                                                        '\n', 'g',  '\n', 'h',  '\n', 'i',  '\n', 'j',  '\n', '\n'});
   EXPECT_EQ(load_cifar10(Split::test, sub.string()).class_names[9], "j");
 }
 

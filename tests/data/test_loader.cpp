@@ -141,9 +141,7 @@ TEST(DataLoader, DatasetErrorsReachTheConsumer) {
     try {
       dl.next();
       ADD_FAILURE() << "expected the dataset's error (workers " << workers << ")";
-    } catch (const std::runtime_error& e) {
-      EXPECT_STREQ(e.what(), "bad example 30");
-    }
+    } catch (const std::runtime_error& e) { EXPECT_STREQ(e.what(), "bad example 30"); }
     // The loader moves on: the next batch is batch 4.
     EXPECT_EQ(dl.next()->input.to_vector<int64_t>()[0], 40);
   }
@@ -188,8 +186,7 @@ TEST(DataLoader, WaitSecondsGrowsWithASlowDataset) {
   // never returns early): a lower bound that holds under any load.
   DataLoader sync(ds, {.batch_size = 10, .num_workers = 0});
   sync.start_epoch(0);
-  while (sync.next()) {
-  }
+  while (sync.next()) {}
   EXPECT_GE(sync.wait_seconds(), 0.1);
   sync.reset_wait_seconds();
   EXPECT_EQ(sync.wait_seconds(), 0.0);
@@ -198,8 +195,7 @@ TEST(DataLoader, WaitSecondsGrowsWithASlowDataset) {
   // 5x margin under the ~100 ms expected.
   DataLoader async(ds, {.batch_size = 10, .num_workers = 1, .prefetch = 1});
   async.start_epoch(0);
-  while (async.next()) {
-  }
+  while (async.next()) {}
   EXPECT_GT(async.wait_seconds(), 0.02);
 }
 
@@ -220,8 +216,10 @@ TEST(DataLoader, ImageDatasetWithTransformsIsThreadCountInvariant) {
       EXPECT_EQ(b->input.size(1), 3);
       got.push_back(b->input.to_vector<float>());
     }
-    if (first.empty()) first = got;
-    else EXPECT_EQ(got, first);
+    if (first.empty())
+      first = got;
+    else
+      EXPECT_EQ(got, first);
   }
   EXPECT_EQ(first.size(), 7u);
 }

@@ -93,9 +93,9 @@ TEST_F(Text, LowercaseAndPunctuation) {
   const Corpus plain = load_corpus(path("c"));
   EXPECT_EQ(plain.vocab.itos[0], "Hello,");
   const Corpus c = load_corpus(path("c"), {.lowercase = true, .split_punctuation = true});
-  EXPECT_EQ(c.vocab.itos, (std::vector<std::string>{"hello", ",", "world", "!", "the", "king's", "(", "son", ")",
-                                                    "said", ":", "yes", ";", "no", "?", "maher-shalal", ".",
-                                                    "<eos>", "<unk>"}));
+  EXPECT_EQ(c.vocab.itos,
+            (std::vector<std::string>{"hello", ",", "world", "!", "the", "king's", "(", "son", ")", "said", ":", "yes",
+                                      ";", "no", "?", "maher-shalal", ".", "<eos>", "<unk>"}));
 }
 
 TEST_F(Text, FolderLayouts) {
@@ -136,7 +136,7 @@ TEST_F(Text, SingleFileSplitsEveryTwentiethLines) {
   EXPECT_EQ(c.train.numel(), 82);  // 41 words + 41 <eos>
   EXPECT_EQ(c.vocab.size(), 43);   // 41 words, <eos>, <unk>
   const int64_t unk = c.vocab.unk_id, eos = c.vocab.eos_id;
-  EXPECT_EQ(ids(c.valid), (std::vector<int64_t>{unk, eos, unk, eos}));  // w18, w38 never occur in train
+  EXPECT_EQ(ids(c.valid), (std::vector<int64_t>{unk, eos, unk, eos}));    // w18, w38 never occur in train
   EXPECT_EQ(c.vocab.itos[static_cast<size_t>(ids(c.train)[36])], "w20");  // line 20 follows 17 in train
   EXPECT_EQ(c.vocab.itos[static_cast<size_t>(ids(c.train)[34])], "w17");
 }
@@ -187,11 +187,13 @@ TEST_F(Text, KjvFromADump) {
   std::vector<std::string> words;
   for (int64_t id : ids(c.train)) words.push_back(c.vocab.itos[static_cast<size_t>(id)]);
   const std::vector<std::string> want = {
-      "in", "the", "beginning", "god", "created", "the", "heaven", "and", "the", "earth", ".", "<eos>",
-      "and", "the", "earth", "was", "without", "form", ",", "and", "void", ";", "and", "darkness", "(", "was", ")",
-      "upon", "the", "face", "of", "the", "deep", ".", "<eos>",
-      "speak", ";", "for", "thy", "servant's", "ears", "heareth", "?", "yea", "!", "<eos>",
-      "i", "am", "the", "rose", "of", "sharon", ":", "and", "the", "lily", "of", "the", "valleys", ".", "<eos>"};
+      "in",    "the",  "beginning", "god",       "created", "the",      "heaven", "and",     "the",
+      "earth", ".",    "<eos>",     "and",       "the",     "earth",    "was",    "without", "form",
+      ",",     "and",  "void",      ";",         "and",     "darkness", "(",      "was",     ")",
+      "upon",  "the",  "face",      "of",        "the",     "deep",     ".",      "<eos>",   "speak",
+      ";",     "for",  "thy",       "servant's", "ears",    "heareth",  "?",      "yea",     "!",
+      "<eos>", "i",    "am",        "the",       "rose",    "of",       "sharon", ":",       "and",
+      "the",   "lily", "of",        "the",       "valleys", ".",        "<eos>"};
   EXPECT_EQ(words, want);
   EXPECT_CONTAINS(error_of([&] { load_kjv({}, path("nothing.txt")); }), "no such file");
   write("empty.txt", "\nGenesis 1\n\n");

@@ -142,7 +142,9 @@ TEST(Transforms, NormalizePerChannel) {
   }
   // One value for every channel.
   EXPECT_EQ((*normalize({1.0f}, {0.5f}))(img, rng).to_vector<float>()[0], 0.0f);
-  EXPECT_NE(error_of([&] { (*normalize({0.1f, 0.2f, 0.3f}, {1, 1, 1}))(img, rng); }).find("3-channel"),
+  EXPECT_NE(error_of([&] {
+              (*normalize({0.1f, 0.2f, 0.3f}, {1, 1, 1}))(img, rng);
+            }).find("3-channel"),
             std::string::npos);
   EXPECT_NE(error_of([&] { normalize({0.1f}, {0.0f}); }).find("std > 0"), std::string::npos);
   EXPECT_NE(error_of([&] { normalize({0.1f, 0.2f}, {1.0f}); }).find("same non-zero length"), std::string::npos);

@@ -128,7 +128,9 @@ TEST(ModelsRegistry, MlpWidthByLayers) {
   // "mlp-WxL": L hidden layers of width W on the flattened image. Counts from torch 1.13 on
   // bench/pytorch/models.py's MLP(784, [2048, 2048], 10), MLP(3072, [64, 64, 64], 100) and MLP(784, [5], 10).
   const std::vector<std::tuple<std::string, ImageModelSpec, int64_t, size_t>> cases{
-      {"mlp-2048x2", {1, 28, 10}, 5824522, 5}, {"mlp-64x3", {3, 32, 100}, 211492, 7}, {"mlp-5x1", {1, 28, 10}, 3985, 3}};
+      {"mlp-2048x2", {1, 28, 10}, 5824522, 5},
+      {"mlp-64x3", {3, 32, 100}, 211492, 7},
+      {"mlp-5x1", {1, 28, 10}, 3985, 3}};
   manual_seed(11);
   for (const auto& [name, spec, count, modules] : cases) {
     EXPECT_TRUE(is_image_model(name)) << name;
@@ -241,9 +243,7 @@ TEST(ModelsResNet, Initialisation) {
   }
   ResNet zb({.depth = 50, .width = 4, .zero_init_residual = true});
   for (const auto& [name, t] : zb.named_parameters())
-    if (name == "layer2.1.bn3.weight") {
-      EXPECT_EQ(amax(abs(t), {0}).item<float>(), 0.0f) << name;
-    }
+    if (name == "layer2.1.bn3.weight") { EXPECT_EQ(amax(abs(t), {0}).item<float>(), 0.0f) << name; }
 }
 
 TEST(ModelsWideResNet, NamesAndShortcuts) {

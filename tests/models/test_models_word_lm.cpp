@@ -78,9 +78,7 @@ TEST(ModelsWordLM, ShapesAndZeroState) {
     EXPECT_EQ(logits.sizes(), (Shape{15, 100})) << cell;
     EXPECT_EQ(state.h.sizes(), (Shape{2, 3, 32})) << cell;
     EXPECT_EQ(state.c.defined(), std::string(cell) == "lstm") << cell;
-    if (state.c.defined()) {
-      EXPECT_EQ(state.c.sizes(), (Shape{2, 3, 32}));
-    }
+    if (state.c.defined()) { EXPECT_EQ(state.c.sizes(), (Shape{2, 3, 32})); }
     // An undefined state is the zero state.
     auto [logits0, state0] = lm.forward(tokens, lm.init_state(3));
     EXPECT_EQ(max_abs_diff(logits, logits0), 0.0) << cell;
@@ -103,9 +101,7 @@ TEST(ModelsWordLM, StateCarriesAcrossCalls) {
     // Only the blocking of the input projection matmul (4 vs 8 rows) differs: f32 rounding, ~1e-7.
     EXPECT_LT(max_abs_diff(cat({first, second}, 0), whole), 1e-5) << cell;
     EXPECT_LT(max_abs_diff(s2.h, s_whole.h), 1e-5) << cell;
-    if (s2.c.defined()) {
-      EXPECT_LT(max_abs_diff(s2.c, s_whole.c), 1e-5) << cell;
-    }
+    if (s2.c.defined()) { EXPECT_LT(max_abs_diff(s2.c, s_whole.c), 1e-5) << cell; }
     // The state matters: starting the second half from zeros gives other logits.
     auto [fresh, s_fresh] = lm.forward(tokens.narrow(0, 4, 4));
     EXPECT_GT(max_abs_diff(fresh, second), 1e-4) << cell;
@@ -128,9 +124,7 @@ TEST(ModelsWordLM, DetachCutsTheGraph) {
         EXPECT_EQ(s.h.grad_fn(), nullptr);
         EXPECT_FALSE(s.h.requires_grad());
         EXPECT_EQ(s.c.defined(), std::string(cell) == "lstm");
-        if (s.c.defined()) {
-          EXPECT_FALSE(s.c.requires_grad());
-        }
+        if (s.c.defined()) { EXPECT_FALSE(s.c.requires_grad()); }
         // Same values: detach cuts the history, not the state.
         EXPECT_EQ(max_abs_diff(s.h, s1.h), 0.0);
       }

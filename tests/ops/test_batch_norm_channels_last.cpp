@@ -100,8 +100,8 @@ Fwd forward(const Data& d, const Tensor& x, bool cl, bool training) {
   f.mean = training ? empty({d.C}, {.dtype = sdt}) : d.rm.clone();
   f.var = training ? empty({d.C}, {.dtype = sdt}) : d.rv.clone();
   f.invstd = empty({d.C}, {.dtype = sdt});
-  backend::batch_norm_forward_kernel.get(kCPU)(f.y, f.mean, f.var, f.invstd, x, d.w, d.b, training, kEps,
-                                               Tensor(), false);
+  backend::batch_norm_forward_kernel.get(kCPU)(f.y, f.mean, f.var, f.invstd, x, d.w, d.b, training, kEps, Tensor(),
+                                               false);
   return f;
 }
 
@@ -141,8 +141,7 @@ void expect_within(const std::vector<double>& got, const std::vector<double>& re
       at = i;
     }
   }
-  EXPECT_LE(worst, 0.0) << what << ": element " << at << " got " << got[at] << " want " << ref[at] << " +- "
-                        << tol[at];
+  EXPECT_LE(worst, 0.0) << what << ": element " << at << " got " << got[at] << " want " << ref[at] << " +- " << tol[at];
 }
 
 // Note [tolerances of the channels-last batch-norm tests]
@@ -307,8 +306,8 @@ void compare_layouts(const Data& d, bool training, bool all_needs) {
     EXPECT_EQ(bytes(bl.dx), bytes(br.dx));  // dx = w r dy: identical
   }
   if (!all_needs) return;
-  for (const Need need : {Need{true, false, false}, Need{false, true, false}, Need{false, false, true},
-                          Need{false, true, true}}) {
+  for (const Need need :
+       {Need{true, false, false}, Need{false, true, false}, Need{false, false, true}, Need{false, true, true}}) {
     const Bwd part = backward(d, dyl, xl, true, fr.mean, fr.invstd, training, need);
     EXPECT_EQ(bytes(part.dx), need.dx ? bytes(bl.dx) : std::vector<uint8_t>());
     EXPECT_EQ(bytes(part.dw), need.dw ? bytes(bl.dw) : std::vector<uint8_t>());
@@ -378,8 +377,8 @@ void compare_reference(const Data& d, bool cl) {
 TEST(BatchNormChannelsLast, MatchesNchwKernels) {
   manual_seed(1);
   // C = 1 (the layouts coincide), 3, 64, 100 (not a multiple of any vector width); rows N S from 2 to 40000.
-  const std::vector<Shape> shapes = {{1, 64, 2},  {2, 3, 5},    {4, 100, 9},   {3, 1, 50},
-                                     {8, 64, 49}, {5, 3, 1000}, {4, 100, 400}, {8, 64, 256}, {8, 3, 5000}};
+  const std::vector<Shape> shapes = {{1, 64, 2},   {2, 3, 5},     {4, 100, 9},  {3, 1, 50},  {8, 64, 49},
+                                     {5, 3, 1000}, {4, 100, 400}, {8, 64, 256}, {8, 3, 5000}};
   for (const Shape& s : shapes)
     for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64})
       for (bool training : {true, false}) {
@@ -423,8 +422,8 @@ TEST(BatchNormChannelsLast, MixedDtypesMatchOneDtype) {
       const Bwd one = backward(d, dyl, xl, true, f.mean, f.invstd, true, {true, true, true});
       const Tensor dy32 = relayout(d.dy.to(DType::f32), true);
       Bwd mixed{make(d.N, d.C, d.S, DType::f32, true), empty({d.C}), empty({d.C})};
-      backend::batch_norm_backward_kernel.get(kCPU)(mixed.dx, mixed.dw, mixed.db, dy32, xl, f.mean, f.invstd, d.w,
-                                                    true, Tensor(), Tensor());
+      backend::batch_norm_backward_kernel.get(kCPU)(mixed.dx, mixed.dw, mixed.db, dy32, xl, f.mean, f.invstd, d.w, true,
+                                                    Tensor(), Tensor());
       EXPECT_EQ(bytes(mixed.dw), bytes(one.dw));
       EXPECT_EQ(bytes(mixed.db), bytes(one.db));
       EXPECT_EQ(bytes(mixed.dx.to(dt)), bytes(one.dx));
@@ -542,9 +541,9 @@ TEST(BatchNormChannelsLast, BitIdenticalAcrossThreadCountsAndIsa) {
           const Bwd g = backward(d, dy, x, cl, f.mean, f.invstd, true, {true, true, true});
           const Bwd ge = backward(d, dy, x, cl, e.mean, e.invstd, false, {true, true, true});
           backend::cpu::set_avx512_loops(was);
-          const std::vector<std::vector<uint8_t>> all = {bytes(f.y),  bytes(f.mean), bytes(f.var), bytes(f.invstd),
-                                                         bytes(e.y),  bytes(g.dx),   bytes(g.dw),  bytes(g.db),
-                                                         bytes(ge.dx), bytes(ge.dw), bytes(ge.db)};
+          const std::vector<std::vector<uint8_t>> all = {bytes(f.y),   bytes(f.mean), bytes(f.var), bytes(f.invstd),
+                                                         bytes(e.y),   bytes(g.dx),   bytes(g.dw),  bytes(g.db),
+                                                         bytes(ge.dx), bytes(ge.dw),  bytes(ge.db)};
           if (runs++ == 0) {
             first = all;
           } else {

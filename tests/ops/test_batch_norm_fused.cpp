@@ -20,7 +20,7 @@ namespace {
 
 // The bytes of t (contiguous, in its dtype): equal bytes = bit-identical
 // values, NaN payloads included.
-std::vector<unsigned char> bytes(const Tensor &t) {
+std::vector<unsigned char> bytes(const Tensor& t) {
   const Tensor c = t.contiguous();
   std::vector<unsigned char> b(static_cast<size_t>(c.numel() * static_cast<int64_t>(c.element_size())));
   if (!b.empty()) std::memcpy(b.data(), c.raw_data(), b.size());
@@ -38,7 +38,7 @@ struct Case {
   bool nan_residual = false;
 };
 
-std::string label(const Case &c) {
+std::string label(const Case& c) {
   return shape_str(c.shape) + " " + dtype_name(c.dt) + (c.channels_last ? " channels_last" : "") +
          (c.training ? " train" : " eval") + (c.residual ? " add_relu" : " relu") + " params " +
          dtype_name(c.param_dt) + (c.nan_residual ? " nan" : "");
@@ -49,7 +49,7 @@ struct Run {
 };
 
 // One forward + backward, fused or not, from identical inputs (seeded).
-Run run(const Case &c, bool fused) {
+Run run(const Case& c, bool fused) {
   manual_seed(11);
   const int64_t C = c.shape[1];
   Tensor x = add(mul(randn(c.shape), 2.0), 0.3).to(c.dt);
@@ -83,7 +83,7 @@ Run run(const Case &c, bool fused) {
   return {out, x.grad(), w.grad(), b.grad(), c.residual ? res.grad() : Tensor(), rm, rv};
 }
 
-void expect_identical(const Case &c) {
+void expect_identical(const Case& c) {
   SCOPED_TRACE(label(c));
   const Run f = run(c, true), u = run(c, false);
   ASSERT_EQ(f.out.dtype(), u.out.dtype());
@@ -95,9 +95,7 @@ void expect_identical(const Case &c) {
   EXPECT_EQ(bytes(f.db), bytes(u.db)) << "dbias";
   EXPECT_EQ(bytes(f.rm), bytes(u.rm)) << "running_mean";
   EXPECT_EQ(bytes(f.rv), bytes(u.rv)) << "running_var";
-  if (c.residual) {
-    EXPECT_EQ(bytes(f.dr), bytes(u.dr)) << "dresidual";
-  }
+  if (c.residual) { EXPECT_EQ(bytes(f.dr), bytes(u.dr)) << "dresidual"; }
   // The ReLU really cut something (the comparison covers the mask), and
   // something passed.
   const std::vector<double> o = f.out.to(DType::f64).to_vector<double>();
@@ -171,7 +169,7 @@ TEST(BatchNormFused, ModuleForwardReluAndHooks) {
   // A forward hook sees the module's own output (batch norm, before the ReLU):
   // not fused then.
   double min_seen = 1.0;
-  a.register_forward_hook([&](nn::Module &, const Tensor &, const Tensor &out) {
+  a.register_forward_hook([&](nn::Module&, const Tensor&, const Tensor& out) {
     min_seen = std::min(min_seen, -max(neg(out.to(DType::f64))).item<double>());
   });
   const Tensor y = a.forward_relu(x);

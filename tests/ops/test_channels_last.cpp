@@ -78,7 +78,7 @@ TEST(MemoryFormat, ContiguousInFormatCopiesValuesAndKeepsAutograd) {
   EXPECT_FALSE(y.is_alias_of(x));
   EXPECT_EQ(values(y), values(x));
   EXPECT_TRUE(y.contiguous(kCL).is_alias_of(y));  // already in the format: no copy
-  EXPECT_EQ(values(y.contiguous()), values(x));  // and back
+  EXPECT_EQ(values(y.contiguous()), values(x));   // and back
   const Tensor w = rand({2, 3, 4, 5}, {.dtype = DType::f64});
   sum(mul(y, w)).backward();
   EXPECT_EQ(values(x.grad()), values(w));

@@ -80,9 +80,7 @@ std::vector<Geometry> geometries() {
 std::string what_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const Error& e) {
-    return e.what();
-  }
+  } catch (const Error& e) { return e.what(); }
   return "<no error>";
 }
 
@@ -280,31 +278,47 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
       // Outputs of <= 16 pixels: bf16 forward, data gradient (stride 1) and weight gradient take the im2col +
       // GEMM paths (Notes [bf16 weight gradient as one GEMM] and [small convolutions as one GEMM] in
       // src/backend/cpu/conv.cpp). 4x4 output: dweight/dbias N*OH*OW = 2*16.
-      {{"3x3 pad 1 on 4x4 (GEMM forward, data and weight gradients)", {2, 16, 4, 4}, {8, 16, 3, 3}, true, {.padding = {1, 1}}},
+      {{"3x3 pad 1 on 4x4 (GEMM forward, data and weight gradients)",
+        {2, 16, 4, 4},
+        {8, 16, 3, 3},
+        true,
+        {.padding = {1, 1}}},
        {2, 8, 4, 4},
        {144, 72, 32, 32}},
       // Rectangular kernel, stride 2, dilation (2, 1), uneven padding: 4x3 output, padding taps are zeros
       // in the unfolded input. y 6*3*2 taps; dx at most 4 outputs * 6 taps; dweight N*OH*OW = 3*12.
-      {{"3x2 stride 2 dilation (2,1) pad (2,1) (GEMM weight gradient)", {3, 6, 7, 5}, {4, 6, 3, 2}, true,
+      {{"3x2 stride 2 dilation (2,1) pad (2,1) (GEMM weight gradient)",
+        {3, 6, 7, 5},
+        {4, 6, 3, 2},
+        true,
         {.stride = {2, 2}, .padding = {2, 1}, .dilation = {2, 1}}},
        {3, 4, 4, 3},
        {36, 24, 36, 36}},
       // Stride 3 on 9x9: few outputs per input pixel, so the unfold marks padding taps instead of copying to a
       // zero-bordered buffer. y [2, 8, 4, 4] (GEMM forward and weight gradient); y 16*4 taps; dx at most 8
       // output channels * 4 taps; dweight and dbias N*OH*OW = 2*16.
-      {{"2x2 stride 3 pad 1 on 9x9 (GEMM forward and weight gradient, strided unfold)", {2, 16, 9, 9},
-        {8, 16, 2, 2}, true, {.stride = {3, 3}, .padding = {1, 1}}},
+      {{"2x2 stride 3 pad 1 on 9x9 (GEMM forward and weight gradient, strided unfold)",
+        {2, 16, 9, 9},
+        {8, 16, 2, 2},
+        true,
+        {.stride = {3, 3}, .padding = {1, 1}}},
        {2, 8, 4, 4},
        {64, 32, 32, 32}},
       // A 4x4 input, dilation (1, 2), pad (1, 2): y [2, 8, 4, 6] (24 pixels: oneDNN), dx 16 pixels (GEMM on the
       // flipped weights). y 16*6 taps; dx at most 8 output channels * 6 taps; dweight and dbias N*OH*OW = 2*24.
-      {{"3x2 dilation (1,2) pad (1,2) on 4x4 (GEMM data gradient)", {2, 16, 4, 4}, {8, 16, 3, 2}, true,
+      {{"3x2 dilation (1,2) pad (1,2) on 4x4 (GEMM data gradient)",
+        {2, 16, 4, 4},
+        {8, 16, 3, 2},
+        true,
         {.padding = {1, 2}, .dilation = {1, 2}}},
        {2, 8, 4, 6},
        {96, 48, 48, 48}},
       // Stride 1 with dilation (1, 2): dx is a forward convolution of dy with flipped weights. y [2, 8, 8, 7];
       // y 16*6 taps; dx at most 8 output channels * 6 taps; dweight and dbias N*OH*OW = 2*56.
-      {{"3x2 stride 1 dilation (1,2) pad (2,2) (dx as a forward convolution)", {2, 16, 6, 5}, {8, 16, 3, 2}, true,
+      {{"3x2 stride 1 dilation (1,2) pad (2,2) (dx as a forward convolution)",
+        {2, 16, 6, 5},
+        {8, 16, 3, 2},
+        true,
         {.padding = {2, 2}, .dilation = {1, 2}}},
        {2, 8, 8, 7},
        {96, 48, 112, 112}},
@@ -334,9 +348,9 @@ TEST_P(Conv2dLowPrecision, ForwardAndBackwardMatchF32) {
         double worst = 0.0;
         for (size_t i = 0; i < a.size(); ++i) {
           const double tol = prod * s[i] + u * (std::abs(r[i]) + prod * s[i]);
-          ASSERT_LE(std::abs(a[i] - r[i]), tol) << c.quantity << " in " << dtype_name(dt) << " element " << i
-                                                << ": got " << a[i] << ", f32 gives " << r[i]
-                                                << " (tolerance reason: " << c.reason << ")";
+          ASSERT_LE(std::abs(a[i] - r[i]), tol)
+              << c.quantity << " in " << dtype_name(dt) << " element " << i << ": got " << a[i] << ", f32 gives "
+              << r[i] << " (tolerance reason: " << c.reason << ")";
           worst = std::max(worst, std::abs(a[i] - r[i]) / tol);
         }
         // The comparison is not vacuous: the low-precision path does differ from f32 by a visible fraction.
@@ -353,12 +367,21 @@ TEST(Conv2d, ErrorMessages) {
   const Tensor x = ones({2, 4, 5, 5}), w = ones({6, 4, 3, 3});
   expect_error([&] { conv2d(ones({4, 5, 5}), w); }, {"conv2d", "expected input [N, C, H, W]", "unsqueeze(0)"});
   expect_error([&] { conv2d(x, ones({6, 4, 3})); }, {"conv2d", "expected weight", "4 dims", "[6, 4, 3]"});
-  expect_error([&] { conv2d(x, ones({6, 3, 3, 3})); },
-               {"conv2d", "expected weight [6, 4, kH, kW]", "input channels 4", "[6, 3, 3, 3]"});
-  expect_error([&] { conv2d(x, ones({6, 2, 3, 3}), Tensor(), {.groups = 3}); },
-               {"conv2d", "input channels (4) must be divisible by groups (3)"});
-  expect_error([&] { conv2d(x, ones({5, 2, 3, 3}), Tensor(), {.groups = 2}); },
-               {"conv2d", "output channels", "= 5) must be divisible by groups (2)"});
+  expect_error(
+      [&] {
+        conv2d(x, ones({6, 3, 3, 3}));
+      },
+      {"conv2d", "expected weight [6, 4, kH, kW]", "input channels 4", "[6, 3, 3, 3]"});
+  expect_error(
+      [&] {
+        conv2d(x, ones({6, 2, 3, 3}), Tensor(), {.groups = 3});
+      },
+      {"conv2d", "input channels (4) must be divisible by groups (3)"});
+  expect_error(
+      [&] {
+        conv2d(x, ones({5, 2, 3, 3}), Tensor(), {.groups = 2});
+      },
+      {"conv2d", "output channels", "= 5) must be divisible by groups (2)"});
   expect_error([&] { conv2d(x, w, Tensor(), {.groups = 0}); }, {"conv2d", "groups >= 1", "got 0"});
   expect_error([&] { conv2d(x, ones({6, 4, 7, 3})); }, {"conv2d", "output of at least 1x1", "got 0x3"});
   expect_error([&] { conv2d(x, w, Tensor(), {.dilation = {3, 1}}); }, {"conv2d", "at least 1x1", "dilation=(3, 1)"});

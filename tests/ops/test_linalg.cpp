@@ -13,7 +13,8 @@ Tensor leaf(Shape s) { return rand(s, {.dtype = DType::f64}, -1.0, 1.0).requires
 void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
 
 // Naive reference of a 2-D product in double.
-std::vector<double> ref_mm(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k, int64_t n) {
+std::vector<double> ref_mm(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k,
+                           int64_t n) {
   std::vector<double> c(m * n, 0.0);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t p = 0; p < k; ++p)
@@ -95,15 +96,20 @@ TEST(Linalg, Bf16UsesF32Accumulation) {
 
 TEST(Gradcheck, MatmulAndLinear) {
   manual_seed(11);
-  expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; }, {leaf({3, 4}), leaf({4, 5})}));
-  expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; }, {leaf({2, 3, 4}), leaf({4, 2})}));
-  expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; }, {leaf({2, 1, 3, 4}), leaf({3, 4, 2})}));
+  expect_ok(
+      gradcheck([](auto& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; }, {leaf({3, 4}), leaf({4, 5})}));
+  expect_ok(
+      gradcheck([](auto& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; }, {leaf({2, 3, 4}), leaf({4, 2})}));
+  expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; },
+                      {leaf({2, 1, 3, 4}), leaf({3, 4, 2})}));
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; }, {leaf({4}), leaf({4, 3})}));
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; }, {leaf({4}), leaf({4})}));
-  expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{bmm(in[0], in[1])}; }, {leaf({2, 3, 4}), leaf({2, 4, 5})}));
+  expect_ok(
+      gradcheck([](auto& in) { return std::vector<Tensor>{bmm(in[0], in[1])}; }, {leaf({2, 3, 4}), leaf({2, 4, 5})}));
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{linear(in[0], in[1], in[2])}; },
                       {leaf({2, 3, 4}), leaf({5, 4}), leaf({5})}));
-  expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{linear(in[0], in[1])}; }, {leaf({3, 4}), leaf({5, 4})}));
+  expect_ok(
+      gradcheck([](auto& in) { return std::vector<Tensor>{linear(in[0], in[1])}; }, {leaf({3, 4}), leaf({5, 4})}));
 }
 
 TEST(Linalg, GradientsInF32MatchF64) {
@@ -142,21 +148,22 @@ TEST(LinearRelu, SameValuesAndGradientsAsReluOfLinear) {
   // fused values equal relu(linear) exactly, and so do the masked gradients. About half the outputs
   // are negative here, so the mask matters.
   for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
-    for (bool with_bias : {true, false}) test::for_each_bf16_path([&] {
-      manual_seed(5);
-      Tensor x = randn({3, 7, 45}).to(dt), w = randn({33, 45}, {}, 0.0, 0.2).to(dt);
-      Tensor b = with_bias ? randn({33}).to(dt) : Tensor();
-      const LinearRun f = run_linear(x, w, b, true), u = run_linear(x, w, b, false);
-      const std::string what = std::string(dtype_name(dt)) + (with_bias ? " with bias" : " without bias");
-      ASSERT_EQ(f.y.size(), size_t{3 * 7 * 33}) << what;
-      int64_t zeros = 0;
-      for (double v : f.y) zeros += v == 0.0;
-      EXPECT_GT(zeros, 100) << what;  // the ReLU did cut
-      EXPECT_EQ(f.y, u.y) << what;
-      EXPECT_EQ(f.gx, u.gx) << what;
-      EXPECT_EQ(f.gw, u.gw) << what;
-      EXPECT_EQ(f.gb, u.gb) << what;
-    });
+    for (bool with_bias : {true, false})
+      test::for_each_bf16_path([&] {
+        manual_seed(5);
+        Tensor x = randn({3, 7, 45}).to(dt), w = randn({33, 45}, {}, 0.0, 0.2).to(dt);
+        Tensor b = with_bias ? randn({33}).to(dt) : Tensor();
+        const LinearRun f = run_linear(x, w, b, true), u = run_linear(x, w, b, false);
+        const std::string what = std::string(dtype_name(dt)) + (with_bias ? " with bias" : " without bias");
+        ASSERT_EQ(f.y.size(), size_t{3 * 7 * 33}) << what;
+        int64_t zeros = 0;
+        for (double v : f.y) zeros += v == 0.0;
+        EXPECT_GT(zeros, 100) << what;  // the ReLU did cut
+        EXPECT_EQ(f.y, u.y) << what;
+        EXPECT_EQ(f.gx, u.gx) << what;
+        EXPECT_EQ(f.gw, u.gw) << what;
+        EXPECT_EQ(f.gb, u.gb) << what;
+      });
   }
 }
 

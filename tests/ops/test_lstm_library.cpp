@@ -73,9 +73,12 @@ struct Case {
 // Leaves of one case: x, h0, c0 (f32), w_ih, w_hh, b_ih, b_hh (undefined without biases).
 std::vector<Tensor> make_inputs(const Case& c, bool grad) {
   const TensorOptions o{.dtype = c.dt};
-  std::vector<Tensor> in{rand({c.T, c.B, c.I}, o, -1, 1),        rand({c.B, c.H}, o, -1, 1),
-                         rand({c.B, c.H}, {}, -1, 1),            rand({4 * c.H, c.I}, o, -0.35, 0.35),
-                         rand({4 * c.H, c.H}, o, -0.35, 0.35),   c.bias ? rand({4 * c.H}, o, -0.35, 0.35) : Tensor(),
+  std::vector<Tensor> in{rand({c.T, c.B, c.I}, o, -1, 1),
+                         rand({c.B, c.H}, o, -1, 1),
+                         rand({c.B, c.H}, {}, -1, 1),
+                         rand({4 * c.H, c.I}, o, -0.35, 0.35),
+                         rand({4 * c.H, c.H}, o, -0.35, 0.35),
+                         c.bias ? rand({4 * c.H}, o, -0.35, 0.35) : Tensor(),
                          c.bias ? rand({4 * c.H}, o, -0.35, 0.35) : Tensor()};
   if (grad)
     for (Tensor& t : in)
@@ -101,8 +104,8 @@ struct LayerRun {
 LayerRun run_layer(LayerFn f, const std::vector<Tensor>& in, const Tensor& dy, const Tensor& dh, const Tensor& dc) {
   LayerRun r;
   std::tie(r.y, r.h, r.c) = f(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
-  const Tensor loss = add(add(sum(mul(r.y.to(DType::f32), dy)), sum(mul(r.h.to(DType::f32), dh))),
-                          sum(mul(r.c.to(DType::f32), dc)));
+  const Tensor loss =
+      add(add(sum(mul(r.y.to(DType::f32), dy)), sum(mul(r.h.to(DType::f32), dh))), sum(mul(r.c.to(DType::f32), dc)));
   std::vector<Tensor> wrt;
   for (const Tensor& t : in)
     if (t.defined()) wrt.push_back(t);
@@ -301,28 +304,48 @@ TEST(LstmLibrary, NnLstmLibraryMatchesFused) {
 
 TEST(LstmLibrary, ErrorsNameExpectedAndGot) {
   const Tensor x = zeros({4, 2, 3}), h = zeros({2, 5}), wi = zeros({20, 3}), wh = zeros({20, 5});
-  expect_error([&] { lstm_layer_library(zeros({4, 3}), h, h, wi, wh); },
-               {"lstm_layer_library", "[T, B, I]", "got [4, 3]"});
+  expect_error(
+      [&] {
+        lstm_layer_library(zeros({4, 3}), h, h, wi, wh);
+      },
+      {"lstm_layer_library", "[T, B, I]", "got [4, 3]"});
   expect_error([&] { lstm_layer_library(zeros({0, 2, 3}), h, h, wi, wh); }, {"lstm_layer_library", "non-empty"});
-  expect_error([&] { lstm_layer_library(x, zeros({3, 5}), h, wi, wh); },
-               {"lstm_layer_library", "h0", "[2, H]", "got [3, 5]"});
-  expect_error([&] { lstm_layer_library(x, h, zeros({2, 4}), wi, wh); },
-               {"lstm_layer_library", "c0", "[2, 5]", "got [2, 4]"});
-  expect_error([&] { lstm_layer_library(x, h, h, zeros({20, 4}), wh); },
-               {"lstm_layer_library", "w_ih", "[20, 3]", "got [20, 4]"});
-  expect_error([&] { lstm_layer_library(x, h, h, wi, zeros({16, 5})); },
-               {"lstm_layer_library", "w_hh", "[20, 5]", "got [16, 5]"});
+  expect_error(
+      [&] {
+        lstm_layer_library(x, zeros({3, 5}), h, wi, wh);
+      },
+      {"lstm_layer_library", "h0", "[2, H]", "got [3, 5]"});
+  expect_error(
+      [&] {
+        lstm_layer_library(x, h, zeros({2, 4}), wi, wh);
+      },
+      {"lstm_layer_library", "c0", "[2, 5]", "got [2, 4]"});
+  expect_error(
+      [&] {
+        lstm_layer_library(x, h, h, zeros({20, 4}), wh);
+      },
+      {"lstm_layer_library", "w_ih", "[20, 3]", "got [20, 4]"});
+  expect_error(
+      [&] {
+        lstm_layer_library(x, h, h, wi, zeros({16, 5}));
+      },
+      {"lstm_layer_library", "w_hh", "[20, 5]", "got [16, 5]"});
   expect_error([&] { lstm_layer_library(x, h, h, wi, wh, zeros({20}), zeros({5})); },
                {"lstm_layer_library", "b_hh", "[20]", "got [5]"});
   expect_error([&] { lstm_layer_library(x.to(DType::bf16), h, h, wi, wh); },
                {"lstm_layer_library", "one dtype", "bf16", "f32", "autocast"});
-  expect_error([&] { lstm_layer_library(zeros({4, 2, 3}, {.dtype = DType::i64}), h, h, wi, wh); },
-               {"lstm_layer_library", "floating", "i64"});
+  expect_error(
+      [&] {
+        lstm_layer_library(zeros({4, 2, 3}, {.dtype = DType::i64}), h, h, wi, wh);
+      },
+      {"lstm_layer_library", "floating", "i64"});
   // Dtypes oneDNN's LSTM lacks: the message names the ones that work.
   for (DType dt : {DType::f16, DType::f64}) {
     const TensorOptions o{.dtype = dt};
     expect_error(
-        [&] { lstm_layer_library(zeros({4, 2, 3}, o), zeros({2, 5}, o), h, zeros({20, 3}, o), zeros({20, 5}, o)); },
+        [&] {
+          lstm_layer_library(zeros({4, 2, 3}, o), zeros({2, 5}, o), h, zeros({20, 3}, o), zeros({20, 5}, o));
+        },
         {"lstm_layer_library on cpu", dtype_name(dt), "f32 or bf16", "mp::lstm_layer"});
   }
 }

@@ -112,34 +112,42 @@ TEST(BatchNorm, TwoDimInputRunningStatsMatchHand) {
 
 TEST(BatchNorm, GradcheckTrainingAffine) {
   Tensor rm = zeros({3}, {.dtype = DType::f64}), rv = ones({3}, {.dtype = DType::f64});
-  expect_ok(gradcheck([&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{batch_norm(in[0], rm, rv, in[1], in[2], true)};
-  }, {leaf({2, 3, 2, 3}), leaf({3}, 0.5, 1.5), leaf({3})}));
+  expect_ok(gradcheck(
+      [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{batch_norm(in[0], rm, rv, in[1], in[2], true)}; },
+      {leaf({2, 3, 2, 3}), leaf({3}, 0.5, 1.5), leaf({3})}));
   // [N, C] path.
-  expect_ok(gradcheck([&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{batch_norm(in[0], rm, rv, in[1], in[2], true)};
-  }, {leaf({5, 3}), leaf({3}, 0.5, 1.5), leaf({3})}));
+  expect_ok(gradcheck(
+      [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{batch_norm(in[0], rm, rv, in[1], in[2], true)}; },
+      {leaf({5, 3}), leaf({3}, 0.5, 1.5), leaf({3})}));
 }
 
 TEST(BatchNorm, GradcheckTrainingNoAffine) {
   Tensor rm = zeros({4}, {.dtype = DType::f64}), rv = ones({4}, {.dtype = DType::f64});
-  expect_ok(gradcheck([&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{batch_norm(in[0], rm, rv, Tensor(), Tensor(), true)};
-  }, {leaf({3, 4, 5})}));
+  expect_ok(gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{batch_norm(in[0], rm, rv, Tensor(), Tensor(), true)};
+      },
+      {leaf({3, 4, 5})}));
   // No running statistics at all: batch statistics in both modes.
-  expect_ok(gradcheck([&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), false)};
-  }, {leaf({6, 2})}));
+  expect_ok(gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), false)};
+      },
+      {leaf({6, 2})}));
 }
 
 TEST(BatchNorm, GradcheckEval) {
   Tensor rm = rand({3}, {.dtype = DType::f64}, -1, 1), rv = rand({3}, {.dtype = DType::f64}, 0.5, 2);
-  expect_ok(gradcheck([&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{batch_norm(in[0], rm, rv, in[1], in[2], false)};
-  }, {leaf({2, 3, 4}), leaf({3}, 0.5, 1.5), leaf({3})}));
-  expect_ok(gradcheck([&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{batch_norm(in[0], rm, rv, in[1], Tensor(), false)};
-  }, {leaf({4, 3}), leaf({3}, 0.5, 1.5)}));
+  expect_ok(gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{batch_norm(in[0], rm, rv, in[1], in[2], false)};
+      },
+      {leaf({2, 3, 4}), leaf({3}, 0.5, 1.5), leaf({3})}));
+  expect_ok(gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{batch_norm(in[0], rm, rv, in[1], Tensor(), false)};
+      },
+      {leaf({4, 3}), leaf({3}, 0.5, 1.5)}));
 }
 
 TEST(BatchNorm, LargeShapesMatchCompositeReference) {
@@ -268,12 +276,14 @@ TEST(BatchNorm, ErrorsNameExpectedAndGot) {
                {"batch_norm", "weight", "expected", "[4]", "got [5]"});
   expect_error([&] { batch_norm(x, zeros({3}), ones({4}), Tensor(), Tensor(), true); },
                {"batch_norm", "running_mean", "[4]", "got [3]"});
-  expect_error([&] { batch_norm(x, Tensor(), Tensor(), Tensor(), ones({2, 2}), true); },
-               {"bias", "[4]", "got [2, 2]"});
+  expect_error([&] { batch_norm(x, Tensor(), Tensor(), Tensor(), ones({2, 2}), true); }, {"bias", "[4]", "got [2, 2]"});
   expect_error([&] { batch_norm(randn({4}), Tensor(), Tensor(), Tensor(), Tensor(), true); },
                {"batch_norm", "[N, C, ...]", "got [4]"});
-  expect_error([&] { batch_norm(randn({1, 4}), Tensor(), Tensor(), Tensor(), Tensor(), true); },
-               {"more than 1 value per channel", "[1, 4]"});
+  expect_error(
+      [&] {
+        batch_norm(randn({1, 4}), Tensor(), Tensor(), Tensor(), Tensor(), true);
+      },
+      {"more than 1 value per channel", "[1, 4]"});
   expect_error([&] { batch_norm(x, zeros({4}), Tensor(), Tensor(), Tensor(), false); },
                {"running_mean and running_var"});
 }
@@ -295,25 +305,30 @@ TEST(LayerNorm, ForwardMatchesHandComputation) {
 }
 
 TEST(LayerNorm, GradcheckOneNormalizedDim) {
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{layer_norm(in[0], {5}, in[1], in[2])};
-  }, {leaf({3, 5}), leaf({5}, 0.5, 1.5), leaf({5})}));
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{layer_norm(in[0], {5})};
-  }, {leaf({2, 3, 5})}));
+  expect_ok(
+      gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{layer_norm(in[0], {5}, in[1], in[2])}; },
+                {leaf({3, 5}), leaf({5}, 0.5, 1.5), leaf({5})}));
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{layer_norm(in[0], {5})}; },
+                      {leaf({2, 3, 5})}));
 }
 
 TEST(LayerNorm, GradcheckTwoNormalizedDims) {
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{layer_norm(in[0], {3, 4}, in[1], in[2])};
-  }, {leaf({2, 3, 4}), leaf({3, 4}, 0.5, 1.5), leaf({3, 4})}));
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{layer_norm(in[0], {3, 4})};
-  }, {leaf({2, 3, 4})}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer_norm(in[0], {3, 4}, in[1], in[2])};
+      },
+      {leaf({2, 3, 4}), leaf({3, 4}, 0.5, 1.5), leaf({3, 4})}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer_norm(in[0], {3, 4})};
+      },
+      {leaf({2, 3, 4})}));
   // Weight only.
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{layer_norm(in[0], {2, 3}, in[1])};
-  }, {leaf({2, 2, 3}), leaf({2, 3}, 0.5, 1.5)}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer_norm(in[0], {2, 3}, in[1])};
+      },
+      {leaf({2, 2, 3}), leaf({2, 3}, 0.5, 1.5)}));
 }
 
 TEST(LayerNorm, LargeShapesMatchCompositeReference) {

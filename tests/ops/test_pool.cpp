@@ -22,7 +22,9 @@ namespace {
 void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
 
 // 0, 1, 2, ... laid out as [1, 1, h, w] (f32, exact).
-Tensor iota(int64_t h, int64_t w) { return arange(0.0, static_cast<double>(h * w), 1.0, {.dtype = DType::f32}).view({1, 1, h, w}); }
+Tensor iota(int64_t h, int64_t w) {
+  return arange(0.0, static_cast<double>(h * w), 1.0, {.dtype = DType::f32}).view({1, 1, h, w});
+}
 
 // A leaf whose values are a shuffled ladder with steps of 0.05: no two values are within the central-difference
 // step of each other, so max pool has no ties or near-ties for gradcheck to trip on.
@@ -41,9 +43,7 @@ using PoolFn = std::function<Tensor(const Tensor&)>;
 std::string what_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const Error& e) {
-    return e.what();
-  }
+  } catch (const Error& e) { return e.what(); }
   return "<no error>";
 }
 
@@ -61,9 +61,9 @@ TEST(MaxPool2d, KnownValues) {
   EXPECT_EQ(max_pool2d(iota(4, 4), {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}).to_vector<float>(),
             (std::vector<float>{5, 7, 13, 15}));
   // All-negative input with padding: the padded -inf never wins over a real value.
-  EXPECT_EQ(max_pool2d(full({1, 1, 2, 2}, -3.0), {.kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1}})
-                .to_vector<float>(),
-            (std::vector<float>(4, -3.0f)));
+  EXPECT_EQ(
+      max_pool2d(full({1, 1, 2, 2}, -3.0), {.kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1}}).to_vector<float>(),
+      (std::vector<float>(4, -3.0f)));
   // Rectangular kernel and stride: 4x6 of 0..23, kernel (2, 3), stride (2, 3).
   EXPECT_EQ(max_pool2d(iota(4, 6), {.kernel = {2, 3}}).to_vector<float>(), (std::vector<float>{8, 11, 20, 23}));
 }
@@ -119,8 +119,7 @@ TEST(AvgPool2d, CountIncludePadAndCeilMode) {
   // clipped to the padded input, which here is the input). 5x5 of 0..24, 2x2 stride 2 -> 3x3.
   Tensor c = avg_pool2d(iota(5, 5), {.kernel = {2, 2}, .ceil_mode = true});
   ASSERT_EQ(c.sizes(), (Shape{1, 1, 3, 3}));
-  EXPECT_EQ(c.to_vector<float>(),
-            (std::vector<float>{3, 5, 6.5f, 13, 15, 16.5f, 20.5f, 22.5f, 24}));
+  EXPECT_EQ(c.to_vector<float>(), (std::vector<float>{3, 5, 6.5f, 13, 15, 16.5f, 20.5f, 22.5f, 24}));
   // ceil_mode with padding: 6x6 ones, 3x3 stride 2 padding 1 -> 4x4. The last window [5, 8) is clipped to the
   // padded input [5, 7) (2 positions, 1 inside), so with count_include_pad the corner is 1 / (2 * 2).
   const Pool2dOptions cp{.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true};
@@ -186,8 +185,8 @@ TEST(Gradcheck, AdaptiveAvgPool2d) {
   const std::array<int64_t, 2> sizes[] = {{3, 2}, {1, 1}, {5, 7}, {4, 9}, {2, 3}};
   for (const auto& s : sizes) {
     SCOPED_TRACE(s[0] * 100 + s[1]);
-    expect_ok(gradcheck([s](auto& in) { return std::vector<Tensor>{adaptive_avg_pool2d(in[0], s)}; },
-                        {leaf({2, 2, 5, 7})}));
+    expect_ok(
+        gradcheck([s](auto& in) { return std::vector<Tensor>{adaptive_avg_pool2d(in[0], s)}; }, {leaf({2, 2, 5, 7})}));
   }
 }
 
@@ -197,9 +196,18 @@ TEST(Pool2d, ParallelPathMatchesSinglePlanes) {
   manual_seed(33);
   Tensor x = randn({4, 16, 32, 32});
   const std::vector<std::pair<const char*, PoolFn>> fns{
-      {"max", [](const Tensor& t) { return max_pool2d(t, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}); }},
-      {"avg", [](const Tensor& t) { return avg_pool2d(t, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}); }},
-      {"adaptive", [](const Tensor& t) { return adaptive_avg_pool2d(t, {5, 7}); }},
+      {"max",
+       [](const Tensor& t) {
+         return max_pool2d(t, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
+       }},
+      {"avg",
+       [](const Tensor& t) {
+         return avg_pool2d(t, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
+       }},
+      {"adaptive",
+       [](const Tensor& t) {
+         return adaptive_avg_pool2d(t, {5, 7});
+       }},
   };
   for (const auto& [name, fn] : fns) {
     SCOPED_TRACE(name);
@@ -251,10 +259,21 @@ TEST_P(Pool2dLowPrecision, MatchesF32OnRoundedInputs) {
     bool exact;
   };
   const Case cases[] = {
-      {"max 2x2", [](const Tensor& t) { return max_pool2d(t, {.kernel = {2, 2}}); }, true},
-      {"avg 3x3 s2 p1", [](const Tensor& t) { return avg_pool2d(t, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}); },
+      {"max 2x2",
+       [](const Tensor& t) {
+         return max_pool2d(t, {.kernel = {2, 2}});
+       },
+       true},
+      {"avg 3x3 s2 p1",
+       [](const Tensor& t) {
+         return avg_pool2d(t, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
+       },
        false},
-      {"adaptive 3x4", [](const Tensor& t) { return adaptive_avg_pool2d(t, {3, 4}); }, false},
+      {"adaptive 3x4",
+       [](const Tensor& t) {
+         return adaptive_avg_pool2d(t, {3, 4});
+       },
+       false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -280,8 +299,8 @@ TEST_P(Pool2dLowPrecision, MatchesF32OnRoundedInputs) {
           ASSERT_EQ(a[i], r[i]) << (k ? "dx" : "y") << " element " << i;
         } else {
           const double tol = u * std::abs(r[i]) + 2 * 9 * std::ldexp(s[i], -24);
-          ASSERT_LE(std::abs(a[i] - r[i]), tol) << (k ? "dx" : "y") << " element " << i << ": got " << a[i]
-                                                << ", f32 gives " << r[i];
+          ASSERT_LE(std::abs(a[i] - r[i]), tol)
+              << (k ? "dx" : "y") << " element " << i << ": got " << a[i] << ", f32 gives " << r[i];
         }
       }
     }
@@ -298,8 +317,11 @@ TEST(Pool2d, ErrorMessages) {
   expect_error([&] { adaptive_avg_pool2d(ones({5}), {1, 1}); }, {"adaptive_avg_pool2d", "expected input"});
   expect_error([&] { max_pool2d(x, {.kernel = {0, 2}}); }, {"max_pool2d", "positive kernel", "kernel=(0, 2)"});
   expect_error([&] { avg_pool2d(x, {.kernel = {2, 2}, .stride = {-1, 1}}); }, {"avg_pool2d", "stride=(-1, 1)"});
-  expect_error([&] { max_pool2d(x, {.kernel = {3, 3}, .padding = {2, 1}}); },
-               {"max_pool2d", "padding between 0 and half the kernel size", "padding=(2, 1)", "kernel=(3, 3)"});
+  expect_error(
+      [&] {
+        max_pool2d(x, {.kernel = {3, 3}, .padding = {2, 1}});
+      },
+      {"max_pool2d", "padding between 0 and half the kernel size", "padding=(2, 1)", "kernel=(3, 3)"});
   expect_error([&] { avg_pool2d(x, {.kernel = {6, 2}}); }, {"avg_pool2d", "output size is too small", "gives 0x2"});
   expect_error([&] { adaptive_avg_pool2d(x, {0, 3}); }, {"adaptive_avg_pool2d", "positive output size", "(0, 3)"});
   expect_error([&] { max_pool2d(ones({1, 2, 0, 5}), {}); }, {"max_pool2d", "non-empty", "[1, 2, 0, 5]"});

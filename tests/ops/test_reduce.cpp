@@ -71,7 +71,8 @@ TEST(Reduce, SumSquaresOnePassAnyDtype) {
   EXPECT_EQ(sum_squares(empty({0, 4})).item<float>(), 0.0f);
   // Gradient 2x (f64 gradcheck), and integer input is refused.
   Tensor g = rand({3, 4}, {.dtype = DType::f64}).requires_grad_();
-  auto r = autograd::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum_squares(in[0])}; }, {g});
+  auto r =
+      autograd::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum_squares(in[0])}; }, {g});
   EXPECT_TRUE(r.ok) << r.message;
   try {
     sum_squares(zeros({2}, {.dtype = DType::i64}));

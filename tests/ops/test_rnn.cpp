@@ -115,19 +115,19 @@ TEST(LstmGates, ForwardMatchesHandComputation) {
 }
 
 TEST(LstmGates, Gradcheck) {
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    auto [h, c] = lstm_gates(in[0], in[1]);
-    return std::vector<Tensor>{h, c};
-  }, {leaf({3, 8}, -2, 2), leaf({3, 2}, -1.5, 1.5)}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto [h, c] = lstm_gates(in[0], in[1]);
+        return std::vector<Tensor>{h, c};
+      },
+      {leaf({3, 8}, -2, 2), leaf({3, 2}, -1.5, 1.5)}));
   // Only h' used (c' receives a zero gradient from the engine).
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{lstm_gates(in[0], in[1]).first};
-  }, {leaf({2, 12}, -2, 2), leaf({2, 3})}));
+  expect_ok(gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{lstm_gates(in[0], in[1]).first}; },
+                      {leaf({2, 12}, -2, 2), leaf({2, 3})}));
   // Only c' used; gates only (c constant).
   Tensor c = rand({2, 3}, {.dtype = DType::f64});
-  expect_ok(gradcheck([&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{lstm_gates(in[0], c).second};
-  }, {leaf({2, 12}, -2, 2)}));
+  expect_ok(gradcheck([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{lstm_gates(in[0], c).second}; },
+                      {leaf({2, 12}, -2, 2)}));
 }
 
 TEST(LstmGates, WideHiddenMatchesCompositeOps) {
@@ -225,10 +225,12 @@ TEST(LstmCell, MatchesHandComputation) {
 }
 
 TEST(LstmCell, Gradcheck) {
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    auto [h, c] = lstm_cell(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
-    return std::vector<Tensor>{h, c};
-  }, {leaf({2, 3}), leaf({2, 2}), leaf({2, 2}), leaf({8, 3}), leaf({8, 2}), leaf({8}), leaf({8})}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto [h, c] = lstm_cell(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
+        return std::vector<Tensor>{h, c};
+      },
+      {leaf({2, 3}), leaf({2, 2}), leaf({2, 2}), leaf({8, 3}), leaf({8, 2}), leaf({8}), leaf({8})}));
 }
 
 TEST(GruCell, MatchesHandComputation) {
@@ -253,12 +255,14 @@ TEST(GruCell, MatchesHandComputation) {
 }
 
 TEST(GruCell, Gradcheck) {
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{gru_cell(in[0], in[1], in[2], in[3], in[4], in[5])};
-  }, {leaf({2, 3}), leaf({2, 2}), leaf({6, 3}), leaf({6, 2}), leaf({6}), leaf({6})}));
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{gru_cell(in[0], in[1], in[2], in[3])};
-  }, {leaf({2, 3}), leaf({2, 2}), leaf({6, 3}), leaf({6, 2})}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{gru_cell(in[0], in[1], in[2], in[3], in[4], in[5])};
+      },
+      {leaf({2, 3}), leaf({2, 2}), leaf({6, 3}), leaf({6, 2}), leaf({6}), leaf({6})}));
+  expect_ok(
+      gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{gru_cell(in[0], in[1], in[2], in[3])}; },
+                {leaf({2, 3}), leaf({2, 2}), leaf({6, 3}), leaf({6, 2})}));
 }
 
 TEST(RnnTanhCell, MatchesHandComputationAndGradcheck) {
@@ -270,25 +274,45 @@ TEST(RnnTanhCell, MatchesHandComputationAndGradcheck) {
   std::vector<double> ref(gi.size());
   for (size_t k = 0; k < gi.size(); ++k) ref[k] = std::tanh(gi[k] + gh[k]);
   expect_near_vec(vec(rnn_tanh_cell(x, h, wi, wh, bi, bh)), ref, 1e-12);
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{rnn_tanh_cell(in[0], in[1], in[2], in[3], in[4], in[5])};
-  }, {leaf({2, 3}), leaf({2, 2}), leaf({2, 3}), leaf({2, 2}), leaf({2}), leaf({2})}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{rnn_tanh_cell(in[0], in[1], in[2], in[3], in[4], in[5])};
+      },
+      {leaf({2, 3}), leaf({2, 2}), leaf({2, 3}), leaf({2, 2}), leaf({2}), leaf({2})}));
 }
 
 TEST(Cells, ErrorsNameExpectedAndGot) {
   Tensor x = zeros({2, 3}), h = zeros({2, 4}), c = zeros({2, 4});
-  expect_error([&] { lstm_cell(x, h, c, zeros({16, 5}), zeros({16, 4})); },
-               {"lstm_cell", "w_ih", "[16, 3]", "got [16, 5]"});
-  expect_error([&] { lstm_cell(x, h, c, zeros({16, 3}), zeros({12, 4})); },
-               {"lstm_cell", "w_hh", "[16, 4]", "got [12, 4]"});
-  expect_error([&] { lstm_cell(x, h, zeros({2, 5}), zeros({16, 3}), zeros({16, 4})); },
-               {"lstm_cell", "cell state", "[2, 4]", "got [2, 5]"});
-  expect_error([&] { lstm_cell(x, zeros({3, 4}), c, zeros({16, 3}), zeros({16, 4})); },
-               {"lstm_cell", "batch size 2", "got [3, 4]"});
-  expect_error([&] { gru_cell(x, h, zeros({12, 3}), zeros({12, 4}), zeros({16})); },
-               {"gru_cell", "b_ih", "[12]", "got [16]"});
-  expect_error([&] { rnn_tanh_cell(zeros({2, 3, 1}), h, zeros({4, 3}), zeros({4, 4})); },
-               {"rnn_tanh_cell", "[B, I]", "got [2, 3, 1]"});
+  expect_error(
+      [&] {
+        lstm_cell(x, h, c, zeros({16, 5}), zeros({16, 4}));
+      },
+      {"lstm_cell", "w_ih", "[16, 3]", "got [16, 5]"});
+  expect_error(
+      [&] {
+        lstm_cell(x, h, c, zeros({16, 3}), zeros({12, 4}));
+      },
+      {"lstm_cell", "w_hh", "[16, 4]", "got [12, 4]"});
+  expect_error(
+      [&] {
+        lstm_cell(x, h, zeros({2, 5}), zeros({16, 3}), zeros({16, 4}));
+      },
+      {"lstm_cell", "cell state", "[2, 4]", "got [2, 5]"});
+  expect_error(
+      [&] {
+        lstm_cell(x, zeros({3, 4}), c, zeros({16, 3}), zeros({16, 4}));
+      },
+      {"lstm_cell", "batch size 2", "got [3, 4]"});
+  expect_error(
+      [&] {
+        gru_cell(x, h, zeros({12, 3}), zeros({12, 4}), zeros({16}));
+      },
+      {"gru_cell", "b_ih", "[12]", "got [16]"});
+  expect_error(
+      [&] {
+        rnn_tanh_cell(zeros({2, 3, 1}), h, zeros({4, 3}), zeros({4, 4}));
+      },
+      {"rnn_tanh_cell", "[B, I]", "got [2, 3, 1]"});
 }
 
 // ------------------------------------------------------------------------------ lstm_layer
@@ -313,14 +337,18 @@ TEST(LstmLayer, Gradcheck) {
   const int64_t T = 4, B = 3, H = 5;
   Tensor gx = leaf({T, B, 4 * H}, -2, 2), h0 = leaf({B, H}), c0 = leaf({B, H}), w = leaf({4 * H, H}, -0.5, 0.5),
          b = leaf({4 * H});
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    auto [y, h, c] = lstm_layer(in[0], in[1], in[2], in[3], in[4]);
-    return std::vector<Tensor>{y, h, c};
-  }, {gx, h0, c0, w, b}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto [y, h, c] = lstm_layer(in[0], in[1], in[2], in[3], in[4]);
+        return std::vector<Tensor>{y, h, c};
+      },
+      {gx, h0, c0, w, b}));
   // Only y used (h_T, c_T get zero gradients from the engine), and no bias.
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{std::get<0>(lstm_layer(in[0], in[1], in[2], in[3]))};
-  }, {gx, h0, c0, w}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{std::get<0>(lstm_layer(in[0], in[1], in[2], in[3]))};
+      },
+      {gx, h0, c0, w}));
 }
 
 TEST(LstmLayer, F64MatchesPerStepGraphAndF32CellState) {
@@ -328,8 +356,10 @@ TEST(LstmLayer, F64MatchesPerStepGraphAndF32CellState) {
   for (DType dt : {DType::f64, DType::f32}) {
     SCOPED_TRACE(dtype_name(dt));
     Tensor gx = rand({T, B, 4 * H}, {.dtype = dt}, -2, 2).requires_grad_();
-    Tensor h0 = rand({B, H}, {.dtype = dt}, -1, 1).requires_grad_(), c0 = rand({B, H}, {.dtype = dt}, -1, 1).requires_grad_();
-    Tensor w = rand({4 * H, H}, {.dtype = dt}, -0.4, 0.4).requires_grad_(), b = rand({4 * H}, {.dtype = dt}).requires_grad_();
+    Tensor h0 = rand({B, H}, {.dtype = dt}, -1, 1).requires_grad_(),
+           c0 = rand({B, H}, {.dtype = dt}, -1, 1).requires_grad_();
+    Tensor w = rand({4 * H, H}, {.dtype = dt}, -0.4, 0.4).requires_grad_(),
+           b = rand({4 * H}, {.dtype = dt}).requires_grad_();
     auto [y, h, c] = lstm_layer(gx, h0, c0, w, b);
     auto [yr, hr, cr] = lstm_layer_ref(gx, h0, c0, w, b);
     EXPECT_EQ(y.sizes(), (Shape{T, B, H}));
@@ -373,7 +403,8 @@ TEST(LstmLayer, WideningTheWeightOnceIsTheKernelsOwnWidening) {
   const Tensor h = randn({B, H}).to(DType::bf16), w = randn({4 * H, H}).to(DType::bf16);
   const Tensor b = randn({4 * H}).to(DType::bf16), dg = randn({B, 4 * H}).to(DType::bf16);
   const test::ScopedBf16Path via_f32(backend::cpu::Bf16Path::via_f32);
-  const Tensor f = linear(h, w, b), fw = linear(h.to(DType::f32), w.t().to(DType::f32).t(), b.to(DType::f32)).to(DType::bf16);
+  const Tensor f = linear(h, w, b),
+               fw = linear(h.to(DType::f32), w.t().to(DType::f32).t(), b.to(DType::f32)).to(DType::bf16);
   const Tensor d = matmul(dg, w), dw = matmul(dg.to(DType::f32), w.to(DType::f32)).to(DType::bf16);
   EXPECT_EQ(f.to_vector<float>(), fw.to_vector<float>());
   EXPECT_EQ(d.to_vector<float>(), dw.to_vector<float>());
@@ -418,11 +449,18 @@ TEST(LstmLayer, AutocastRunsGemmsInBf16AndKeepsStateF32) {
 TEST(LstmLayer, ErrorsNameExpectedAndGot) {
   Tensor h = zeros({2, 3}), w = zeros({12, 3});
   expect_error([&] { lstm_layer(zeros({4, 2, 10}), h, h, w); }, {"lstm_layer", "[T, B, 4H]", "got [4, 2, 10]"});
-  expect_error([&] { lstm_layer(zeros({4, 2, 12}), zeros({3, 3}), h, w); }, {"lstm_layer", "h0", "[2, 3]", "got [3, 3]"});
+  expect_error(
+      [&] {
+        lstm_layer(zeros({4, 2, 12}), zeros({3, 3}), h, w);
+      },
+      {"lstm_layer", "h0", "[2, 3]", "got [3, 3]"});
   expect_error([&] { lstm_layer(zeros({4, 2, 12}), h, zeros({2, 4}), w); }, {"lstm_layer", "c0", "got [2, 4]"});
   expect_error([&] { lstm_layer(zeros({4, 2, 12}), h, h, zeros({12, 4})); }, {"lstm_layer", "w_hh", "[12, 3]"});
   expect_error([&] { lstm_layer(zeros({4, 2, 12}), h, h, w, zeros({3})); }, {"lstm_layer", "b_hh", "[12]", "got [3]"});
   expect_error([&] { lstm_layer(zeros({0, 2, 12}), h, h, w); }, {"lstm_layer", "at least one step"});
-  expect_error([&] { lstm_layer(zeros({4, 2, 12}, {.dtype = DType::bf16}), h, h, w); },
-               {"lstm_layer", "one dtype", "bf16", "f32", "autocast"});
+  expect_error(
+      [&] {
+        lstm_layer(zeros({4, 2, 12}, {.dtype = DType::bf16}), h, h, w);
+      },
+      {"lstm_layer", "one dtype", "bf16", "f32", "autocast"});
 }

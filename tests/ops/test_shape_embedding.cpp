@@ -140,14 +140,18 @@ TEST(Chunk, PyTorchChunkSizes) {
 
 TEST(Split, Gradcheck) {
   Tensor x = leaf({4, 5});
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    auto p = split(in[0], 2, 1);  // sizes 2, 2, 1
-    return std::vector<Tensor>{mul(p[0], p[1]), p[2]};
-  }, {x}));
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    auto p = chunk(in[0], 2, 0);
-    return std::vector<Tensor>{sub(p[1], p[0])};
-  }, {x}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto p = split(in[0], 2, 1);  // sizes 2, 2, 1
+        return std::vector<Tensor>{mul(p[0], p[1]), p[2]};
+      },
+      {x}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto p = chunk(in[0], 2, 0);
+        return std::vector<Tensor>{sub(p[1], p[0])};
+      },
+      {x}));
 }
 
 TEST(Unbind, ViewsValuesAndErrors) {
@@ -167,10 +171,12 @@ TEST(Unbind, ViewsValuesAndErrors) {
 
 TEST(Unbind, Gradcheck) {
   Tensor x = leaf({3, 4});
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    auto r = unbind(in[0], 1);  // r[2] unused: its gradient is zero
-    return std::vector<Tensor>{mul(r[0], r[1]), r[3]};
-  }, {x}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto r = unbind(in[0], 1);  // r[2] unused: its gradient is zero
+        return std::vector<Tensor>{mul(r[0], r[1]), r[3]};
+      },
+      {x}));
 }
 
 TEST(Unbind, OneNodeForAllSlicesAndUnusedSlicesGetZero) {
@@ -192,8 +198,7 @@ TEST(Embedding, GathersRowsForAnyIndexShape) {
   Tensor idx = from_vector<int64_t>({3, 0, 3, 1, 2, 2}, {2, 3});
   Tensor out = embedding(w, idx);
   EXPECT_EQ(out.sizes(), (Shape{2, 3, 3}));
-  EXPECT_EQ(out.to_vector<double>(),
-            (std::vector<double>{9, 10, 11, 0, 1, 2, 9, 10, 11, 3, 4, 5, 6, 7, 8, 6, 7, 8}));
+  EXPECT_EQ(out.to_vector<double>(), (std::vector<double>{9, 10, 11, 0, 1, 2, 9, 10, 11, 3, 4, 5, 6, 7, 8, 6, 7, 8}));
   // i32 indices, 0-dim indices, 16-bit weights keep their dtype.
   EXPECT_EQ(embedding(w, idx.to(DType::i32)).to_vector<double>(), out.to_vector<double>());
   EXPECT_EQ(embedding(w, full({}, 2.0, {.dtype = DType::i64})).sizes(), (Shape{3}));
@@ -216,16 +221,16 @@ TEST(Embedding, RepeatedIndicesAccumulateAndPaddingGetsNone) {
   Tensor idx = from_vector<int64_t>({1, 3, 1, 1, 0, 3}, {6});
   Tensor g = iota_f64({6, 2}, 1);  // rows (1,2), (3,4), (5,6), (7,8), (9,10), (11,12)
   embedding(w, idx, /*padding_idx=*/0).backward(g);
-  EXPECT_EQ(w.grad().to_vector<double>(),
-            (std::vector<double>{0, 0,            // padding row: no gradient
-                                 1 + 5 + 7, 2 + 6 + 8,  // index 1 three times
-                                 0, 0, 3 + 11, 4 + 12, 0, 0}));
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{0, 0,                  // padding row: no gradient
+                                                               1 + 5 + 7, 2 + 6 + 8,  // index 1 three times
+                                                               0, 0, 3 + 11, 4 + 12, 0, 0}));
 }
 
 TEST(Embedding, Gradcheck) {
   Tensor w = leaf({6, 3});
   Tensor idx = from_vector<int64_t>({2, 5, 2, 0, 2, 5, 4, 4}, {2, 4});
-  expect_ok(gradcheck([idx](const std::vector<Tensor>& in) { return std::vector<Tensor>{embedding(in[0], idx)}; }, {w}));
+  expect_ok(
+      gradcheck([idx](const std::vector<Tensor>& in) { return std::vector<Tensor>{embedding(in[0], idx)}; }, {w}));
   // (No gradcheck with padding_idx: by definition, as in PyTorch, the padding row gets no gradient although
   // the forward reads it; RepeatedIndicesAccumulateAndPaddingGetsNone checks that.)
 }
@@ -351,8 +356,10 @@ TEST(Dropout, BackwardUsesTheSameMask) {
 TEST(Dropout, Gradcheck) {
   // Reseeding inside the function fixes the mask across gradcheck's repeated forwards.
   Tensor x = leaf({6, 5});
-  expect_ok(gradcheck([](const std::vector<Tensor>& in) {
-    manual_seed(99);
-    return std::vector<Tensor>{dropout(in[0], 0.4, true)};
-  }, {x}));
+  expect_ok(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        manual_seed(99);
+        return std::vector<Tensor>{dropout(in[0], 0.4, true)};
+      },
+      {x}));
 }

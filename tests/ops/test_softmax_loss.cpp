@@ -77,8 +77,8 @@ TEST(Softmax, MatchesBasicOpsAlongEveryDim) {
 
 TEST(Softmax, WideInnerAndParallelShapes) {
   // inner = 300 spans several column blocks; [64, 1024] and [256, 3, 64] pass the parallel threshold.
-  for (const auto& [shape, dim] : std::vector<std::pair<Shape, int64_t>>{
-           {{2, 3, 300}, 1}, {{64, 1024}, 1}, {{256, 3, 64}, 1}, {{64, 1024}, 0}}) {
+  for (const auto& [shape, dim] :
+       std::vector<std::pair<Shape, int64_t>>{{{2, 3, 300}, 1}, {{64, 1024}, 1}, {{256, 3, 64}, 1}, {{64, 1024}, 0}}) {
     Tensor x = rand(shape, {.dtype = DType::f32}, -4, 4);
     Tensor ref = ref_log_softmax(x.to(DType::f64), dim);
     // f32 compute: log-sum-exp over up to 1024 terms, values of magnitude <= ~12.
@@ -129,7 +129,8 @@ TEST(Softmax, Gradcheck) {
   for (int64_t d : {0, 1, -1}) {
     Tensor x = leaf({3, 4, 2});
     expect_ok(gradcheck([d](const std::vector<Tensor>& in) { return std::vector<Tensor>{softmax(in[0], d)}; }, {x}));
-    expect_ok(gradcheck([d](const std::vector<Tensor>& in) { return std::vector<Tensor>{log_softmax(in[0], d)}; }, {x}));
+    expect_ok(
+        gradcheck([d](const std::vector<Tensor>& in) { return std::vector<Tensor>{log_softmax(in[0], d)}; }, {x}));
   }
   Tensor x2 = leaf({5, 7});
   expect_ok(gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{softmax(in[0], 0)}; }, {x2}));
@@ -156,8 +157,8 @@ namespace {
 // So each check compares against the f32 op on the SAME rounded inputs (x16.to(f32)), and the budget is:
 struct Tol {
   DType dt;
-  double rel;     // relative to |reference|
-  double abs;     // absolute floor
+  double rel;  // relative to |reference|
+  double abs;  // absolute floor
   const char* why;
 };
 constexpr double kF32Noise = 4e-6;  // f32 sums may be ordered differently (buffer alignment changes simd peeling)
@@ -325,23 +326,30 @@ TEST(CrossEntropy, Gradcheck) {
   Tensor t = targets({0, 4, 2, 2, 1, 3});
   for (Reduction r : {Reduction::mean, Reduction::sum, Reduction::none}) {
     Tensor x = leaf({6, 5});
-    expect_ok(gradcheck([t, r](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{cross_entropy(in[0], t, {.reduction = r})};
-    }, {x}));
+    expect_ok(gradcheck(
+        [t, r](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{cross_entropy(in[0], t, {.reduction = r})};
+        },
+        {x}));
   }
   // ignore_index + label smoothing.
   Tensor ti = targets({0, -100, 2, 2, -100, 3});
   Tensor x = leaf({6, 5});
-  expect_ok(gradcheck([ti](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{cross_entropy(in[0], ti, {.label_smoothing = 0.3})};
-  }, {x}));
+  expect_ok(gradcheck(
+      [ti](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{cross_entropy(in[0], ti, {.label_smoothing = 0.3})};
+      },
+      {x}));
   // [N, C, d] form with ignore_index and smoothing, every reduction.
   Tensor ts = from_vector<int64_t>({0, 2, 7, 1, 1, 0, 7, 2}, {2, 4});
   for (Reduction r : {Reduction::mean, Reduction::none}) {
     Tensor xs = leaf({2, 3, 4});
-    expect_ok(gradcheck([ts, r](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{cross_entropy(in[0], ts, {.ignore_index = 7, .label_smoothing = 0.2, .reduction = r})};
-    }, {xs}));
+    expect_ok(gradcheck(
+        [ts, r](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{
+              cross_entropy(in[0], ts, {.ignore_index = 7, .label_smoothing = 0.2, .reduction = r})};
+        },
+        {xs}));
   }
 }
 
@@ -353,14 +361,18 @@ TEST(NllLoss, ValuesAndGradcheck) {
   EXPECT_NEAR(nll_loss(lp, t).item<double>(), want, 1e-15);
   Tensor x = leaf({4, 3}, -3, -0.1);
   Tensor ti = targets({2, -100, 1, 2});
-  expect_ok(gradcheck([ti](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{nll_loss(in[0], ti, {.label_smoothing = 0.1})};
-  }, {x}));
+  expect_ok(gradcheck(
+      [ti](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{nll_loss(in[0], ti, {.label_smoothing = 0.1})};
+      },
+      {x}));
   Tensor xs = leaf({2, 3, 2}, -3, -0.1);
   Tensor ts = from_vector<int64_t>({0, 2, 1, -100}, {2, 2});
-  expect_ok(gradcheck([ts](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{nll_loss(in[0], ts, {.reduction = Reduction::sum})};
-  }, {xs}));
+  expect_ok(gradcheck(
+      [ts](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{nll_loss(in[0], ts, {.reduction = Reduction::sum})};
+      },
+      {xs}));
 }
 
 TEST(CrossEntropy, Errors) {
@@ -378,7 +390,11 @@ TEST(CrossEntropy, Errors) {
   expect_msg([&] { cross_entropy(x, targets({0, -3, 1})); }, {"target -3", "5 classes"});
   expect_msg([&] { nll_loss(x, targets({5, 0, 1})); }, {"nll_loss", "target 5", "5 classes"});
   // Spatial form reports it too.
-  expect_msg([&] { cross_entropy(rand({1, 2, 3}), from_vector<int64_t>({0, 1, 2}, {1, 3})); }, {"target 2", "2 classes"});
+  expect_msg(
+      [&] {
+        cross_entropy(rand({1, 2, 3}), from_vector<int64_t>({0, 1, 2}, {1, 3}));
+      },
+      {"target 2", "2 classes"});
   expect_msg([&] { cross_entropy(x, targets({0, 1})); }, {"cross_entropy", "[3]", "[2]"});
   expect_msg([&] { cross_entropy(x, rand({3})); }, {"i64", "f32"});
   expect_msg([&] { cross_entropy(x, targets({0, 1, 2}), {.label_smoothing = 1.5}); }, {"label_smoothing", "1.5"});

@@ -25,7 +25,7 @@ TEST(ModelEma, MovesBelowA16BitUlpSurviveInF32) {
   ema.update(lin);
   const float once = value_of(ema.averages().at("weight"));
   EXPECT_GT(once, 1.0f);
-  EXPECT_NEAR(once, 1.0 + 0.001 * 0.0078125, 2e-7);  // f32 rounding of the two steps
+  EXPECT_NEAR(once, 1.0 + 0.001 * 0.0078125, 2e-7);                        // f32 rounding of the two steps
   EXPECT_EQ(value_of(ema.averages().at("weight").to(DType::bf16)), 1.0f);  // a bf16 average would stall here
   for (int i = 1; i < 1000; ++i) ema.update(lin);
   // 1000 updates cover 1 - 0.999^1000 = 63.2% of the way to the new weight.
@@ -105,7 +105,8 @@ TEST(ModelEma, SwapEvaluatesTheAveragesAndRestoresTheModelBitForBit) {
   {
     const optim::ModelEma::Swap swap = ema.swap_into(net);
     for (const auto& [name, t] : net.state_dict())
-      EXPECT_EQ(t.to(DType::f32).to_vector<float>(), ema.averages().at(name).to(DType::bf16).to(DType::f32).to_vector<float>())
+      EXPECT_EQ(t.to(DType::f32).to_vector<float>(),
+                ema.averages().at(name).to(DType::bf16).to(DType::f32).to_vector<float>())
           << name;
     averaged = net(x).to(DType::f32).to_vector<float>();
   }

@@ -102,7 +102,7 @@ TEST(Tensor, CastsRoundToNearestEven) {
   EXPECT_EQ(static_cast<float>(bf[2]), 1.015625f);  // tie -> even (up)
   auto h = a.to(DType::f16).to_vector<Half>();
   EXPECT_TRUE(std::isinf(static_cast<float>(h[3])));  // overflow -> inf
-  EXPECT_EQ(static_cast<float>(h[4]), 0.0f);            // below half subnormals (2^-25 ~ 3e-8)
+  EXPECT_EQ(static_cast<float>(h[4]), 0.0f);          // below half subnormals (2^-25 ~ 3e-8)
 }
 
 TEST(Tensor, RandomIsSeededAndDeterministic) {

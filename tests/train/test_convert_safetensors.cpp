@@ -55,7 +55,8 @@ TEST(Convert, F32ToBf16HalvesRoundsToNearestEvenKeepsIntegers) {
   const auto f = mp::train::load_safetensors(out);
   EXPECT_EQ(f.tensors.keys(), (std::vector<std::string>{"ties", "w", "idx", "mask", "w64"}));
   EXPECT_EQ(f.tensors.at("ties").to_vector<float>(),
-            (std::vector<float>{1.f, 1.f + std::ldexp(1.f, -6), 1.f + std::ldexp(1.f, -7), -1.f, -1.f - std::ldexp(1.f, -6)}));
+            (std::vector<float>{1.f, 1.f + std::ldexp(1.f, -6), 1.f + std::ldexp(1.f, -7), -1.f,
+                                -1.f - std::ldexp(1.f, -6)}));
   for (const char* name : {"ties", "w", "w64"}) {
     const Tensor& t = f.tensors.at(name);
     EXPECT_EQ(t.dtype(), DType::bf16) << name;
@@ -68,8 +69,8 @@ TEST(Convert, F32ToBf16HalvesRoundsToNearestEvenKeepsIntegers) {
   EXPECT_EQ(f.tensors.at("mask").dtype(), DType::b8);
   EXPECT_EQ(tensor_bytes(f.tensors.at("mask")), tensor_bytes(mask));
   // Metadata kept exactly, plus the new dtype.
-  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"format", "pt"}, {"config", "{\"model\": \"mlp\"}"},
-                                                            {"dtype", "bf16"}}));
+  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{
+                            {"format", "pt"}, {"config", "{\"model\": \"mlp\"}"}, {"dtype", "bf16"}}));
   // f32 data exactly halves (f64 quarters); integer data is the same size.
   DType f32 = DType::f32, bf16 = DType::bf16, i64 = DType::i64;
   EXPECT_EQ(data_bytes(out, &bf16), data_bytes(in, &f32) / 2 + 8 * 2);
@@ -97,7 +98,8 @@ TEST(Convert, F16RoundTripWithinHalfPrecisionInPlace) {
   ASSERT_EQ(back.sizes(), (mp::Shape{10, 100}));
   const auto b = back.to_vector<float>();
   double worst = 0;
-  for (size_t i = 0; i < vals.size(); ++i) worst = std::max(worst, std::abs(double(b[i]) - vals[i]) / std::abs(vals[i]));
+  for (size_t i = 0; i < vals.size(); ++i)
+    worst = std::max(worst, std::abs(double(b[i]) - vals[i]) / std::abs(vals[i]));
   EXPECT_LE(worst, std::ldexp(1.0, -11));
   EXPECT_GT(worst, 0.0);  // it did go through f16
   EXPECT_EQ(f.metadata.at("dtype"), "f32");

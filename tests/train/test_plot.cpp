@@ -79,7 +79,8 @@ TEST(Plot, MissingGnuplotSaysHowToInstall) {
           mp::train::plot_lines(png, "t", "x", "y", {Series{"s", {1, 2}, {1, 2}}});
         } catch (const mp::Error& e) {
           const std::string msg = e.what();
-          code = msg.find("gnuplot not found; install it with: apt-get install gnuplot-nox") != std::string::npos ? 0 : 2;
+          code =
+              msg.find("gnuplot not found; install it with: apt-get install gnuplot-nox") != std::string::npos ? 0 : 2;
         }
         // The data and script are still written for later use.
         if (code == 0 && !(fs::exists(dir / "x.dat") && fs::exists(dir / "x.gp"))) code = 3;

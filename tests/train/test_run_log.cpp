@@ -25,8 +25,12 @@ TEST(RunLog, WritesOrderedJsonLinesAndReadsThemBack) {
     RunLog log(path, /*append=*/false);
     EXPECT_EQ(log.path(), path);
     log.write({{"type", std::string("step")}, {"step", int64_t{1}}, {"loss", 0.5}, {"skipped", false}});
-    log.write({{"type", std::string("step")}, {"step", int64_t{2}}, {"loss", std::nan("")},
-               {"scale", std::numeric_limits<double>::infinity()}, {"big", int64_t{1} << 53}, {"whole", 2.0}});
+    log.write({{"type", std::string("step")},
+               {"step", int64_t{2}},
+               {"loss", std::nan("")},
+               {"scale", std::numeric_limits<double>::infinity()},
+               {"big", int64_t{1} << 53},
+               {"whole", 2.0}});
     // Flushed per record: the file has both lines while the log is still open.
     EXPECT_EQ(read_file(path),
               "{\"type\":\"step\",\"step\":1,\"loss\":0.5,\"skipped\":false}\n"

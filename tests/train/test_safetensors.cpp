@@ -53,13 +53,16 @@ void expect_refused(const fs::path& dir, const std::string& name, const std::str
   write_bytes(p, bytes);
   for (int reader = 0; reader < 2; ++reader) {
     try {
-      if (reader == 0) load_safetensors(p.string());
-      else mp::train::read_safetensors_header(p.string());
+      if (reader == 0)
+        load_safetensors(p.string());
+      else
+        mp::train::read_safetensors_header(p.string());
       ADD_FAILURE() << name << ": accepted a damaged file";
     } catch (const mp::Error& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find(p.string()), std::string::npos) << name << ": message lacks the path: " << msg;
-      for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << name << ": no '" << n << "' in: " << msg;
+      for (const auto& n : needles)
+        EXPECT_NE(msg.find(n), std::string::npos) << name << ": no '" << n << "' in: " << msg;
     }
   }
 }
@@ -107,8 +110,8 @@ TEST(Safetensors, RoundTripEveryDtypeEmptyAndScalar) {
 TEST(Safetensors, NonContiguousInputIsWrittenContiguous) {
   const fs::path dir = scratch_dir("safetensors", "noncontig");
   const Tensor base = mp::arange(0, 12, 1, {.dtype = DType::f32}).reshape({3, 4});
-  const Tensor t = base.t();                          // 4x3, strides (1, 4)
-  const Tensor s = base.slice(1, 0, 4, 2);            // 3x2, every other column
+  const Tensor t = base.t();                // 4x3, strides (1, 4)
+  const Tensor s = base.slice(1, 0, 4, 2);  // 3x2, every other column
   ASSERT_FALSE(t.is_contiguous());
   const std::string path = (dir / "nc.safetensors").string();
   save_safetensors(path, {{"t", t}, {"s", s}});
@@ -123,20 +126,19 @@ TEST(Safetensors, ByteExactLayoutMatchesReferenceImplementation) {
   // np.float32)}, metadata={"k": "v"})` produces (it orders I64 before F32, so we give that order):
   // u64 LE header length 136, compact JSON with "__metadata__" first, 4 spaces of padding to a multiple
   // of 8, then the little-endian data.
-  const std::string header =
-      R"({"__metadata__":{"k":"v"},"b":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
-      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})"
-      "    ";
+  const std::string header = R"({"__metadata__":{"k":"v"},"b":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
+                             R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})"
+                             "    ";
   ASSERT_EQ(header.size(), 136u);
   const std::string expected = std::string("\x88\0\0\0\0\0\0\0", 8) + header +
-                               std::string("\x07\0\0\0\0\0\0\0", 8) +   // int64 7
-                               std::string("\0\0\x80\x3f", 4) +         // float 1.0f
-                               std::string("\0\0\0\xc0", 4);            // float -2.0f
+                               std::string("\x07\0\0\0\0\0\0\0", 8) +  // int64 7
+                               std::string("\0\0\x80\x3f", 4) +        // float 1.0f
+                               std::string("\0\0\0\xc0", 4);           // float -2.0f
   const fs::path dir = scratch_dir("safetensors", "exact");
   const std::string path = (dir / "x.safetensors").string();
-  save_safetensors(path,
-                   {{"b", mp::scalar_tensor(7, {.dtype = DType::i64})}, {"a", mp::from_vector<float>({1.f, -2.f}, {2})}},
-                   {{"k", "v"}});
+  save_safetensors(
+      path, {{"b", mp::scalar_tensor(7, {.dtype = DType::i64})}, {"a", mp::from_vector<float>({1.f, -2.f}, {2})}},
+      {{"k", "v"}});
   EXPECT_EQ(read_file(path), expected);
 
   // Without metadata the key is left out; an empty file of tensors is a valid header "{}" + padding.
@@ -148,7 +150,8 @@ TEST(Safetensors, ByteExactLayoutMatchesReferenceImplementation) {
 TEST(Safetensors, ReadHeaderOnly) {
   const fs::path dir = scratch_dir("safetensors", "header");
   const std::string path = (dir / "h.safetensors").string();
-  save_safetensors(path, {{"w", mp::zeros({2, 3}, {.dtype = DType::bf16})}, {"n", mp::zeros({5}, {.dtype = DType::i32})}},
+  save_safetensors(path,
+                   {{"w", mp::zeros({2, 3}, {.dtype = DType::bf16})}, {"n", mp::zeros({5}, {.dtype = DType::i32})}},
                    {{"dtype", "bf16"}});
   std::map<std::string, std::string> meta;
   const auto infos = mp::train::read_safetensors_header(path, &meta);
@@ -196,7 +199,8 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingFileAndTensor) {
   expect_refused(dir, "not_object", make_file("[1, 2]", ""), {"expected a JSON object"});
   expect_refused(dir, "bad_utf8", make_file("{\"a\xff\":{}}", ""), {"UTF-8"});
   expect_refused(dir, "entry_not_object", make_file(R"({"a":[1]})", ""), {"tensor 'a'", "expected an object"});
-  expect_refused(dir, "unknown_dtype", make_file(R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", eight),
+  expect_refused(dir, "unknown_dtype",
+                 make_file(R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", eight),
                  {"tensor 'a'", "unsupported dtype 'F8_E4M3'"});
   expect_refused(dir, "negative_shape", make_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight),
                  {"tensor 'a'", "negative"});
@@ -215,12 +219,14 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingFileAndTensor) {
                  {"tensor 'a'", "end before"});
   expect_refused(dir, "missing_offsets", make_file(R"({"a":{"dtype":"F32","shape":[2]}})", eight),
                  {"tensor 'a'", "data_offsets"});
-  expect_refused(dir, "overlap",
-                 make_file("{" + a8 + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", std::string(12, '\0')),
-                 {"tensor 'b'", "overlaps tensor 'a'"});
-  expect_refused(dir, "hole",
-                 make_file("{" + a8 + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})", std::string(20, '\0')),
-                 {"tensor 'b'", "hole"});
+  expect_refused(
+      dir, "overlap",
+      make_file("{" + a8 + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", std::string(12, '\0')),
+      {"tensor 'b'", "overlaps tensor 'a'"});
+  expect_refused(
+      dir, "hole",
+      make_file("{" + a8 + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})", std::string(20, '\0')),
+      {"tensor 'b'", "hole"});
   expect_refused(dir, "trailing", make_file("{" + a8 + "}", eight + "xyz"), {"trailing bytes"});
   expect_refused(dir, "duplicate", make_file("{" + a8 + "," + a8 + "}", eight), {"tensor 'a' appears twice"});
   expect_refused(dir, "empty_name", make_file(R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight),
@@ -235,15 +241,14 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingFileAndTensor) {
   try {
     load_safetensors((dir / "absent.safetensors").string());
     ADD_FAILURE() << "opened a missing file";
-  } catch (const mp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("No such file"), std::string::npos) << e.what();
-  }
+  } catch (const mp::Error& e) { EXPECT_NE(std::string(e.what()).find("No such file"), std::string::npos) << e.what(); }
 }
 
 TEST(Safetensors, BoolBytesAreNormalised) {
   const fs::path dir = scratch_dir("safetensors", "bool");
   const fs::path p = dir / "b.safetensors";
-  write_bytes(p, make_file(R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", std::string("\x00\x01\x07", 3)));
+  write_bytes(p,
+              make_file(R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", std::string("\x00\x01\x07", 3)));
   const Tensor m = load_safetensors(p.string()).tensors.at("m");
   EXPECT_EQ(tensor_bytes(m), std::string("\x00\x01\x01", 3));
 }
@@ -342,10 +347,10 @@ TEST(AtomicFile, ThrowingWriterLeavesOldFileAndNoTemporary) {
   const std::string path = (dir / "keep.bin").string();
   mp::atomic_write_file(path, "old content");
   EXPECT_THROW(mp::atomic_write_file(path,
-                                            [](std::ostream& os) {
-                                              os << std::string(3 << 20, 'x');  // some of it reaches the disk
-                                              throw std::runtime_error("writer failed");
-                                            }),
+                                     [](std::ostream& os) {
+                                       os << std::string(3 << 20, 'x');  // some of it reaches the disk
+                                       throw std::runtime_error("writer failed");
+                                     }),
                std::runtime_error);
   EXPECT_EQ(read_file(path), "old content");
   EXPECT_EQ(folder_entries(dir), (std::vector<std::string>{"keep.bin"}));

@@ -112,7 +112,8 @@ TEST(Trainer, NormAndBiasParametersCanBeExemptFromWeightDecay) {
   EXPECT_EQ(opt->group_params(0).size() + opt->group_params(1).size(), params.size());
   EXPECT_GT(opt->group_params(1).size(), 0u);
   c.decay_norm_and_bias = true;
-  EXPECT_EQ(mp::train::detail::make_optimizer(mp::train::detail::with_task_defaults(c), params)->num_param_groups(), 1u);
+  EXPECT_EQ(mp::train::detail::make_optimizer(mp::train::detail::with_task_defaults(c), params)->num_param_groups(),
+            1u);
   // End to end, in O2 (the optimizer's parameters are replaced by 16-bit ones group by group), through a
   // checkpoint and a resume.
   TrainConfig run = image_config("bf16");
@@ -189,7 +190,8 @@ TEST(Trainer, KeepBatchnormFp32AndMasterWeightsChooseTheWeightsDtypes) {
     for (double l : s.step_losses) EXPECT_TRUE(std::isfinite(l)) << k.label;
     std::map<std::string, std::string> dtypes;
     int masters = 0;
-    for (const auto& t : mp::train::read_safetensors_header((fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string())) {
+    for (const auto& t :
+         mp::train::read_safetensors_header((fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string())) {
       dtypes[t.name] = mp::train::safetensors_dtype_name(t.dtype);
       if (t.name.starts_with("optimizer.") && t.name.ends_with(".master")) ++masters;
     }
@@ -303,7 +305,8 @@ TEST(Trainer, WeightAveragesAreEvaluatedSavedAndResumed) {
   EXPECT_NE(*s.ema_val_loss, s.val_loss);  // other weights than the model's
   const std::string ckpt = (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string();
   std::map<std::string, std::string> dtypes;
-  for (const auto& t : mp::train::read_safetensors_header(ckpt)) dtypes[t.name] = mp::train::safetensors_dtype_name(t.dtype);
+  for (const auto& t : mp::train::read_safetensors_header(ckpt))
+    dtypes[t.name] = mp::train::safetensors_dtype_name(t.dtype);
   EXPECT_EQ(dtypes["ema.conv1.weight"], "F32");
   EXPECT_EQ(dtypes["model.conv1.weight"], "BF16");
   EXPECT_EQ(dtypes["ema.num_updates"], "I64");
@@ -330,8 +333,9 @@ TEST(Trainer, WeightAveragesAreEvaluatedSavedAndResumed) {
   c.epochs = 1;
   mp::train::train(c, sink);
   const std::string plain = (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string();
-  EXPECT_NE(mp::test::error_of([&] { mp::train::evaluate_checkpoint(plain, "test", nullptr, sink, true); })
-                .find("holds no weight averages"),
+  EXPECT_NE(mp::test::error_of([&] {
+              mp::train::evaluate_checkpoint(plain, "test", nullptr, sink, true);
+            }).find("holds no weight averages"),
             std::string::npos);
   c.ema_decay = 0.9;
   c.resume = true;
@@ -626,7 +630,5 @@ TEST(Trainer, DamagedCheckpointIsRefusedOnResume) {
   try {
     mp::train::train(c, sink);
     FAIL() << "a truncated checkpoint was accepted";
-  } catch (const mp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(f.string()), std::string::npos) << e.what();
-  }
+  } catch (const mp::Error& e) { EXPECT_NE(std::string(e.what()).find(f.string()), std::string::npos) << e.what(); }
 }

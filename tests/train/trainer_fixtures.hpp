@@ -43,7 +43,8 @@ inline void write_idx_split(const fs::path& dir, const std::string& prefix, int 
     const int cy = 3 + static_cast<int>(next() % (s - 6)), cx = 3 + static_cast<int>(next() % (s - 6));
     for (int dy = -2; dy <= 2; ++dy)
       for (int dx = -2; dx <= 2; ++dx) {
-        const bool on = (k == 0 && dy == 0) || (k == 1 && dx == 0) || (k == 2 && std::abs(dx) <= 1 && std::abs(dy) <= 1) ||
+        const bool on = (k == 0 && dy == 0) || (k == 1 && dx == 0) ||
+                        (k == 2 && std::abs(dx) <= 1 && std::abs(dy) <= 1) ||
                         (k == 3 && (dx == 0 || dy == 0) && std::abs(dx) + std::abs(dy) <= 1);
         if (on) px[static_cast<size_t>((cy + dy) * s + cx + dx)] = 255;
       }

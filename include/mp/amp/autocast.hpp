@@ -14,10 +14,10 @@ namespace mp::amp {
 
 /// Options of an Autocast region (PyTorch's torch.autocast arguments).
 struct AutocastOptions {
-  DType dtype = DType::bf16;               ///< the low-precision type of "lower" ops: f16 or bf16
-  bool enabled = true;                     ///< false switches a region back to plain dtypes (nestable)
-  DeviceType device = DeviceType::cpu;     ///< which device's tensors are autocast
-  bool cache_enabled = true;               ///< cache casts of f32 leaf parameters for the outermost region
+  DType dtype = DType::bf16;            ///< the low-precision type of "lower" ops: f16 or bf16
+  bool enabled = true;                  ///< false switches a region back to plain dtypes (nestable)
+  DeviceType device = DeviceType::cpu;  ///< which device's tensors are autocast
+  bool cache_enabled = true;            ///< cache casts of f32 leaf parameters for the outermost region
 };
 
 /// RAII region in which ops autocast their inputs. Nestable: an inner guard may change dtype or
@@ -118,9 +118,9 @@ decltype(auto) autocast_call(Op op, DeviceType device, Fn&& fn, const Args&... a
 
 /// First statement of an op that consults the autocast policy: when autocast is active for the
 /// device of `first_tensor`, re-enter the op (name `fn`) with cast arguments and return its result.
-#define MP_AUTOCAST(op_enum, fn, first_tensor, ...)                                                        \
-  do {                                                                                                      \
-    if ((first_tensor).defined() && ::mp::amp::autocast_active((first_tensor).device().type))               \
-      return ::mp::amp::autocast_call(op_enum, (first_tensor).device().type,                               \
-                                      [](const auto&... mp_args) { return fn(mp_args...); }, __VA_ARGS__); \
+#define MP_AUTOCAST(op_enum, fn, first_tensor, ...)                                                                   \
+  do {                                                                                                                \
+    if ((first_tensor).defined() && ::mp::amp::autocast_active((first_tensor).device().type))                         \
+      return ::mp::amp::autocast_call(                                                                                \
+          op_enum, (first_tensor).device().type, [](const auto&... mp_args) { return fn(mp_args...); }, __VA_ARGS__); \
   } while (0)

@@ -13,13 +13,13 @@ namespace mp::amp {
 
 /// Shares of nonzero gradient values that would be lost or degraded in f16.
 struct UnderflowStats {
-  int64_t nonzero = 0;             ///< nonzero finite gradient values
-  int64_t nonfinite = 0;           ///< inf/NaN values
-  double underflow_unscaled = 0;   ///< share with |g| < 2^-24 (lost in f16 without loss scaling)
-  double subnormal_unscaled = 0;   ///< share with 2^-24 <= |g| < 2^-14 (f16 subnormal without scaling)
-  double underflow_scaled = 0;     ///< share with |g * S| < 2^-24 (lost even at the current scale S)
-  double subnormal_scaled = 0;     ///< share with 2^-24 <= |g * S| < 2^-14
-  double scale = 1.0;              ///< S the scaled shares refer to
+  int64_t nonzero = 0;            ///< nonzero finite gradient values
+  int64_t nonfinite = 0;          ///< inf/NaN values
+  double underflow_unscaled = 0;  ///< share with |g| < 2^-24 (lost in f16 without loss scaling)
+  double subnormal_unscaled = 0;  ///< share with 2^-24 <= |g| < 2^-14 (f16 subnormal without scaling)
+  double underflow_scaled = 0;    ///< share with |g * S| < 2^-24 (lost even at the current scale S)
+  double subnormal_scaled = 0;    ///< share with 2^-24 <= |g * S| < 2^-14
+  double scale = 1.0;             ///< S the scaled shares refer to
 };
 
 /// Underflow statistics of `grads` (true, unscaled gradient values) at scale 1 and at `scale`.

@@ -12,16 +12,16 @@ namespace mp::amp {
 /// Options of GradScaler. The defaults are PyTorch's (dynamic, 65536, x2 every 2000 clean steps,
 /// x0.5 on overflow).
 struct GradScalerOptions {
-  double init_scale = 65536.0;     ///< starting scale S
-  double growth_factor = 2.0;      ///< S *= growth_factor after growth_interval clean steps
-  double backoff_factor = 0.5;     ///< S *= backoff_factor on overflow
-  int64_t growth_interval = 2000;  ///< clean steps between growths
-  bool dynamic = true;             ///< false: static scale (init_scale, never changes; overflows still skip)
-  int64_t hysteresis = 1;          ///< overflows tolerated before backing off (1 = back off at the first)
-  double min_scale = 1.0;          ///< S never goes below this
-  double max_scale = 16777216.0;   ///< S never goes above this (2^24)
+  double init_scale = 65536.0;              ///< starting scale S
+  double growth_factor = 2.0;               ///< S *= growth_factor after growth_interval clean steps
+  double backoff_factor = 0.5;              ///< S *= backoff_factor on overflow
+  int64_t growth_interval = 2000;           ///< clean steps between growths
+  bool dynamic = true;                      ///< false: static scale (init_scale, never changes; overflows still skip)
+  int64_t hysteresis = 1;                   ///< overflows tolerated before backing off (1 = back off at the first)
+  double min_scale = 1.0;                   ///< S never goes below this
+  double max_scale = 16777216.0;            ///< S never goes above this (2^24)
   int64_t max_overflows_at_min_scale = 10;  ///< consecutive overflows at min_scale before giving up (0 = never)
-  bool enabled = true;             ///< false: scale() is the identity, step() just steps
+  bool enabled = true;                      ///< false: scale() is the identity, step() just steps
 };
 
 /// The defaults for training in `dtype`: enabled for f16, disabled for bf16 and f32 (bf16 has f32's
@@ -41,9 +41,9 @@ void accumulate_grads_in_f32(const std::vector<Tensor>& params);
 ///   if (scaler.step(opt)) scheduler.step();  // skipped on inf/NaN
 ///   scaler.update();
 /// For gradient accumulation, scale and backward every micro-batch and call unscale_/step/update
-/// once per optimizer step (with 16-bit parameters, see accumulate_grads_in_f32). Note [GradScaler fused step]: step() without a prior unscale_() checks
-/// the gradients for inf/NaN in one read-only multi-tensor pass and then lets the optimizer's fused
-/// pass unscale them while it updates (one write pass instead of two).
+/// once per optimizer step (with 16-bit parameters, see accumulate_grads_in_f32). Note [GradScaler fused step]: step()
+/// without a prior unscale_() checks the gradients for inf/NaN in one read-only multi-tensor pass and then lets the
+/// optimizer's fused pass unscale them while it updates (one write pass instead of two).
 class GradScaler {
  public:
   explicit GradScaler(const GradScalerOptions& options = {});

@@ -33,15 +33,15 @@ struct LossScale {
 /// Options of initialize(). Unset optionals take the level's defaults (Apex's), see resolve().
 struct AmpOptions {
   OptLevel opt_level = OptLevel::O1;
-  DType dtype = DType::bf16;                 ///< low-precision type: f16 or bf16 (ignored by O0)
-  std::optional<LossScale> loss_scale;       ///< default: dynamic for f16 O1/O2, none for bf16, none for O0/O3
-  std::optional<bool> keep_batchnorm_fp32;   ///< default: true for O2, false for O3 (O0/O1 keep every weight f32)
-  std::optional<bool> master_weights;        ///< default: true for O2
+  DType dtype = DType::bf16;                ///< low-precision type: f16 or bf16 (ignored by O0)
+  std::optional<LossScale> loss_scale;      ///< default: dynamic for f16 O1/O2, none for bf16, none for O0/O3
+  std::optional<bool> keep_batchnorm_fp32;  ///< default: true for O2, false for O3 (O0/O1 keep every weight f32)
+  std::optional<bool> master_weights;       ///< default: true for O2
   /// Round the 16-bit weights that have no master (O3, or master_weights off) stochastically after each
   /// update (Note [stochastic rounding]); needs such weights. The Philox stream is `rounding_seed`.
   bool stochastic_rounding = false;
-  uint64_t rounding_seed = 0;                ///< seed of the stochastic rounding's random bits
-  GradScalerOptions scaler;                  ///< growth/backoff/interval/hysteresis of the dynamic scale
+  uint64_t rounding_seed = 0;  ///< seed of the stochastic rounding's random bits
+  GradScalerOptions scaler;    ///< growth/backoff/interval/hysteresis of the dynamic scale
 };
 
 /// Every option of AmpOptions filled in for its level and dtype.

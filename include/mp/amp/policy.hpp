@@ -17,10 +17,36 @@ enum class CastPolicy : uint8_t {
 
 /// Every op that consults the policy.
 enum class Op : uint8_t {
-  matmul, bmm, linear, conv2d, lstm_cell, lstm_layer, gru_cell, rnn_tanh_cell,         // lower
-  softmax, log_softmax, cross_entropy, nll_loss, mse_loss, layer_norm, sum, mean, var,  // fp32
-  exp, log, pow, rsqrt,                                                                // fp32
-  add, sub, mul, div, maximum, minimum, where, cat, stack,                            // promote
+  matmul,
+  bmm,
+  linear,
+  conv2d,
+  lstm_cell,
+  lstm_layer,
+  gru_cell,
+  rnn_tanh_cell,  // lower
+  softmax,
+  log_softmax,
+  cross_entropy,
+  nll_loss,
+  mse_loss,
+  layer_norm,
+  sum,
+  mean,
+  var,  // fp32
+  exp,
+  log,
+  pow,
+  rsqrt,  // fp32
+  add,
+  sub,
+  mul,
+  div,
+  maximum,
+  minimum,
+  where,
+  cat,
+  stack,  // promote
   kCount
 };
 

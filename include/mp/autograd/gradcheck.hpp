@@ -9,9 +9,9 @@ namespace mp::autograd {
 
 /// Options of gradcheck.
 struct GradcheckOptions {
-  double eps = 1e-6;   ///< central-difference step
-  double atol = 1e-5;  ///< absolute tolerance
-  double rtol = 1e-3;  ///< relative tolerance
+  double eps = 1e-6;     ///< central-difference step
+  double atol = 1e-5;    ///< absolute tolerance
+  double rtol = 1e-3;    ///< relative tolerance
   uint64_t seed = 1234;  ///< seed of the random output weights
 };
 

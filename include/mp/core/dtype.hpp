@@ -53,33 +53,96 @@ struct Bool8 {
 };
 
 /// C++ type for a dtype.
-template <DType D> struct dtype_traits;
-template <> struct dtype_traits<DType::f32> { using type = float; };
-template <> struct dtype_traits<DType::f64> { using type = double; };
-template <> struct dtype_traits<DType::f16> { using type = Half; };
-template <> struct dtype_traits<DType::bf16> { using type = BFloat16; };
-template <> struct dtype_traits<DType::i64> { using type = int64_t; };
-template <> struct dtype_traits<DType::i32> { using type = int32_t; };
-template <> struct dtype_traits<DType::u8> { using type = uint8_t; };
-template <> struct dtype_traits<DType::b8> { using type = bool; };
+template <DType D>
+struct dtype_traits;
+template <>
+struct dtype_traits<DType::f32> {
+  using type = float;
+};
+template <>
+struct dtype_traits<DType::f64> {
+  using type = double;
+};
+template <>
+struct dtype_traits<DType::f16> {
+  using type = Half;
+};
+template <>
+struct dtype_traits<DType::bf16> {
+  using type = BFloat16;
+};
+template <>
+struct dtype_traits<DType::i64> {
+  using type = int64_t;
+};
+template <>
+struct dtype_traits<DType::i32> {
+  using type = int32_t;
+};
+template <>
+struct dtype_traits<DType::u8> {
+  using type = uint8_t;
+};
+template <>
+struct dtype_traits<DType::b8> {
+  using type = bool;
+};
 
 /// dtype of a C++ element type.
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<Half>() { return DType::f16; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::bf16; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
-template <> constexpr DType dtype_of<bool>() { return DType::b8; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<Half>() {
+  return DType::f16;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::u8;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::b8;
+}
 
 /// Accumulation / compute type: float for Half and BFloat16, the type itself otherwise.
-template <class T> struct acc_type { using type = T; };
-template <> struct acc_type<Half> { using type = float; };
-template <> struct acc_type<BFloat16> { using type = float; };
-template <> struct acc_type<bool> { using type = bool; };
-template <class T> using acc_t = typename acc_type<T>::type;
+template <class T>
+struct acc_type {
+  using type = T;
+};
+template <>
+struct acc_type<Half> {
+  using type = float;
+};
+template <>
+struct acc_type<BFloat16> {
+  using type = float;
+};
+template <>
+struct acc_type<bool> {
+  using type = bool;
+};
+template <class T>
+using acc_t = typename acc_type<T>::type;
 
 /// Call f.template operator()<T>() with T the C++ type of dtype `t`. One visitor, no macro tables.
 template <class F>

@@ -27,9 +27,9 @@ std::string str_cat(const Args&... args) {
 }  // namespace mp
 
 /// User-facing check: throws mp::Error with the streamed message when cond is false.
-#define MP_CHECK(cond, ...)                                                          \
-  do {                                                                               \
-    if (!(cond)) [[unlikely]]                                                        \
+#define MP_CHECK(cond, ...)                                                              \
+  do {                                                                                   \
+    if (!(cond)) [[unlikely]]                                                            \
       ::mp::detail::throw_error(__FILE__, __LINE__, ::mp::detail::str_cat(__VA_ARGS__)); \
   } while (0)
 
@@ -37,8 +37,8 @@ std::string str_cat(const Args&... args) {
 #define MP_FAIL(...) ::mp::detail::throw_error(__FILE__, __LINE__, ::mp::detail::str_cat(__VA_ARGS__))
 
 /// Internal invariant: a failure is a mixprec bug, reported as mp::Error naming the condition.
-#define MP_ASSERT(cond, ...)                                                                  \
-  do {                                                                                        \
-    if (!(cond)) [[unlikely]]                                                                 \
-      ::mp::detail::assert_fail(__FILE__, __LINE__, #cond, ::mp::detail::str_cat("" __VA_OPT__(,) __VA_ARGS__)); \
+#define MP_ASSERT(cond, ...)                                                                                      \
+  do {                                                                                                            \
+    if (!(cond)) [[unlikely]]                                                                                     \
+      ::mp::detail::assert_fail(__FILE__, __LINE__, #cond, ::mp::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)

@@ -86,7 +86,7 @@ MP_HD inline uint16_t float_to_half_bits(float f) {
     return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // quiet NaN, payload top bits
   }
   if (ax >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520 -> inf
-  if (ax >= 0x38800000u) {                        // normal half range (>= 2^-14)
+  if (ax >= 0x38800000u) {                       // normal half range (>= 2^-14)
     const uint32_t mant_odd = (ax >> 13) & 1u;
     const uint32_t rounded = ax + 0xfffu + mant_odd;  // RNE on the 13 dropped bits
     return static_cast<uint16_t>(sign | ((rounded - (112u << 23)) >> 13));

@@ -20,10 +20,10 @@ namespace mp::profiler {
 
 /// Totals of one kernel label.
 struct OpStats {
-  std::string name;     ///< label: the kernel family, or the element-wise/reduce op ("add", "copy", "sum")
-  int64_t calls = 0;    ///< number of calls
-  double seconds = 0;   ///< exclusive wall time
-  double bytes = 0;     ///< sum over calls of the operand tensors' sizes (inputs + outputs)
+  std::string name;    ///< label: the kernel family, or the element-wise/reduce op ("add", "copy", "sum")
+  int64_t calls = 0;   ///< number of calls
+  double seconds = 0;  ///< exclusive wall time
+  double bytes = 0;    ///< sum over calls of the operand tensors' sizes (inputs + outputs)
 };
 
 /// Start (true) or stop (false) recording; does not clear the table.

@@ -32,10 +32,10 @@ namespace mp {
 
 /// Where the random bits of one tensor's rounding come from (Note [stochastic rounding]).
 struct RoundingStream {
-  bool on = false;     ///< false: round to nearest even
-  uint64_t seed = 0;   ///< Philox key
-  uint32_t step = 0;   ///< sub-stream word 2: the update's step count
-  uint32_t tensor = 0; ///< sub-stream word 3: the tensor's index in its optimizer
+  bool on = false;      ///< false: round to nearest even
+  uint64_t seed = 0;    ///< Philox key
+  uint32_t step = 0;    ///< sub-stream word 2: the update's step count
+  uint32_t tensor = 0;  ///< sub-stream word 3: the tensor's index in its optimizer
 };
 
 /// Random words 4 b .. 4 b + 3 of a rounding stream (element i uses word i % 4 of block i / 4).

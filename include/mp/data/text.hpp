@@ -10,10 +10,10 @@ namespace mp::data {
 
 /// Words <-> ids of a corpus.
 struct Vocab {
-  std::vector<std::string> itos;                 ///< id -> word
+  std::vector<std::string> itos;                  ///< id -> word
   std::unordered_map<std::string, int64_t> stoi;  ///< word -> id
-  int64_t unk_id = -1;                           ///< id of "<unk>"
-  int64_t eos_id = -1;                           ///< id of "<eos>"
+  int64_t unk_id = -1;                            ///< id of "<unk>"
+  int64_t eos_id = -1;                            ///< id of "<eos>"
   /// Number of words.
   int64_t size() const { return static_cast<int64_t>(itos.size()); }
   /// Id of `w`; unk_id if absent.

@@ -13,13 +13,13 @@ namespace mp::models {
 
 /// Options of WordLM (the defaults are the "medium" model of PyTorch's word_language_model example).
 struct WordLMOptions {
-  int64_t vocab_size = 0;     ///< V: rows of the embedding and outputs of the decoder
-  int64_t embed_size = 650;   ///< embedding size (the RNN's input size)
-  int64_t hidden_size = 650;  ///< RNN hidden size
-  int64_t num_layers = 2;     ///< stacked RNN layers
-  std::string cell = "lstm";  ///< "lstm", "gru" or "rnn" (tanh)
-  double dropout = 0.5;       ///< on the embeddings, between RNN layers and on the RNN output
-  bool tie_weights = false;   ///< decoder.weight IS encoder.weight (needs hidden_size == embed_size)
+  int64_t vocab_size = 0;                        ///< V: rows of the embedding and outputs of the decoder
+  int64_t embed_size = 650;                      ///< embedding size (the RNN's input size)
+  int64_t hidden_size = 650;                     ///< RNN hidden size
+  int64_t num_layers = 2;                        ///< stacked RNN layers
+  std::string cell = "lstm";                     ///< "lstm", "gru" or "rnn" (tanh)
+  double dropout = 0.5;                          ///< on the embeddings, between RNN layers and on the RNN output
+  bool tie_weights = false;                      ///< decoder.weight IS encoder.weight (needs hidden_size == embed_size)
   nn::LstmImpl lstm_impl = nn::LstmImpl::fused;  ///< lstm: how each layer runs (nn::RNNOptions::impl)
 };
 

@@ -20,8 +20,9 @@ class Sequential : public UnaryModule {
   explicit Sequential(const std::vector<std::shared_ptr<UnaryModule>>& modules);
   /// Variadic form for std::make_shared<Sequential>(std::make_shared<Linear>(4, 8), ...).
   template <class... M>
-    requires(sizeof...(M) > 0 && (std::is_base_of_v<UnaryModule, M> && ...))
-  explicit Sequential(std::shared_ptr<M>... modules) : Sequential() {
+  requires(sizeof...(M) > 0 &&
+           (std::is_base_of_v<UnaryModule, M> && ...)) explicit Sequential(std::shared_ptr<M>... modules)
+      : Sequential() {
     (push_back(std::shared_ptr<UnaryModule>(std::move(modules))), ...);
   }
   /// Append a module named by its position.

@@ -27,8 +27,8 @@ std::pair<Tensor, Tensor> lstm_gates(const Tensor& gates, const Tensor& c);
 /// (dW_hh = dG^T [h0; y_0..y_{T-2}]) and db_hh as one reduction, instead of T small GEMMs and T
 /// gradient accumulations. Under autocast gx, h0, w_hh, b_hh follow the "lower" policy; c0 keeps its
 /// precision (a state, not a GEMM operand). Without autocast, gx, h0 and w_hh must share a dtype.
-std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx, const Tensor& h0, const Tensor& c0,
-                                              const Tensor& w_hh, const Tensor& b_hh = Tensor());
+std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx, const Tensor& h0, const Tensor& c0, const Tensor& w_hh,
+                                              const Tensor& b_hh = Tensor());
 /// One GRU step (PyTorch's r, z, n order and formula). Returns h'.
 Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih = Tensor(),
                 const Tensor& b_hh = Tensor());

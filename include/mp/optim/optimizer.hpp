@@ -126,7 +126,9 @@ class Optimizer {
   Tensor master_for_step(ParamState& st, const Tensor& p);
   /// The rounding of the t-th parameter's update at step `step` (off unless set_stochastic_rounding).
   RoundingStream rounding_for(int64_t step, size_t t) const {
-    return {.on = rounding_on_, .seed = rounding_seed_, .step = static_cast<uint32_t>(step),
+    return {.on = rounding_on_,
+            .seed = rounding_seed_,
+            .step = static_cast<uint32_t>(step),
             .tensor = static_cast<uint32_t>(t)};
   }
   /// Move the state of `from` to `to` (for replace_parameter).

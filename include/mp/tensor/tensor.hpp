@@ -105,7 +105,8 @@ class Tensor {
   /// Pointer to element 0 (bytes).
   void* raw_data() const;
   /// Typed pointer to element 0; throws when T is not the tensor's dtype.
-  template <class T> T* data_ptr() const {
+  template <class T>
+  T* data_ptr() const {
     check_dtype(dtype_of<T>(), "data_ptr");
     return static_cast<T*>(raw_data());
   }
@@ -163,11 +164,13 @@ class Tensor {
   /// channels-last tensor stays channels-last (as PyTorch's preserve_format); others come out contiguous.
   Tensor to(Device device) const;
   /// The value of a one-element tensor as T.
-  template <class T> T item() const;
+  template <class T>
+  T item() const;
   /// The value of a one-element tensor as double.
   double item_double() const;
   /// Copy the elements (row-major) into a vector of T (converting).
-  template <class T> std::vector<T> to_vector() const;
+  template <class T>
+  std::vector<T> to_vector() const;
 
   // ---- autograd ----
   /// Whether gradients flow to/through this tensor.

@@ -24,12 +24,12 @@ struct Progress {
 
 /// The live objects a checkpoint saves and restores (null members are left out).
 struct CheckpointRefs {
-  nn::Module* model = nullptr;                ///< saved under "model."
-  optim::Optimizer* optimizer = nullptr;      ///< saved under "optimizer." (OptimizerStateDict::flatten)
-  amp::GradScaler* scaler = nullptr;          ///< saved under "scaler."
-  optim::LRScheduler* scheduler = nullptr;    ///< saved under "scheduler."
-  optim::ModelEma* ema = nullptr;             ///< the weights' f32 moving average, saved under "ema."
-  bool generator = true;                      ///< default_generator()'s seed and offset under "rng."
+  nn::Module* model = nullptr;              ///< saved under "model."
+  optim::Optimizer* optimizer = nullptr;    ///< saved under "optimizer." (OptimizerStateDict::flatten)
+  amp::GradScaler* scaler = nullptr;        ///< saved under "scaler."
+  optim::LRScheduler* scheduler = nullptr;  ///< saved under "scheduler."
+  optim::ModelEma* ema = nullptr;           ///< the weights' f32 moving average, saved under "ema."
+  bool generator = true;                    ///< default_generator()'s seed and offset under "rng."
 };
 
 /// What load_checkpoint returns besides restoring the live objects.

@@ -17,58 +17,58 @@ namespace mp::train {
 /// Everything that defines a training run. The CLI flags of `mixprec train` have these names.
 struct TrainConfig {
   // ---- task ----
-  std::string model = "resnet20";          ///< image: a models::create_image_model name; text: lstm, gru or rnn
-  std::string dataset = "fashion-mnist";   ///< fashion-mnist, mnist, cifar10, cifar100 (images); kjv, text (words)
-  std::string data_dir;                    ///< dataset folder/file (default: Debian's folder; kjv: runs `bible`)
-  int64_t train_subset = 0;                ///< use only the first N training examples (0 = all)
-  bool augment = true;                     ///< images: random crop with padding + horizontal flip
+  std::string model = "resnet20";         ///< image: a models::create_image_model name; text: lstm, gru or rnn
+  std::string dataset = "fashion-mnist";  ///< fashion-mnist, mnist, cifar10, cifar100 (images); kjv, text (words)
+  std::string data_dir;                   ///< dataset folder/file (default: Debian's folder; kjv: runs `bible`)
+  int64_t train_subset = 0;               ///< use only the first N training examples (0 = all)
+  bool augment = true;                    ///< images: random crop with padding + horizontal flip
   // ---- schedule ----
-  int64_t epochs = 1;                      ///< passes over the training data
-  int64_t batch_size = 128;                ///< examples (images, or token streams for text) per batch
-  int64_t grad_accum = 1;                  ///< batches whose gradients are summed per optimizer step
-  int64_t max_steps_per_epoch = 0;         ///< stop each epoch after this many optimizer steps (0 = all)
-  std::string optimizer = "sgd";           ///< sgd, adam or adamw
-  double lr = 0;                           ///< 0 = the task's default (images: sgd 0.1, adam 1e-3; text: sgd 20, adam 1e-3)
-  double momentum = -1;                    ///< sgd momentum (-1 = task default: images 0.9, text 0)
-  double weight_decay = -1;                ///< L2 (sgd/adam) or decoupled (adamw) decay (-1 = images 5e-4, text 0)
-  bool nesterov = false;                   ///< sgd Nesterov momentum
-  bool decay_norm_and_bias = true;         ///< false: no weight decay on 1-dim parameters (biases, norm scales)
-  double label_smoothing = 0;              ///< training loss: cross entropy against (1 - e) one-hot + e / classes
-  double warmup_epochs = 0;                ///< linear LR warm-up length in epochs (fractions allowed)
-  std::string schedule = "cosine";         ///< after warm-up: constant, linear, cosine or step (x0.1 per third)
-  double clip_grad_norm = -1;              ///< clip the gradient norm (0 = off; -1 = task default: images 0, text 0.25)
-  double ema_decay = 0;                    ///< > 0: keep an f32 moving average of the weights, also evaluated
+  int64_t epochs = 1;               ///< passes over the training data
+  int64_t batch_size = 128;         ///< examples (images, or token streams for text) per batch
+  int64_t grad_accum = 1;           ///< batches whose gradients are summed per optimizer step
+  int64_t max_steps_per_epoch = 0;  ///< stop each epoch after this many optimizer steps (0 = all)
+  std::string optimizer = "sgd";    ///< sgd, adam or adamw
+  double lr = 0;                    ///< 0 = the task's default (images: sgd 0.1, adam 1e-3; text: sgd 20, adam 1e-3)
+  double momentum = -1;             ///< sgd momentum (-1 = task default: images 0.9, text 0)
+  double weight_decay = -1;         ///< L2 (sgd/adam) or decoupled (adamw) decay (-1 = images 5e-4, text 0)
+  bool nesterov = false;            ///< sgd Nesterov momentum
+  bool decay_norm_and_bias = true;  ///< false: no weight decay on 1-dim parameters (biases, norm scales)
+  double label_smoothing = 0;       ///< training loss: cross entropy against (1 - e) one-hot + e / classes
+  double warmup_epochs = 0;         ///< linear LR warm-up length in epochs (fractions allowed)
+  std::string schedule = "cosine";  ///< after warm-up: constant, linear, cosine or step (x0.1 per third)
+  double clip_grad_norm = -1;       ///< clip the gradient norm (0 = off; -1 = task default: images 0, text 0.25)
+  double ema_decay = 0;             ///< > 0: keep an f32 moving average of the weights, also evaluated
   // ---- precision ----
-  std::string precision = "fp32";          ///< fp32, fp16 or bf16
-  std::string opt_level;                   ///< O0..O3; empty = O0 for fp32, O2 for fp16/bf16
-  std::string loss_scale;                  ///< dynamic, none or a number; empty = the opt level's default
-  std::string keep_batchnorm_fp32;         ///< O2/O3: true or false; empty = the level's (O2 true, O3 false)
-  std::string master_weights;              ///< O2/O3: true or false; empty = the level's (O2 true, O3 false)
-  bool stochastic_rounding = false;        ///< 16-bit weights without masters: round their updates stochastically
+  std::string precision = "fp32";    ///< fp32, fp16 or bf16
+  std::string opt_level;             ///< O0..O3; empty = O0 for fp32, O2 for fp16/bf16
+  std::string loss_scale;            ///< dynamic, none or a number; empty = the opt level's default
+  std::string keep_batchnorm_fp32;   ///< O2/O3: true or false; empty = the level's (O2 true, O3 false)
+  std::string master_weights;        ///< O2/O3: true or false; empty = the level's (O2 true, O3 false)
+  bool stochastic_rounding = false;  ///< 16-bit weights without masters: round their updates stochastically
   // ---- word LM ----
-  int64_t bptt = 35;                       ///< truncated back-propagation window (tokens)
-  int64_t embed_size = 200;                ///< word embedding size
-  int64_t hidden_size = 200;               ///< recurrent state size
-  int64_t num_layers = 2;                  ///< stacked recurrent layers
-  double dropout = 0.2;                    ///< dropout on embeddings, between layers and on the output
-  bool tie_weights = false;                ///< decoder shares the embedding matrix
-  std::string lstm_impl = "fused";         ///< lstm: basic, fused, onednn (CPU) or cudnn (CUDA) (nn::LstmImpl)
-  std::string memory_format = "auto";      ///< conv nets: auto, channels_last or contiguous (activation layout)
-  int64_t max_vocab = 10000;               ///< vocabulary cap (others become <unk>)
+  int64_t bptt = 35;                   ///< truncated back-propagation window (tokens)
+  int64_t embed_size = 200;            ///< word embedding size
+  int64_t hidden_size = 200;           ///< recurrent state size
+  int64_t num_layers = 2;              ///< stacked recurrent layers
+  double dropout = 0.2;                ///< dropout on embeddings, between layers and on the output
+  bool tie_weights = false;            ///< decoder shares the embedding matrix
+  std::string lstm_impl = "fused";     ///< lstm: basic, fused, onednn (CPU) or cudnn (CUDA) (nn::LstmImpl)
+  std::string memory_format = "auto";  ///< conv nets: auto, channels_last or contiguous (activation layout)
+  int64_t max_vocab = 10000;           ///< vocabulary cap (others become <unk>)
   // ---- run ----
-  uint64_t seed = 0;                       ///< seeds initialisation, dropout, data order and augmentation
-  int num_workers = 2;                     ///< loader threads (0 = load on the training thread)
-  std::string device = "cpu";              ///< cpu, cuda or cuda:N: where the model and batches live
+  uint64_t seed = 0;                         ///< seeds initialisation, dropout, data order and augmentation
+  int num_workers = 2;                       ///< loader threads (0 = load on the training thread)
+  std::string device = "cpu";                ///< cpu, cuda or cuda:N: where the model and batches live
   std::string matmul_precision = "highest";  ///< f32 matmuls/convs on CUDA: highest (f32) or high (TF32)
-  int64_t eval_batch_size = 500;           ///< images per evaluation batch (text: 10 streams)
-  std::string checkpoint_dir;              ///< write checkpoint.safetensors here (empty = none)
-  int64_t checkpoint_every = 0;            ///< also checkpoint every N steps (0 = at each epoch end only)
-  bool save_best = false;                  ///< also keep best.safetensors: the epoch with the best evaluation
-  bool resume = false;                     ///< continue from checkpoint_dir/checkpoint.safetensors
-  int64_t stop_after_steps = 0;            ///< end this process after N steps, checkpointing there (0 = never)
-  std::string log;                         ///< JSONL run log path (empty = none)
-  std::string label;                       ///< name of the run in tables (default: precision and opt level)
-  bool quiet = false;                      ///< no progress bar
+  int64_t eval_batch_size = 500;             ///< images per evaluation batch (text: 10 streams)
+  std::string checkpoint_dir;                ///< write checkpoint.safetensors here (empty = none)
+  int64_t checkpoint_every = 0;              ///< also checkpoint every N steps (0 = at each epoch end only)
+  bool save_best = false;                    ///< also keep best.safetensors: the epoch with the best evaluation
+  bool resume = false;                       ///< continue from checkpoint_dir/checkpoint.safetensors
+  int64_t stop_after_steps = 0;              ///< end this process after N steps, checkpointing there (0 = never)
+  std::string log;                           ///< JSONL run log path (empty = none)
+  std::string label;                         ///< name of the run in tables (default: precision and opt level)
+  bool quiet = false;                        ///< no progress bar
 };
 
 /// Call f(name, field, help) for every field of `c`, in declaration order: what the CLI turns into
@@ -89,7 +89,8 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("optimizer", c.optimizer, "sgd, adam or adamw");
   f("lr", c.lr, "learning rate (0 = task default: images sgd 0.1 / adam 1e-3; text sgd 20 / adam 1e-3)");
   f("momentum", c.momentum, "sgd momentum (-1 = task default: images 0.9, text 0)");
-  f("weight_decay", c.weight_decay, "weight decay, L2 for sgd/adam, decoupled for adamw (-1 = task default: images 5e-4, text 0)");
+  f("weight_decay", c.weight_decay,
+    "weight decay, L2 for sgd/adam, decoupled for adamw (-1 = task default: images 5e-4, text 0)");
   f("nesterov", c.nesterov, "sgd Nesterov momentum");
   f("decay_norm_and_bias", c.decay_norm_and_bias,
     "weight decay also on 1-dim parameters (biases, batch/layer norm scales); --no-decay_norm_and_bias exempts "
@@ -99,7 +100,8 @@ void visit_fields(TrainConfig& c, F&& f) {
     "the plain cross entropy)");
   f("warmup_epochs", c.warmup_epochs, "linear learning-rate warm-up, in epochs (fractions allowed)");
   f("schedule", c.schedule, "after warm-up: constant, linear, cosine or step (x0.1 after each third)");
-  f("clip_grad_norm", c.clip_grad_norm, "clip the global gradient norm (0 = off, -1 = task default: images off, text 0.25)");
+  f("clip_grad_norm", c.clip_grad_norm,
+    "clip the global gradient norm (0 = off, -1 = task default: images off, text 0.25)");
   f("ema_decay", c.ema_decay,
     "keep an exponential moving average of the weights in f32 (avg = d * avg + (1 - d) * w after each step; "
     "e.g. 0.999; 0 = off), evaluate it beside the model every epoch and save it in checkpoints; its metric "
@@ -114,7 +116,8 @@ void visit_fields(TrainConfig& c, F&& f) {
     "O2/O3: true keeps f32 master copies of the 16-bit weights for the optimizer step, false updates the "
     "16-bit weights themselves (Apex's property; default: true for O2, false for O3)");
   f("stochastic_rounding", c.stochastic_rounding,
-    "O3 (or O2 with --master_weights false): round the 16-bit weights stochastically after each update, so updates below half an ulp survive "
+    "O3 (or O2 with --master_weights false): round the 16-bit weights stochastically after each update, so updates "
+    "below half an ulp survive "
     "in expectation (there are no f32 masters to keep them)");
   f("bptt", c.bptt, "word LM: truncated back-propagation window in tokens");
   f("embed_size", c.embed_size, "word LM: embedding size");
@@ -122,8 +125,11 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("num_layers", c.num_layers, "word LM: stacked recurrent layers");
   f("dropout", c.dropout, "word LM: dropout probability");
   f("tie_weights", c.tie_weights, "word LM: decoder shares the embedding matrix (needs embed_size == hidden_size)");
-  f("lstm_impl", c.lstm_impl, "word LM (lstm): basic (per-step graph), fused (our sequence-level layer), onednn or cudnn (the library's LSTM on the CPU / CUDA)");
-  f("memory_format", c.memory_format, "conv nets: activation layout, channels_last (NHWC), contiguous (NCHW) or auto (channels_last on every device)");
+  f("lstm_impl", c.lstm_impl,
+    "word LM (lstm): basic (per-step graph), fused (our sequence-level layer), onednn or cudnn (the library's LSTM on "
+    "the CPU / CUDA)");
+  f("memory_format", c.memory_format,
+    "conv nets: activation layout, channels_last (NHWC), contiguous (NCHW) or auto (channels_last on every device)");
   f("max_vocab", c.max_vocab, "word LM: vocabulary cap, other words become <unk> (0 = all)");
   f("seed", c.seed, "random seed (initialisation, dropout, data order, augmentation)");
   f("num_workers", c.num_workers, "data loader threads (0 = load on the training thread)");
@@ -158,45 +164,45 @@ std::string run_label(const TrainConfig& c);
 
 /// Per-epoch statistics.
 struct EpochStats {
-  int64_t epoch = 0;               ///< 1-based
-  double train_loss = 0;           ///< mean over the epoch's steps (skipped steps included)
-  double val_loss = 0;             ///< mean loss on the evaluation split
-  double val_metric = 0;           ///< accuracy in [0,1] (images) or perplexity (text)
+  int64_t epoch = 0;                                   ///< 1-based
+  double train_loss = 0;                               ///< mean over the epoch's steps (skipped steps included)
+  double val_loss = 0;                                 ///< mean loss on the evaluation split
+  double val_metric = 0;                               ///< accuracy in [0,1] (images) or perplexity (text)
   std::optional<double> ema_val_loss, ema_val_metric;  ///< the same for the weight averages (--ema_decay)
-  double seconds = 0;              ///< training time of the epoch (no evaluation)
-  double data_wait_seconds = 0;    ///< time the loop waited for batches
+  double seconds = 0;                                  ///< training time of the epoch (no evaluation)
+  double data_wait_seconds = 0;                        ///< time the loop waited for batches
 };
 
 /// What a run reports at the end.
 struct RunSummary {
-  std::string label;                   ///< run_label(config)
-  TrainConfig config;                  ///< what ran
-  std::string metric_name;             ///< "accuracy" or "perplexity"
-  double train_seconds = 0;            ///< training steps only, this process (a resumed run: since resume)
-  double eval_seconds = 0;             ///< evaluation passes
-  double data_wait_seconds = 0;        ///< time the training loop waited for data
-  int64_t peak_bytes = 0;              ///< peak tensor memory of the run above what was live before the model
-  int64_t steps = 0;                   ///< optimizer steps attempted (this process; grad_accum batches each)
-  int64_t skipped_steps = 0;           ///< steps skipped for inf/NaN gradients (whole run)
-  double final_loss_scale = 1;         ///< loss scale at the end (1 when scaling is off)
-  double val_loss = 0;                 ///< last evaluation
-  double val_metric = 0;               ///< last evaluation's accuracy or perplexity
+  std::string label;             ///< run_label(config)
+  TrainConfig config;            ///< what ran
+  std::string metric_name;       ///< "accuracy" or "perplexity"
+  double train_seconds = 0;      ///< training steps only, this process (a resumed run: since resume)
+  double eval_seconds = 0;       ///< evaluation passes
+  double data_wait_seconds = 0;  ///< time the training loop waited for data
+  int64_t peak_bytes = 0;        ///< peak tensor memory of the run above what was live before the model
+  int64_t steps = 0;             ///< optimizer steps attempted (this process; grad_accum batches each)
+  int64_t skipped_steps = 0;     ///< steps skipped for inf/NaN gradients (whole run)
+  double final_loss_scale = 1;   ///< loss scale at the end (1 when scaling is off)
+  double val_loss = 0;           ///< last evaluation
+  double val_metric = 0;         ///< last evaluation's accuracy or perplexity
   std::optional<double> ema_val_loss, ema_val_metric;  ///< last evaluation of the weight averages (--ema_decay)
-  int64_t best_epoch = 0;              ///< the epoch (1-based) with the best evaluation so far, resumed
-                                       ///< processes included (0 = none yet)
-  double best_val_metric = 0;          ///< its accuracy (highest) or perplexity (lowest); with --ema_decay
-                                       ///< that of the weight averages
-  std::string best_checkpoint;         ///< --save_best: best.safetensors when it holds that epoch (empty if not)
-  double throughput = 0;               ///< images or tokens per second of training
-  std::string throughput_unit;         ///< "img/s" or "tok/s"
-  std::vector<EpochStats> epochs;      ///< per epoch run in this process
-  std::vector<double> step_losses;     ///< every step's loss, in order (for curves)
-  bool diverged = false;               ///< a loss became NaN/inf (O3 may); training stopped early
-  bool stopped_early = false;          ///< stop_after_steps or request_stop() ended the run (a checkpoint
-                                       ///< holds the position when there is a checkpoint directory)
-  bool interrupted = false;            ///< request_stop() ended it (the CLI's SIGINT/SIGTERM handler)
-  KernelPathRecord kernel_paths;       ///< the 16-bit CPU kernel paths chosen so far in this process, and the
-                                       ///< counters of how (measured, cache, record) during this run
+  int64_t best_epoch = 0;                              ///< the epoch (1-based) with the best evaluation so far, resumed
+                                                       ///< processes included (0 = none yet)
+  double best_val_metric = 0;       ///< its accuracy (highest) or perplexity (lowest); with --ema_decay
+                                    ///< that of the weight averages
+  std::string best_checkpoint;      ///< --save_best: best.safetensors when it holds that epoch (empty if not)
+  double throughput = 0;            ///< images or tokens per second of training
+  std::string throughput_unit;      ///< "img/s" or "tok/s"
+  std::vector<EpochStats> epochs;   ///< per epoch run in this process
+  std::vector<double> step_losses;  ///< every step's loss, in order (for curves)
+  bool diverged = false;            ///< a loss became NaN/inf (O3 may); training stopped early
+  bool stopped_early = false;       ///< stop_after_steps or request_stop() ended the run (a checkpoint
+                                    ///< holds the position when there is a checkpoint directory)
+  bool interrupted = false;         ///< request_stop() ended it (the CLI's SIGINT/SIGTERM handler)
+  KernelPathRecord kernel_paths;    ///< the 16-bit CPU kernel paths chosen so far in this process, and the
+                                    ///< counters of how (measured, cache, record) during this run
 };
 
 /// Ask a running train() to stop after its current step, checkpointing there as stop_after_steps does (when it

@@ -36,9 +36,7 @@ Bf16Path parse_env() {
 bool probe_native(DType dt) {
   try {
     return !onednn_reference_impl(matmul_impl_info(MatmulArgs::contiguous(1, 64, 64, 64, dt, dt)));
-  } catch (const Error&) {
-    return false;
-  }
+  } catch (const Error&) { return false; }
 }
 
 bool onednn_has_native(DType dt) {
@@ -50,14 +48,10 @@ bool onednn_has_native(DType dt) {
 
 const char* bf16_path_name(Bf16Path path) {
   switch (path) {
-    case Bf16Path::cpu_default:
-      return "cpu_default";
-    case Bf16Path::native_gemm:
-      return "native_gemm";
-    case Bf16Path::native:
-      return "native";
-    case Bf16Path::via_f32:
-      return "via_f32";
+    case Bf16Path::cpu_default: return "cpu_default";
+    case Bf16Path::native_gemm: return "native_gemm";
+    case Bf16Path::native: return "native";
+    case Bf16Path::via_f32: return "via_f32";
   }
   return "?";
 }

@@ -168,13 +168,11 @@ constexpr int64_t kGemmMaxPixels = 64;
 bool gemm_eligible(const Conv2dArgs& a, ConvPass pass) {
   if (a.src_dtype != DType::bf16 || a.groups != 1) return false;
   switch (pass) {
-    case ConvPass::forward:
-      return !(a.kh == 1 && a.kw == 1) && a.out_h() * a.out_w() <= kGemmMaxPixels;
+    case ConvPass::forward: return !(a.kh == 1 && a.kw == 1) && a.out_h() * a.out_w() <= kGemmMaxPixels;
     case ConvPass::backward_data:
       return !(a.kh == 1 && a.kw == 1) && a.stride_h == 1 && a.stride_w == 1 && a.pad_h <= a.dil_h * (a.kh - 1) &&
              a.pad_w <= a.dil_w * (a.kw - 1) && a.h * a.w <= kGemmMaxPixels;
-    case ConvPass::backward_weights:
-      return a.out_h() * a.out_w() <= kGemmMaxPixels;
+    case ConvPass::backward_weights: return a.out_h() * a.out_w() <= kGemmMaxPixels;
   }
   return false;
 }
@@ -189,7 +187,7 @@ void forward_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& w2, const
   const Tensor wt = w2.view({1, a.oc, K}).transpose(1, 2);
   if (a.channels_last) {  // y^T [N oh ow, O] is the NHWC output itself
     matmul_on_path(KernelPath::native, out.permute({0, 2, 3, 1}).view({1, R, a.oc}), col, wt, bias, false,
-                            MatmulEpilogue::none);
+                   MatmulEpilogue::none);
     return;
   }
   const Tensor yt = empty({1, R, a.oc}, {.dtype = out.dtype()});
@@ -248,8 +246,10 @@ void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col) {
         const int64_t py = oy * a.stride_h + ky * a.dil_h, px = ox * a.stride_w + kx * a.dil_w;  // padded coords
         const int64_t iy = py - a.pad_h, ix = px - a.pad_w;
         int64_t off = -1;
-        if (padded) off = py * PW + px;
-        else if (iy >= 0 && iy < a.h && ix >= 0 && ix < a.w) off = iy * a.w + ix;
+        if (padded)
+          off = py * PW + px;
+        else if (iy >= 0 && iy < a.h && ix >= 0 && ix < a.w)
+          off = iy * a.w + ix;
         table[static_cast<size_t>(p * taps + ky * a.kw + kx)] = static_cast<int32_t>(off);
       }
   }
@@ -377,7 +377,8 @@ KernelPath conv_path(const Conv2dArgs& a, ConvPass pass) {
     const MemoryFormat fmt = a.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
     if (ops.empty()) {
       const TensorOptions act{.dtype = a.src_dtype, .memory_format = fmt};
-      ops = {full({a.n, a.c, a.h, a.w}, 0.01, act), full({a.oc, a.c / a.groups, a.kh, a.kw}, 0.01, {.dtype = a.src_dtype}),
+      ops = {full({a.n, a.c, a.h, a.w}, 0.01, act),
+             full({a.oc, a.c / a.groups, a.kh, a.kw}, 0.01, {.dtype = a.src_dtype}),
              full({a.n, a.oc, a.out_h(), a.out_w()}, 0.01, act), empty({a.oc, a.c / a.groups, a.kh, a.kw})};
     }
     switch (pass) {
@@ -396,8 +397,8 @@ void conv2d_forward_cpu(const Tensor& out, const Tensor& x, const Tensor& weight
   const MemoryFormat fmt = conv_call_format(out, x);  // Note [channels-last convolutions]
   check_out(out, "output", fmt);
   MP_ASSERT(x.dtype() == weight.dtype() && out.dtype() == x.dtype(), "conv2d kernel: dtypes differ");
-  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
-                           weight.size(3), g, x.dtype());
+  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2), weight.size(3),
+                           g, x.dtype());
   a.channels_last = fmt == MemoryFormat::channels_last;
   MP_ASSERT(out.size(2) == a.out_h() && out.size(3) == a.out_w(), "conv2d kernel: output ", out.describe(),
             " does not match the geometry");
@@ -437,7 +438,8 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
   check_out(dweight, "dweight");
   if (dbias.defined()) check_out(dbias, "dbias");
   MP_ASSERT(x.dtype() == dy.dtype(), "conv2d backward kernel: x and dy dtypes differ");
-  const MemoryFormat fmt = conv_call_format(Tensor(), x.suggest_memory_format() == MemoryFormat::channels_last ? x : dy);
+  const MemoryFormat fmt =
+      conv_call_format(Tensor(), x.suggest_memory_format() == MemoryFormat::channels_last ? x : dy);
   Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), dweight.size(0), dweight.size(2),
                            dweight.size(3), g, x.dtype());
   a.channels_last = fmt == MemoryFormat::channels_last;
@@ -471,8 +473,8 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
             "conv2d backward kernel: dtypes differ");
   MP_ASSERT(dweight.dtype() == DType::f32 && (!dbias.defined() || dbias.dtype() == DType::f32),
             "conv2d backward kernel: dweight/dbias must be f32 for ", dtype_name(x.dtype()), " inputs");
-  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2),
-                           weight.size(3), g, x.dtype());
+  Conv2dArgs a = make_args(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2), weight.size(3),
+                           g, x.dtype());
   a.channels_last = fmt == MemoryFormat::channels_last;
   MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
             " does not match the geometry");

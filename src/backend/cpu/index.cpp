@@ -15,7 +15,6 @@ namespace {
 // Per-thread private gradient buffers are used only while they stay below this many elements in all.
 constexpr int64_t kMaxPrivateElems = int64_t{1} << 24;
 
-
 // Call f.template operator()<I>() with I the C++ type of an index tensor (i64 or i32).
 template <class F>
 void visit_index(const Tensor& indices, const char* op, F&& f) {
@@ -111,8 +110,10 @@ void embedding_backward_cpu(const Tensor& grad_weight, const Tensor& grad_out, c
                             int64_t padding_idx) {
   visit_index(indices, "embedding_backward", [&]<class I>() {
     const I* idx = indices.data_ptr<I>();
-    if (grad_weight.dtype() == DType::f64) embedding_backward_typed<double, I>(grad_weight, grad_out, idx, padding_idx);
-    else embedding_backward_typed<float, I>(grad_weight, grad_out, idx, padding_idx);
+    if (grad_weight.dtype() == DType::f64)
+      embedding_backward_typed<double, I>(grad_weight, grad_out, idx, padding_idx);
+    else
+      embedding_backward_typed<float, I>(grad_weight, grad_out, idx, padding_idx);
   });
 }
 
@@ -162,8 +163,10 @@ void dropout_typed(const Tensor& out, const Tensor& mask, const Tensor& in, floa
 }
 
 void dropout_cpu(const Tensor& out, const Tensor& mask, const Tensor& in, float p, double scale, PhiloxState st) {
-  if (in.dtype() == DType::f64) dropout_typed<double>(out, mask, in, p, scale, st);
-  else dropout_typed<float>(out, mask, in, p, static_cast<float>(scale), st);
+  if (in.dtype() == DType::f64)
+    dropout_typed<double>(out, mask, in, p, scale, st);
+  else
+    dropout_typed<float>(out, mask, in, p, static_cast<float>(scale), st);
 }
 
 // grad_in = grad_out * mask * scale over one block (the u8 mask widened in the vector loop: the
@@ -198,7 +201,8 @@ void dropout_backward_typed(const Tensor& gi, const Tensor& go, const Tensor& ma
 void dropout_backward_cpu(const Tensor& grad_in, const Tensor& grad_out, const Tensor& mask, double scale) {
   if (grad_in.dtype() == DType::f64 || grad_out.dtype() == DType::f64)
     dropout_backward_typed<double>(grad_in, grad_out, mask, scale);
-  else dropout_backward_typed<float>(grad_in, grad_out, mask, static_cast<float>(scale));
+  else
+    dropout_backward_typed<float>(grad_in, grad_out, mask, static_cast<float>(scale));
 }
 
 }  // namespace

@@ -140,9 +140,7 @@ std::string store_path_cache(const std::string& file, const std::string& identit
     for (const auto& [k, v] : merged) paths[k] = {{"path", v.path}, {"ms", v.ms}};
     j["paths"] = std::move(paths);
     atomic_write_file(file, j.dump(1) + "\n");
-  } catch (const std::exception& e) {
-    result = e.what();
-  }
+  } catch (const std::exception& e) { result = e.what(); }
   ::flock(fd, LOCK_UN);
   ::close(fd);
   return result;

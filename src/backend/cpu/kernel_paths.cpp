@@ -28,14 +28,14 @@ namespace mp::backend::cpu {
 // is kept for the process and in the machine's cache file (Note [the kernel-path cache file]), so a second
 // process times nothing; but where one candidate's timed runs spread by more than kNoisySpread (another
 // process held a core: with OpenMP barriers a 2-thread call then takes several times longer) the choice serves
-// this process only, and the next process measures again; timing stops for the process once kMeasureBudgetSeconds are spent (later shapes take
-// their default, and the next process measures them).
-// Determinism contract: the path changes the rounding (native and via_f32 sum in different orders), so a run
-// is bit-reproducible given its choices, not given the machine. The choices a run used are part of its record
-// and of its checkpoints (mp::kernel_path_record), and a resumed run adopts them (mp::adopt_kernel_paths) ahead
-// of the cache file and of measuring, so exact resume holds even where this machine's cache chose otherwise.
-// MP_BF16=native|native_gemm|via_f32 forces one rule for every bf16 shape (experiments, tests), and pinned mode
-// (MP_KERNEL_PATHS=pinned, the test suite) gives every shape its default without timing.
+// this process only, and the next process measures again; timing stops for the process once kMeasureBudgetSeconds are
+// spent (later shapes take their default, and the next process measures them). Determinism contract: the path changes
+// the rounding (native and via_f32 sum in different orders), so a run is bit-reproducible given its choices, not given
+// the machine. The choices a run used are part of its record and of its checkpoints (mp::kernel_path_record), and a
+// resumed run adopts them (mp::adopt_kernel_paths) ahead of the cache file and of measuring, so exact resume holds even
+// where this machine's cache chose otherwise. MP_BF16=native|native_gemm|via_f32 forces one rule for every bf16 shape
+// (experiments, tests), and pinned mode (MP_KERNEL_PATHS=pinned, the test suite) gives every shape its default without
+// timing.
 namespace {
 
 constexpr int kTimedRuns = 3;
@@ -216,8 +216,10 @@ KernelPath choose_kernel_path(const std::string& key, std::span<const KernelPath
     const std::string err = store_path_cache(file, identity, {{key, entry}});
     if (!err.empty())
       std::call_once(warned, [&] {
-        std::fprintf(stderr, "mixprec: cannot write the kernel-path cache %s (%s); measured paths are kept for "
-                     "this process only\n", file.c_str(), err.c_str());
+        std::fprintf(stderr,
+                     "mixprec: cannot write the kernel-path cache %s (%s); measured paths are kept for "
+                     "this process only\n",
+                     file.c_str(), err.c_str());
       });
   }
   return choice;
@@ -229,9 +231,7 @@ namespace mp {
 
 using backend::cpu::KernelPath;
 
-const char* kernel_path_mode_name(KernelPathMode mode) {
-  return mode == KernelPathMode::pinned ? "pinned" : "measure";
-}
+const char* kernel_path_mode_name(KernelPathMode mode) { return mode == KernelPathMode::pinned ? "pinned" : "measure"; }
 
 void set_kernel_path_mode(KernelPathMode mode) { backend::cpu::g_mode.store(static_cast<int>(mode)); }
 

@@ -1,6 +1,7 @@
 // CPU matmul: oneDNN for f32; for bf16 oneDNN's bf16 GEMM or its f32 GEMM on widened operands, per shape by
 // measurement (Note [kernel paths chosen by measurement] in kernel_paths.cpp); f16 through f32 (oneDNN has f16
-// kernels only with AVX512-FP16/AMX-FP16, where they are measured too); a plain loop in double for f64 (gradient checks).
+// kernels only with AVX512-FP16/AMX-FP16, where they are measured too); a plain loop in double for f64 (gradient
+// checks).
 #include <omp.h>
 
 #include <string>

@@ -62,8 +62,7 @@ LoopPlan<N> make_plan(const std::array<const Tensor*, N>& ops) {
     p.numel *= shape[d];
     const int nd = p.ndim;
     bool merge = nd > 0;
-    for (int k = 0; k < N && merge; ++k)
-      merge = p.strides[k][nd - 1] == ops[k]->strides()[d] * shape[d];
+    for (int k = 0; k < N && merge; ++k) merge = p.strides[k][nd - 1] == ops[k]->strides()[d] * shape[d];
     if (merge) {
       p.sizes[nd - 1] *= shape[d];
       for (int k = 0; k < N; ++k) p.strides[k][nd - 1] = ops[k]->strides()[d];
@@ -255,8 +254,9 @@ void pointwise_loop(const Tensor& out, std::span<const Tensor> ins, F f) {
   for (int k = 0; k < NIn; ++k) ops[k + 1] = &ins[k];
   const LoopPlan<N> p = make_plan<N>(ops);
   const int last = p.ndim - 1;
-  using R = decltype([&]<size_t... I>(std::index_sequence<I...>) { return f((static_cast<void>(I), C{})...); }(
-      std::make_index_sequence<NIn>{}));
+  using R = decltype([&]<size_t... I>(std::index_sequence<I...>) {
+    return f((static_cast<void>(I), C{})...);
+  }(std::make_index_sequence<NIn>{}));
   const bool avx512 = Isa == LoopIsa::avx512 && avx512_loops_enabled();
   for_each_block<N>(p, [&](const std::array<int64_t, N>& off, int64_t n) {
     alignas(64) C buf[NIn][kBlock];

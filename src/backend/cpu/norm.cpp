@@ -208,9 +208,8 @@ MP_LOOP_INLINE void group_stats(const Operand& xo, int64_t N, int64_t C, int64_t
   for (int64_t j = 0; j < nc; ++j) ls[j].clear();
   for_group_pieces(N, C, SP, c0, nc, [&](const Piece& pc) MP_LAMBDA_INLINE {
     const typename A::E* v = A::src(xo, pc.i, pc.nch * pc.len, buf);
-    for_piece_blocks(pc, [&](int64_t j, int64_t off, int64_t n) MP_LAMBDA_INLINE {
-      block_shifted_sums<S, T>(v + off, n, k[j], ls[j]);
-    });
+    for_piece_blocks(pc, [&](int64_t j, int64_t off, int64_t n)
+                             MP_LAMBDA_INLINE { block_shifted_sums<S, T>(v + off, n, k[j], ls[j]); });
   });
   for (int64_t j = 0; j < nc; ++j) {
     S kj = k[j];
@@ -314,9 +313,8 @@ MP_LOOP_INLINE void bn_backward_group(const BnBackward<S>& a, int64_t grp, S* co
       const typename A::E* g = a.yo.defined() ? bn_relu_mask_block<S, T>(a.dyo, a.yo, a.zo, pc.i, n, b0, b[3], b[4])
                                               : A::src(a.dyo, pc.i, n, b0);
       const typename A::E* v = A::src(a.xo, pc.i, n, b1);
-      for_piece_blocks(pc, [&](int64_t j, int64_t off, int64_t n) MP_LAMBDA_INLINE {
-        block_grad_sums<S, T>(g + off, v + off, n, a.mean[c0 + j], ls[j]);
-      });
+      for_piece_blocks(pc, [&](int64_t j, int64_t off, int64_t n)
+                               MP_LAMBDA_INLINE { block_grad_sums<S, T>(g + off, v + off, n, a.mean[c0 + j], ls[j]); });
     });
   NormBackwardFn<S> fn[kMaxGroup];
   for (int64_t j = 0; j < nc; ++j) {
@@ -370,8 +368,21 @@ void bn_forward_spatial(const Tensor& y, const Tensor& mean, const Tensor& var, 
                         const Tensor& residual, bool relu) {
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
   const int64_t G = channel_group(N, C, SP, residual.defined() ? 2 : 1);
-  const BnForward<S> args{Operand(x), Operand(y), N, C, SP, G, mean.data_ptr<S>(), var.data_ptr<S>(),
-                          invstd.data_ptr<S>(), w.data(), b.data(), training, eps, Operand(residual), relu};
+  const BnForward<S> args{Operand(x),
+                          Operand(y),
+                          N,
+                          C,
+                          SP,
+                          G,
+                          mean.data_ptr<S>(),
+                          var.data_ptr<S>(),
+                          invstd.data_ptr<S>(),
+                          w.data(),
+                          b.data(),
+                          training,
+                          eps,
+                          Operand(residual),
+                          relu};
   const bool same = y.dtype() == x.dtype() && (!residual.defined() || residual.dtype() == x.dtype());
   visit_storage<S>(x.dtype(), same, [&]<class T>() { run_groups<S>(args, x.numel(), bn_forward_group_fn<S, T>()); });
 }
@@ -389,13 +400,12 @@ void bn_backward_spatial(const Tensor& dx, const Tensor& dweight, const Tensor& 
   const Tensor& zt = dz.defined() ? dz : dx;
   const bool need_sums = dwp != nullptr || dbp != nullptr || (training && dx.defined()) || (fused && zt.defined());
   const int64_t G = channel_group(N, C, SP, fused ? 3 : 2);
-  const BnBackward<S> args{Operand(x), Operand(dy), Operand(dx), N, C, SP, G,
-                           mean.data(), invstd.data(), w.data(), dwp, dbp, training, need_sums, Operand(y),
-                           fused ? Operand(zt) : Operand()};
+  const BnBackward<S> args{
+      Operand(x),    Operand(dy), Operand(dx), N,   C,        SP,        G,          mean.data(),
+      invstd.data(), w.data(),    dwp,         dbp, training, need_sums, Operand(y), fused ? Operand(zt) : Operand()};
   auto same_dtype = [&](const Tensor& t) { return !t.defined() || t.dtype() == x.dtype(); };
   const bool same = dy.dtype() == x.dtype() && same_dtype(dx) && same_dtype(y) && same_dtype(dz);
-  visit_storage<S>(x.dtype(), same,
-                   [&]<class T>() { run_groups<S>(args, x.numel(), bn_backward_group_fn<S, T>()); });
+  visit_storage<S>(x.dtype(), same, [&]<class T>() { run_groups<S>(args, x.numel(), bn_backward_group_fn<S, T>()); });
 }
 
 // Whether batch norm on x [N, C, S] takes the rows path (norm_rows.cpp): S == 1, or x channels-last (detected

@@ -57,15 +57,18 @@ struct Operand {
   /// Address of element i.
   MP_LOOP_INLINE char* at(int64_t i) const { return base + i * esize; }
   /// n values from element i as S (a pointer into the tensor when it already is S, else into buf).
-  template <class S> MP_LOOP_INLINE const S* load(int64_t i, int64_t n, S* buf) const {
+  template <class S>
+  MP_LOOP_INLINE const S* load(int64_t i, int64_t n, S* buf) const {
     return load_block<S>(at(i), 1, dtype, n, buf);
   }
   /// Destination for n results of type S at element i: the tensor itself when it has type S, else buf.
-  template <class S> MP_LOOP_INLINE S* dest(int64_t i, S* buf) const {
+  template <class S>
+  MP_LOOP_INLINE S* dest(int64_t i, S* buf) const {
     return dtype == dtype_of<S>() ? reinterpret_cast<S*>(at(i)) : buf;
   }
   /// Store what dest() handed out (a no-op when it wrote in place).
-  template <class S> MP_LOOP_INLINE void commit(int64_t i, int64_t n, const S* vals) const {
+  template <class S>
+  MP_LOOP_INLINE void commit(int64_t i, int64_t n, const S* vals) const {
     if (dtype != dtype_of<S>()) store_block<S>(at(i), 1, dtype, n, vals);
   }
 };
@@ -93,23 +96,31 @@ struct Access {
   using E = std::conditional_t<std::is_void_v<T>, S, T>;
   /// A stored value as S.
   MP_LOOP_INLINE static S in(E v) {
-    if constexpr (std::is_same_v<E, uint16_t>) return detail::bf16_bits_to_float(v);
-    else return v;
+    if constexpr (std::is_same_v<E, uint16_t>)
+      return detail::bf16_bits_to_float(v);
+    else
+      return v;
   }
   /// An S result as stored (rounded once).
   MP_LOOP_INLINE static E out(S v) {
-    if constexpr (std::is_same_v<E, uint16_t>) return detail::float_to_bf16_bits(v);
-    else return v;
+    if constexpr (std::is_same_v<E, uint16_t>)
+      return detail::float_to_bf16_bits(v);
+    else
+      return v;
   }
   /// n values of o from element i (converted into buf when T is void and o is not S).
   MP_LOOP_INLINE static const E* src(const Operand& o, int64_t i, int64_t n, S* buf) {
-    if constexpr (std::is_void_v<T>) return o.load<S>(i, n, buf);
-    else return reinterpret_cast<const E*>(o.at(i));
+    if constexpr (std::is_void_v<T>)
+      return o.load<S>(i, n, buf);
+    else
+      return reinterpret_cast<const E*>(o.at(i));
   }
   /// Where to write values of o from element i (buf when T is void and o is not S; then commit()).
   MP_LOOP_INLINE static E* dst(const Operand& o, int64_t i, S* buf) {
-    if constexpr (std::is_void_v<T>) return o.dest<S>(i, buf);
-    else return reinterpret_cast<E*>(o.at(i));
+    if constexpr (std::is_void_v<T>)
+      return o.dest<S>(i, buf);
+    else
+      return reinterpret_cast<E*>(o.at(i));
   }
   /// Store n values written to what dst() returned.
   MP_LOOP_INLINE static void commit(const Operand& o, int64_t i, int64_t n, const E* v) {
@@ -145,31 +156,39 @@ inline NormIsa norm_isa() {
 // returning the one for this CPU (f64 statistics always take the baseline: f64 batch norm is for gradient
 // checks, not speed).
 #if MP_NORM_ISA_VARIANTS
-#define MP_NORM_VARIANTS(name, Args)                                                                          \
-  template <class S, class T> void name##_base(const Args<S>& a, int64_t grp, S* const* b) {                  \
-    name<S, T>(a, grp, b);                                                                                    \
-  }                                                                                                           \
-  template <class S, class T> MP_TARGET_AVX2 void name##_avx2(const Args<S>& a, int64_t grp, S* const* b) {    \
-    name<S, T>(a, grp, b);                                                                                    \
-  }                                                                                                           \
-  template <class S, class T> MP_TARGET_AVX512 void name##_avx512(const Args<S>& a, int64_t grp, S* const* b) { \
-    name<S, T>(a, grp, b);                                                                                    \
-  }                                                                                                           \
-  template <class S, class T> auto name##_fn() {                                                              \
-    if constexpr (std::is_same_v<S, double>) {                                                                \
-      return &name##_base<S, T>;                                                                              \
-    } else {                                                                                                  \
-      const norm_detail::NormIsa isa = norm_detail::norm_isa();                                               \
-      if (isa == norm_detail::NormIsa::base) return &name##_base<S, T>;                                       \
-      return isa == norm_detail::NormIsa::avx512 ? &name##_avx512<S, T> : &name##_avx2<S, T>;                 \
-    }                                                                                                         \
-  }
-#else
-#define MP_NORM_VARIANTS(name, Args)                                                                  \
-  template <class S, class T> void name##_base(const Args<S>& a, int64_t grp, S* const* b) { \
+#define MP_NORM_VARIANTS(name, Args)                                                          \
+  template <class S, class T>                                                                 \
+  void name##_base(const Args<S>& a, int64_t grp, S* const* b) {                              \
     name<S, T>(a, grp, b);                                                                    \
   }                                                                                           \
-  template <class S, class T> auto name##_fn() { return &name##_base<S, T>; }
+  template <class S, class T>                                                                 \
+  MP_TARGET_AVX2 void name##_avx2(const Args<S>& a, int64_t grp, S* const* b) {               \
+    name<S, T>(a, grp, b);                                                                    \
+  }                                                                                           \
+  template <class S, class T>                                                                 \
+  MP_TARGET_AVX512 void name##_avx512(const Args<S>& a, int64_t grp, S* const* b) {           \
+    name<S, T>(a, grp, b);                                                                    \
+  }                                                                                           \
+  template <class S, class T>                                                                 \
+  auto name##_fn() {                                                                          \
+    if constexpr (std::is_same_v<S, double>) {                                                \
+      return &name##_base<S, T>;                                                              \
+    } else {                                                                                  \
+      const norm_detail::NormIsa isa = norm_detail::norm_isa();                               \
+      if (isa == norm_detail::NormIsa::base) return &name##_base<S, T>;                       \
+      return isa == norm_detail::NormIsa::avx512 ? &name##_avx512<S, T> : &name##_avx2<S, T>; \
+    }                                                                                         \
+  }
+#else
+#define MP_NORM_VARIANTS(name, Args)                             \
+  template <class S, class T>                                    \
+  void name##_base(const Args<S>& a, int64_t grp, S* const* b) { \
+    name<S, T>(a, grp, b);                                       \
+  }                                                              \
+  template <class S, class T>                                    \
+  auto name##_fn() {                                             \
+    return &name##_base<S, T>;                                   \
+  }
 #endif
 
 /// Scratch buffers handed to each per-ISA loop body (MP_NORM_VARIANTS).
@@ -241,8 +260,8 @@ void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, con
 /// Batch norm backward over R = N S rows of C contiguous channels (layouts as bn_forward_rows; arguments as
 /// BatchNormBackwardKernel with mean, invstd and weight converted to S).
 template <class S>
-void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
-                      const Tensor& x, const std::vector<S>& mean, const std::vector<S>& invstd,
-                      const std::vector<S>& w, bool training, const Tensor& y, const Tensor& dz);
+void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
+                      const std::vector<S>& mean, const std::vector<S>& invstd, const std::vector<S>& w, bool training,
+                      const Tensor& y, const Tensor& dz);
 
 }  // namespace mp::backend::cpu::norm_detail

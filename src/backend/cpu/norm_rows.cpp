@@ -48,12 +48,12 @@ constexpr int64_t kPivotRows = 16;
 // The cut of R rows of C channels into steps, blocks and chunks (Note [batch norm over rows of channels]).
 struct RowsPlan {
   int64_t R = 0, C = 0;
-  int64_t U = 1, W = 0;        // rows per step, values per step
-  int64_t L = 0;               // values in all (R C)
-  int64_t B = 1;               // steps per block: a power of two <= kRun
-  int64_t chunk_values = 0;    // values per chunk (a multiple of W)
+  int64_t U = 1, W = 0;      // rows per step, values per step
+  int64_t L = 0;             // values in all (R C)
+  int64_t B = 1;             // steps per block: a power of two <= kRun
+  int64_t chunk_values = 0;  // values per chunk (a multiple of W)
   int64_t nchunks = 0;
-  int64_t scratch = 0;         // values per scratch buffer: max(B W, 2 W)
+  int64_t scratch = 0;  // values per scratch buffer: max(B W, 2 W)
 
   RowsPlan(int64_t rows, int64_t channels) : R(rows), C(channels) {
     U = std::max<int64_t>(1, (kMinStep + C - 1) / C);
@@ -408,9 +408,9 @@ void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, con
 }
 
 template <class S>
-void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
-                      const Tensor& x, const std::vector<S>& mean, const std::vector<S>& invstd,
-                      const std::vector<S>& w, bool training, const Tensor& y, const Tensor& dz) {
+void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
+                      const std::vector<S>& mean, const std::vector<S>& invstd, const std::vector<S>& w, bool training,
+                      const Tensor& y, const Tensor& dz) {
   const int64_t C = x.size(1), R = x.size(0) * x.size(2);
   const RowsPlan p(R, C);
   S* dwp = dweight.defined() ? dweight.data_ptr<S>() : nullptr;
@@ -432,8 +432,17 @@ void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbi
       Scratch<S> scratch(p);
       const ThreadChunks mine(p);
       const bool writer = omp_get_thread_num() == 0;
-      RowsBackward<S> a{Operand(x), Operand(dy), Operand(dx), p, mu.data(), nullptr, nullptr, nullptr, part.get(),
-                        Operand(y), fused ? Operand(zt) : Operand()};
+      RowsBackward<S> a{Operand(x),
+                        Operand(dy),
+                        Operand(dx),
+                        p,
+                        mu.data(),
+                        nullptr,
+                        nullptr,
+                        nullptr,
+                        part.get(),
+                        Operand(y),
+                        fused ? Operand(zt) : Operand()};
       std::vector<double> sdy(static_cast<size_t>(C), 0.0), sdyx(static_cast<size_t>(C), 0.0);
       if (need_sums) {
         for (int64_t ch = mine.lo; ch < mine.hi; ++ch) sums(a, ch, scratch.b());
@@ -465,8 +474,8 @@ void bn_backward_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbi
 }
 
 template void bn_forward_rows<float>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                     const std::vector<float>&, const std::vector<float>&, bool, double,
-                                     const Tensor&, bool);
+                                     const std::vector<float>&, const std::vector<float>&, bool, double, const Tensor&,
+                                     bool);
 template void bn_forward_rows<double>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                       const std::vector<double>&, const std::vector<double>&, bool, double,
                                       const Tensor&, bool);

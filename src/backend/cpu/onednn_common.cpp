@@ -85,7 +85,7 @@ std::string onednn_last_impl(const char* op) {
 
 namespace {
 struct AlignedFree {
-  void operator()(void* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
+  void operator()(void* p) const noexcept { ::operator delete (p, std::align_val_t{64}); }
 };
 struct ScratchBuffer {
   std::unique_ptr<void, AlignedFree> ptr;
@@ -102,7 +102,7 @@ void* thread_scratch(ScratchSlot slot, size_t bytes) {
     want = (want + 63) / 64 * 64;
     b.ptr.reset();  // free first: the old contents are not needed
     b.bytes = 0;
-    b.ptr.reset(::operator new(want, std::align_val_t{64}));
+    b.ptr.reset(::operator new (want, std::align_val_t{64}));
     b.bytes = want;
   }
   return b.ptr.get();

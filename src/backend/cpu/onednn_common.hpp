@@ -52,9 +52,7 @@ template <class D, class F>
 decltype(auto) onednn_check(const char* call, D&& describe, F&& f) {
   try {
     return f();
-  } catch (const dnnl::error& e) {
-    throw_onednn_error(call, e, describe());
-  }
+  } catch (const dnnl::error& e) { throw_onednn_error(call, e, describe()); }
 }
 
 /// Remember `impl` (a primitive descriptor's impl_info_str()) as the newest primitive of kind `op`.

@@ -229,8 +229,8 @@ ConvPlan build_plan(const Conv2dArgs& a, ConvPass pass, bool with_bias) {
         plan.flip_weights = true;
         plan.in[0] = make_arg(DNNL_ARG_SRC, user_dst, pd.src_desc(), true, attr);
         // The flipped weights keep the caller's [O, C, kH, kW] memory order: as [C, O, kH, kW] that is iohw.
-        plan.in[1] = make_arg(DNNL_ARG_WEIGHTS, memory::desc({a.c, a.oc, a.kh, a.kw}, ct, tag::iohw),
-                              pd.weights_desc(), true, attr);
+        plan.in[1] = make_arg(DNNL_ARG_WEIGHTS, memory::desc({a.c, a.oc, a.kh, a.kw}, ct, tag::iohw), pd.weights_desc(),
+                              true, attr);
         plan.out = make_arg(DNNL_ARG_DST, user_src, pd.dst_desc(), false, attr);
         break;
       }
@@ -377,16 +377,15 @@ void conv2d_backward_weights(const Conv2dArgs& args, const void* src, const void
   run_plan(*plan, args, ConvPass::backward_weights, src, diff_dst, diff_weight, diff_bias);
 }
 
-void conv2d_backward(const Conv2dArgs& args, const void* src, const void* diff_dst, const void* weight,
-                     void* diff_src, void* diff_weight, void* diff_bias) {
+void conv2d_backward(const Conv2dArgs& args, const void* src, const void* diff_dst, const void* weight, void* diff_src,
+                     void* diff_weight, void* diff_bias) {
   if (diff_src == nullptr || diff_weight == nullptr || args.n == 0) {
     if (diff_src != nullptr) conv2d_backward_data(args, diff_dst, weight, diff_src);
     if (diff_weight != nullptr) conv2d_backward_weights(args, src, diff_dst, diff_weight, diff_bias);
     return;
   }
   validate(args, ConvPass::backward_data);
-  MP_CHECK(src != nullptr && diff_dst != nullptr && weight != nullptr,
-           "conv2d_backward: null src, diff_dst or weight");
+  MP_CHECK(src != nullptr && diff_dst != nullptr && weight != nullptr, "conv2d_backward: null src, diff_dst or weight");
   const auto pd = get_plan(args, ConvPass::backward_data, false);
   const auto pw = get_plan(args, ConvPass::backward_weights, diff_bias != nullptr);
   const PlanArg& dd = pd->in[0];  // diff_dst of the data gradient (the src of its forward form)
@@ -404,9 +403,9 @@ void conv2d_backward(const Conv2dArgs& args, const void* src, const void* diff_d
         std::unordered_map<int, memory> m{{DNNL_ARG_FROM, wrap_memory(dd.user_md, diff_dst)},
                                           {DNNL_ARG_TO, wrap_memory(dd.prim_md, shared)}};
         if (md_bytes(dd.reorder_scratch_md) > 0)
-          m.emplace(DNNL_ARG_SCRATCHPAD, wrap_memory(dd.reorder_scratch_md,
-                                                      thread_scratch(ScratchSlot::scratchpad,
-                                                                     md_bytes(dd.reorder_scratch_md))));
+          m.emplace(DNNL_ARG_SCRATCHPAD,
+                    wrap_memory(dd.reorder_scratch_md,
+                                thread_scratch(ScratchSlot::scratchpad, md_bytes(dd.reorder_scratch_md))));
         dd.reorder.execute(s, m);
         s.wait();
       });

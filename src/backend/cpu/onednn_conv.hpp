@@ -46,8 +46,8 @@ void conv2d_backward_weights(const Conv2dArgs& args, const void* src, const void
 /// Both gradients in one call: diff_src as conv2d_backward_data and diff_weight/diff_bias as
 /// conv2d_backward_weights (diff_src or diff_weight may be null: not needed). diff_dst is reordered into
 /// oneDNN's layout once when both primitives want it in the same layout (they usually do).
-void conv2d_backward(const Conv2dArgs& args, const void* src, const void* diff_dst, const void* weight,
-                     void* diff_src, void* diff_weight, void* diff_bias);
+void conv2d_backward(const Conv2dArgs& args, const void* src, const void* diff_dst, const void* weight, void* diff_src,
+                     void* diff_weight, void* diff_bias);
 
 /// The three convolution primitives.
 enum class ConvPass { forward, backward_data, backward_weights };

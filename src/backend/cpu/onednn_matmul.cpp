@@ -72,12 +72,11 @@ MatmulCache& cache() {
 
 std::string describe(const MatmulArgs& a) {
   auto st = [](const int64_t s[3]) { return detail::str_cat("(", s[0], ",", s[1], ",", s[2], ")"); };
-  return detail::str_cat("matmul batch=", a.batch, " m=", a.m, " n=", a.n, " k=", a.k, " A ", dtype_name(a.a_dtype),
-                         " strides ", st(a.a_strides), ", B ", dtype_name(a.b_dtype), " strides ", st(a.b_strides),
-                         ", C ", dtype_name(a.c_dtype), " strides ", st(a.c_strides),
-                         a.accumulate ? ", accumulate" : "",
-                         a.has_bias ? detail::str_cat(", bias ", dtype_name(a.bias_dtype)) : std::string(),
-                         a.relu ? ", relu" : "");
+  return detail::str_cat(
+      "matmul batch=", a.batch, " m=", a.m, " n=", a.n, " k=", a.k, " A ", dtype_name(a.a_dtype), " strides ",
+      st(a.a_strides), ", B ", dtype_name(a.b_dtype), " strides ", st(a.b_strides), ", C ", dtype_name(a.c_dtype),
+      " strides ", st(a.c_strides), a.accumulate ? ", accumulate" : "",
+      a.has_bias ? detail::str_cat(", bias ", dtype_name(a.bias_dtype)) : std::string(), a.relu ? ", relu" : "");
 }
 
 void validate(const MatmulArgs& a) {

@@ -26,10 +26,10 @@
 // Note [bf16 LSTM without AVX-512]
 // oneDNN (2.6 and 3.2) implements the bf16 LSTM only on CPUs with avx512_core (its brgemm kernels; with
 // ONEDNN_MAX_CPU_ISA=AVX2 primitive creation answers "unimplemented"; 2.6 still ran bf16 matmuls there on
-// its reference kernel, 3.2 has no bf16 matmul or convolution there at all). There the bf16 layer runs oneDNN's f32 LSTM on the widened bf16 operands
-// (exact conversions) and rounds y and h_n to bf16 once at the end: the same products with f32
-// accumulation, the one difference being that h is not rounded to bf16 between steps. The f32 plan's
-// workspace and f32 outputs are kept for the backward.
+// its reference kernel, 3.2 has no bf16 matmul or convolution there at all). There the bf16 layer runs oneDNN's f32
+// LSTM on the widened bf16 operands (exact conversions) and rounds y and h_n to bf16 once at the end: the same products
+// with f32 accumulation, the one difference being that h is not rounded to bf16 between steps. The f32 plan's workspace
+// and f32 outputs are kept for the backward.
 //
 // Note [oneDNN LSTM backward accumulates]
 // lstm_backward ADDS into diff_weights_layer/iter and diff_bias (checked: running it twice doubles
@@ -152,11 +152,10 @@ LstmPlan build_plan(const LstmKey& k) {
   p.diff_dst_layer = memory::desc({k.T, k.B, k.H}, ddt::f32, tag::tnc);
   const memory::desc dw_layer_any({1, 1, k.I, 4, k.H}, ddt::f32, tag::any),
       dw_iter_any({1, 1, k.H, 4, k.H}, ddt::f32, tag::any);
-  const dnnl::lstm_backward::primitive_desc bpd(eng, dnnl::prop_kind::backward, dir, p.src_layer, p.src_iter,
-                                                p.src_iter_c, w_layer_any, w_iter_any, p.bias, p.dst_layer, p.dst_iter,
-                                                p.dst_iter_c, p.diff_src_layer, p.diff_iter, p.diff_iter, dw_layer_any,
-                                                dw_iter_any, p.bias, p.diff_dst_layer, p.diff_iter, p.diff_iter, fpd,
-                                                attr);
+  const dnnl::lstm_backward::primitive_desc bpd(
+      eng, dnnl::prop_kind::backward, dir, p.src_layer, p.src_iter, p.src_iter_c, w_layer_any, w_iter_any, p.bias,
+      p.dst_layer, p.dst_iter, p.dst_iter_c, p.diff_src_layer, p.diff_iter, p.diff_iter, dw_layer_any, dw_iter_any,
+      p.bias, p.diff_dst_layer, p.diff_iter, p.diff_iter, fpd, attr);
   MP_ASSERT(bpd.workspace_desc() == p.workspace, "oneDNN LSTM backward wants another workspace than its forward for ",
             describe(k));
   MP_ASSERT(bpd.diff_src_layer_desc() == p.diff_src_layer && bpd.diff_dst_layer_desc() == p.diff_dst_layer &&
@@ -191,9 +190,7 @@ bool bf16_lstm_available() {
     try {
       get_plan(LstmKey{1, 1, 1, 1, static_cast<int64_t>(DType::bf16), 1});
       return true;
-    } catch (const Error&) {
-      return false;
-    }
+    } catch (const Error&) { return false; }
   }();
   return ok;
 }
@@ -208,9 +205,7 @@ LstmKey key_of(const LstmLibraryInputs& in, bool training) {
 }
 
 // A buffer of `md`'s size (64-byte aligned, from the CPU allocator).
-Tensor buffer_for(const memory::desc& md) {
-  return empty({static_cast<int64_t>(md_bytes(md))}, {.dtype = DType::u8});
-}
+Tensor buffer_for(const memory::desc& md) { return empty({static_cast<int64_t>(md_bytes(md))}, {.dtype = DType::u8}); }
 
 // One weight in the layout a primitive wants: the user's buffer itself, or a reordered copy.
 struct PrimWeight {
@@ -284,16 +279,15 @@ LstmLibraryForward lstm_library_forward_cpu(const LstmLibraryInputs& in, bool tr
             plan->scratch_bytes > 0 ? thread_scratch(ScratchSlot::scratchpad, plan->scratch_bytes) : nullptr;
         const PrimWeight wl = prim_weight(plan->fwd_w_layer, in.w_ih, s, scratch);
         const PrimWeight wi = prim_weight(plan->fwd_w_iter, in.w_hh, s, scratch);
-        std::unordered_map<int, memory> args{
-            {DNNL_ARG_SRC_LAYER, wrap_memory(plan->src_layer, in.x.raw_data())},
-            {DNNL_ARG_SRC_ITER, wrap_memory(plan->src_iter, in.h0.raw_data())},
-            {DNNL_ARG_SRC_ITER_C, wrap_memory(plan->src_iter_c, in.c0.raw_data())},
-            {DNNL_ARG_WEIGHTS_LAYER, wrap_memory(plan->fwd_w_layer.to, wl.ptr)},
-            {DNNL_ARG_WEIGHTS_ITER, wrap_memory(plan->fwd_w_iter.to, wi.ptr)},
-            {DNNL_ARG_BIAS, wrap_memory(plan->bias, bias.raw_data())},
-            {DNNL_ARG_DST_LAYER, wrap_memory(plan->dst_layer, r.y.raw_data())},
-            {DNNL_ARG_DST_ITER, wrap_memory(plan->dst_iter, r.h_n.raw_data())},
-            {DNNL_ARG_DST_ITER_C, wrap_memory(plan->dst_iter_c, r.c_n.raw_data())}};
+        std::unordered_map<int, memory> args{{DNNL_ARG_SRC_LAYER, wrap_memory(plan->src_layer, in.x.raw_data())},
+                                             {DNNL_ARG_SRC_ITER, wrap_memory(plan->src_iter, in.h0.raw_data())},
+                                             {DNNL_ARG_SRC_ITER_C, wrap_memory(plan->src_iter_c, in.c0.raw_data())},
+                                             {DNNL_ARG_WEIGHTS_LAYER, wrap_memory(plan->fwd_w_layer.to, wl.ptr)},
+                                             {DNNL_ARG_WEIGHTS_ITER, wrap_memory(plan->fwd_w_iter.to, wi.ptr)},
+                                             {DNNL_ARG_BIAS, wrap_memory(plan->bias, bias.raw_data())},
+                                             {DNNL_ARG_DST_LAYER, wrap_memory(plan->dst_layer, r.y.raw_data())},
+                                             {DNNL_ARG_DST_ITER, wrap_memory(plan->dst_iter, r.h_n.raw_data())},
+                                             {DNNL_ARG_DST_ITER_C, wrap_memory(plan->dst_iter_c, r.c_n.raw_data())}};
         if (training) args.emplace(DNNL_ARG_WORKSPACE, wrap_memory(plan->workspace, ws.raw_data()));
         if (md_bytes(plan->fwd_scratch) > 0) args.emplace(DNNL_ARG_SCRATCHPAD, wrap_memory(plan->fwd_scratch, scratch));
         plan->fwd.execute(s, args);
@@ -303,8 +297,8 @@ LstmLibraryForward lstm_library_forward_cpu(const LstmLibraryInputs& in, bool tr
   return r;
 }
 
-LstmLibraryGrads lstm_library_backward_cpu(const LstmLibraryInputs& in, const LstmLibraryForward& fwd,
-                                           const Tensor& dy, const Tensor& dh_n, const Tensor& dc_n) {
+LstmLibraryGrads lstm_library_backward_cpu(const LstmLibraryInputs& in, const LstmLibraryForward& fwd, const Tensor& dy,
+                                           const Tensor& dh_n, const Tensor& dc_n) {
   if (in.x.dtype() == DType::bf16 && !bf16_lstm_available()) {  // Note [bf16 LSTM without AVX-512]
     MP_ASSERT(fwd.saved.size() == 4, kOp, ": the backward needs the saved state of a training forward");
     const LstmLibraryForward f32{fwd.saved[2], fwd.saved[3], fwd.c_n, {fwd.saved[0], fwd.saved[1]}};

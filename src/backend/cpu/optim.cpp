@@ -42,7 +42,7 @@ struct WeightIO {
   char* param;
   DType param_dtype;
   int64_t param_size;
-  C* master;  // null: no master
+  C* master;                // null: no master
   RoundingStream rounding;  // on only for a 16-bit parameter without master (Note [stochastic rounding])
   WeightIO(const Tensor& p, const Tensor& m, const RoundingStream& r)
       : param(static_cast<char*>(p.raw_data())),
@@ -71,7 +71,8 @@ struct WeightIO {
         return store_stochastic<Half>(j0, len, vals);
       }
     }
-    if (master != nullptr || param_dtype != dtype_of<C>()) store_block<C>(param + j0 * param_size, 1, param_dtype, len, vals);
+    if (master != nullptr || param_dtype != dtype_of<C>())
+      store_block<C>(param + j0 * param_size, 1, param_dtype, len, vals);
   }
   // Element i = j0 + j takes word i % 4 of the stream's block i / 4 (j0 is a multiple of kBlock, so of 4).
   template <class T>

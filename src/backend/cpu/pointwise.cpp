@@ -25,9 +25,7 @@ bool cpu_has_avx512_loops() {
 std::atomic<bool> g_avx512_loops_allowed{true};
 }  // namespace
 
-bool avx512_loops_enabled() {
-  return g_avx512_loops_allowed.load(std::memory_order_relaxed) && cpu_has_avx512_loops();
-}
+bool avx512_loops_enabled() { return g_avx512_loops_allowed.load(std::memory_order_relaxed) && cpu_has_avx512_loops(); }
 
 bool set_avx512_loops(bool allowed) {
   const bool was = avx512_loops_enabled();

@@ -42,7 +42,9 @@ struct Planes {
   int64_t plane;  // elements per plane
   int64_t count;  // number of planes
   explicit Planes(const Tensor& t)
-      : base(static_cast<char*>(t.raw_data())), dtype(t.dtype()), plane(t.size(2) * t.size(3)),
+      : base(static_cast<char*>(t.raw_data())),
+        dtype(t.dtype()),
+        plane(t.size(2) * t.size(3)),
         count(t.size(0) * t.size(1)) {
     MP_ASSERT(t.dim() == 4 && t.is_contiguous(), "pool kernel: expected a contiguous [N, C, H, W] tensor, got ",
               t.describe());
@@ -214,9 +216,8 @@ void max_pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x,
       });
       return;
     }
-    map_planes<A>(in, o, [&](int64_t p, const A* xv, A* yv) {
-      max_pool_2x2_plane<A>(xv, yv, idx + p * OH * OW, W, OH, OW);
-    });
+    map_planes<A>(in, o,
+                  [&](int64_t p, const A* xv, A* yv) { max_pool_2x2_plane<A>(xv, yv, idx + p * OH * OW, W, OH, OW); });
     return;
   }
   map_planes<A>(in, o, [&](int64_t p, const A* xv, A* yv) {
@@ -248,8 +249,10 @@ void max_pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x,
 void max_pool2d_forward_cpu(const Tensor& out, const Tensor& indices, const Tensor& x, const Pool2dWindow& w) {
   MP_ASSERT(indices.is_contiguous() && indices.sizes() == out.sizes(), "max_pool2d kernel: bad indices tensor");
   visit_compute(x.dtype(), "max_pool2d", [&]<class A>() {
-    if (indices.dtype() == DType::i32) max_pool_forward<A, int32_t>(out, indices, x, w);
-    else max_pool_forward<A, int64_t>(out, indices, x, w);
+    if (indices.dtype() == DType::i32)
+      max_pool_forward<A, int32_t>(out, indices, x, w);
+    else
+      max_pool_forward<A, int64_t>(out, indices, x, w);
   });
 }
 
@@ -273,8 +276,10 @@ void max_pool_backward(const Tensor& dx, const Tensor& dy, const Tensor& indices
 void max_pool2d_backward_cpu(const Tensor& dx, const Tensor& dy, const Tensor& indices) {
   MP_ASSERT(indices.is_contiguous() && indices.sizes() == dy.sizes(), "max_pool2d backward kernel: bad indices");
   visit_compute(dx.dtype(), "max_pool2d_backward", [&]<class A>() {
-    if (indices.dtype() == DType::i32) max_pool_backward<A, int32_t>(dx, dy, indices);
-    else max_pool_backward<A, int64_t>(dx, dy, indices);
+    if (indices.dtype() == DType::i32)
+      max_pool_backward<A, int32_t>(dx, dy, indices);
+    else
+      max_pool_backward<A, int64_t>(dx, dy, indices);
   });
 }
 
@@ -392,8 +397,10 @@ void avg_pool2d_backward_cpu(const Tensor& dx, const Tensor& dy, const Pool2dWin
 // Value of a plane element as A: E is A itself, or uint16_t holding bf16 bits (converted inline: a shift).
 template <class A, class E>
 A as_acc(E v) {
-  if constexpr (std::is_same_v<E, uint16_t>) return detail::bf16_bits_to_float(v);
-  else return v;
+  if constexpr (std::is_same_v<E, uint16_t>)
+    return detail::bf16_bits_to_float(v);
+  else
+    return v;
 }
 
 // Sum of n values as A: long planes in 64 bytes' worth of partial sums (independent adds: one accumulator waits

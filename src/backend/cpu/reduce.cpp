@@ -131,7 +131,8 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
       for (int64_t o = 0; o < nout; ++o) {
 #pragma omp parallel for schedule(static)
         for (int64_t c = 0; c < chunks; ++c)
-          part[static_cast<size_t>(c)] = reduce_range(o, std::min(red.numel, c * len), std::min(red.numel, (c + 1) * len));
+          part[static_cast<size_t>(c)] =
+              reduce_range(o, std::min(red.numel, c * len), std::min(red.numel, (c + 1) * len));
         A acc = Acc::init();
         for (A v : part) acc = Acc::combine(acc, v);
         result[static_cast<size_t>(o)] = acc;

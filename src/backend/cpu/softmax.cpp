@@ -142,8 +142,8 @@ struct LogSoftmaxGradLanes {
 // cannot compare int64 lanes, which kept these loops scalar.
 template <class A>
 struct ColsLossAccumLanes {
-  MP_FORCE_INLINE void operator()(const A* x, const A* m, const int32_t* tgt, int32_t c, bool with_exp, A* sum,
-                                  A* sx, A* xt, int64_t wd) const {
+  MP_FORCE_INLINE void operator()(const A* x, const A* m, const int32_t* tgt, int32_t c, bool with_exp, A* sum, A* sx,
+                                  A* xt, int64_t wd) const {
     if (with_exp) {
 #pragma omp simd
       for (int64_t j = 0; j < wd; ++j) {
@@ -178,8 +178,10 @@ struct RowClassLossGradLanes {
 // branch and the SSE2 loop stays scalar.
 template <class A>
 MP_FORCE_INLINE A select(bool c, A a, A b) {
-  if constexpr (std::is_same_v<A, float>) return blend_select(c, a, b);
-  else return c ? a : b;
+  if constexpr (std::is_same_v<A, float>)
+    return blend_select(c, a, b);
+  else
+    return c ? a : b;
 }
 
 // Class-loss gradient of class row c across a column block; x null for log-probabilities (p = 0).
@@ -187,8 +189,8 @@ MP_FORCE_INLINE A select(bool c, A a, A b) {
 // leak NaN into the zero.
 template <class A>
 struct ColsClassLossGradLanes {
-  MP_FORCE_INLINE void operator()(const A* x, const A* m, const A* l, const A* wt, const int32_t* tgt, int32_t c,
-                                  A eps, A eps_c, A* out, int64_t wd) const {
+  MP_FORCE_INLINE void operator()(const A* x, const A* m, const A* l, const A* wt, const int32_t* tgt, int32_t c, A eps,
+                                  A eps_c, A* out, int64_t wd) const {
     if (x) {
 #pragma omp simd
       for (int64_t j = 0; j < wd; ++j) out[j] = lane(math_exp((x[j] - m[j]) - l[j]), wt[j], tgt[j] == c, eps, eps_c);
@@ -286,11 +288,15 @@ void softmax_cols(bool log, const Tensor& out, const Tensor& in, const SoftmaxSh
 void softmax_cpu(bool log, const Tensor& out, const Tensor& in, const SoftmaxShape& s) {
   if (s.outer * s.n * s.inner == 0) return;
   auto run = [&]<class A>() {
-    if (s.inner == 1) softmax_rows<A>(log, out, in, s.outer, s.n);
-    else softmax_cols<A>(log, out, in, s);
+    if (s.inner == 1)
+      softmax_rows<A>(log, out, in, s.outer, s.n);
+    else
+      softmax_cols<A>(log, out, in, s);
   };
-  if (in.dtype() == DType::f64 || out.dtype() == DType::f64) run.template operator()<double>();
-  else run.template operator()<float>();
+  if (in.dtype() == DType::f64 || out.dtype() == DType::f64)
+    run.template operator()<double>();
+  else
+    run.template operator()<float>();
 }
 
 // ---------------------------------------------------------------- softmax backward
@@ -365,11 +371,15 @@ void softmax_backward_cols(bool log, const Tensor& gi, const Tensor& go, const T
 void softmax_backward_cpu(bool log, const Tensor& gi, const Tensor& go, const Tensor& y, const SoftmaxShape& s) {
   if (s.outer * s.n * s.inner == 0) return;
   auto run = [&]<class A>() {
-    if (s.inner == 1) softmax_backward_rows<A>(log, gi, go, y, s.outer, s.n);
-    else softmax_backward_cols<A>(log, gi, go, y, s);
+    if (s.inner == 1)
+      softmax_backward_rows<A>(log, gi, go, y, s.outer, s.n);
+    else
+      softmax_backward_cols<A>(log, gi, go, y, s);
   };
-  if (gi.dtype() == DType::f64 || y.dtype() == DType::f64) run.template operator()<double>();
-  else run.template operator()<float>();
+  if (gi.dtype() == DType::f64 || y.dtype() == DType::f64)
+    run.template operator()<double>();
+  else
+    run.template operator()<float>();
 }
 
 // ---------------------------------------------------------------- class losses
@@ -482,15 +492,18 @@ void class_loss_cpu(const char* op, const Tensor& losses, const Tensor& stats, c
   int64_t bad = -1;
   if (s.outer * s.inner > 0) {
     auto run = [&]<class A>() {
-      if (s.inner == 1) class_loss_rows<A>(losses, stats, input, tgt, s, p, bad);
-      else class_loss_cols<A>(losses, stats, input, tgt, s, p, bad);
+      if (s.inner == 1)
+        class_loss_rows<A>(losses, stats, input, tgt, s, p, bad);
+      else
+        class_loss_cols<A>(losses, stats, input, tgt, s, p, bad);
     };
-    if (losses.dtype() == DType::f64) run.template operator()<double>();
-    else run.template operator()<float>();
+    if (losses.dtype() == DType::f64)
+      run.template operator()<double>();
+    else
+      run.template operator()<float>();
   }
-  MP_CHECK(bad < 0, op, ": target ", bad >= 0 ? tgt[bad] : 0, " (at flat position ", bad,
-           ") is out of range for ", s.n, " classes; expected 0 <= target < ", s.n, " or target == ignore_index (",
-           p.ignore_index, ")");
+  MP_CHECK(bad < 0, op, ": target ", bad >= 0 ? tgt[bad] : 0, " (at flat position ", bad, ") is out of range for ", s.n,
+           " classes; expected 0 <= target < ", s.n, " or target == ignore_index (", p.ignore_index, ")");
 }
 
 template <class A>
@@ -563,11 +576,15 @@ void class_loss_backward_cpu(const Tensor& gi, const Tensor& grad_rows, const Te
     const A* W = grad_rows.data_ptr<A>();
     const bool shared = grad_rows.numel() == 1 && s.outer * s.inner != 1;
     const A* S = stats.defined() ? stats.data_ptr<A>() : nullptr;
-    if (s.inner == 1) class_loss_backward_rows<A>(gi, W, shared, input, S, tgt, s, p);
-    else class_loss_backward_cols<A>(gi, W, shared, input, S, tgt, s, p);
+    if (s.inner == 1)
+      class_loss_backward_rows<A>(gi, W, shared, input, S, tgt, s, p);
+    else
+      class_loss_backward_cols<A>(gi, W, shared, input, S, tgt, s, p);
   };
-  if (grad_rows.dtype() == DType::f64) run.template operator()<double>();
-  else run.template operator()<float>();
+  if (grad_rows.dtype() == DType::f64)
+    run.template operator()<double>();
+  else
+    run.template operator()<float>();
 }
 
 }  // namespace

@@ -84,8 +84,10 @@ class CachingAllocator final : public memory::Allocator {
     auto it = live_.find(p);
     if (it == live_.end()) {
       // Called from destructors, so no exception: report the bug and leave the memory alone.
-      std::fprintf(stderr, "mixprec internal error (please report): CUDA allocator asked to free %p, which it "
-                   "did not allocate\n", p);
+      std::fprintf(stderr,
+                   "mixprec internal error (please report): CUDA allocator asked to free %p, which it "
+                   "did not allocate\n",
+                   p);
       return;
     }
     const Block b = it->second;
@@ -173,13 +175,14 @@ class CachingAllocator final : public memory::Allocator {
       (void)cudaGetLastError();
     }
     MP_FAIL("CUDA out of memory: tried to allocate ", format_bytes(static_cast<double>(requested)), " (allocated ",
-            format_bytes(static_cast<double>(s.allocated)), ", reserved ", format_bytes(static_cast<double>(s.reserved)),
-            ") on cuda:", dev, device_mem, "; use a smaller batch or model, or free tensors you no longer need");
+            format_bytes(static_cast<double>(s.allocated)), ", reserved ",
+            format_bytes(static_cast<double>(s.reserved)), ") on cuda:", dev, device_mem,
+            "; use a smaller batch or model, or free tensors you no longer need");
   }
 
   mutable std::mutex mu_;
-  std::vector<memory::MemoryStats> stats_;                        // per device index
-  std::unordered_map<void*, Block> live_;                         // blocks in use
+  std::vector<memory::MemoryStats> stats_;                     // per device index
+  std::unordered_map<void*, Block> live_;                      // blocks in use
   std::map<std::pair<int, size_t>, std::vector<void*>> free_;  // cached blocks per (device, size)
 };
 

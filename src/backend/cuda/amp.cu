@@ -62,8 +62,10 @@ __device__ MP_FORCE_INLINE TensorEntry find_entry(const TensorEntry* table, int 
   int lo = 0, hi = ntensors - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (table[mid].first_chunk <= c) lo = mid;
-    else hi = mid - 1;
+    if (table[mid].first_chunk <= c)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return table[lo];
 }
@@ -107,9 +109,15 @@ __global__ void __launch_bounds__(kThreads) unscale_kernel_impl(const TensorEntr
     const TensorEntry e = find_entry(table, ntensors, c);
     const int64_t start = (c - e.first_chunk) * kChunk, len = min(kChunk, e.numel - start);
     switch (e.dtype) {
-      case DType::f64: finite &= unscale_chunk<double, double>(reinterpret_cast<double*>(e.ptr) + start, len, inv_d, write); break;
-      case DType::f16: finite &= unscale_chunk<Half, float>(reinterpret_cast<Half*>(e.ptr) + start, len, inv_f, write); break;
-      case DType::bf16: finite &= unscale_chunk<BFloat16, float>(reinterpret_cast<BFloat16*>(e.ptr) + start, len, inv_f, write); break;
+      case DType::f64:
+        finite &= unscale_chunk<double, double>(reinterpret_cast<double*>(e.ptr) + start, len, inv_d, write);
+        break;
+      case DType::f16:
+        finite &= unscale_chunk<Half, float>(reinterpret_cast<Half*>(e.ptr) + start, len, inv_f, write);
+        break;
+      case DType::bf16:
+        finite &= unscale_chunk<BFloat16, float>(reinterpret_cast<BFloat16*>(e.ptr) + start, len, inv_f, write);
+        break;
       default: finite &= unscale_chunk<float, float>(reinterpret_cast<float*>(e.ptr) + start, len, inv_f, write); break;
     }
   }
@@ -176,9 +184,9 @@ __device__ MP_FORCE_INLINE void underflow_chunk(const T* p, int64_t len, float s
 }
 
 // Note [CUDA multi-tensor launch]; adds this launch's counts to counts[0..4).
-__global__ void __launch_bounds__(kThreads) underflow_kernel_impl(const TensorEntry* table, int ntensors,
-                                                                  int64_t nchunks, float scale,
-                                                                  unsigned long long* counts) {
+__global__ void __launch_bounds__(kThreads)
+    underflow_kernel_impl(const TensorEntry* table, int ntensors, int64_t nchunks, float scale,
+                          unsigned long long* counts) {
   __shared__ Counts smem[kWarpSize];
   Counts n{0, 0, 0, 0};
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {

@@ -107,14 +107,14 @@ __global__ void __launch_bounds__(kDnnThreads)
         m2 += vq + d * d * (n * (S(VEC) / nn));
         n = nn;
         if (++run == kRun) {
-          total = ChanMerge{}(total, DoubleTuple<3>{{static_cast<double>(n), static_cast<double>(mean),
-                                                      static_cast<double>(m2)}});
+          total = ChanMerge{}(
+              total, DoubleTuple<3>{{static_cast<double>(n), static_cast<double>(mean), static_cast<double>(m2)}});
           n = mean = m2 = S(0);
           run = 0;
         }
       }
-      total = ChanMerge{}(total, DoubleTuple<3>{{static_cast<double>(n), static_cast<double>(mean),
-                                                  static_cast<double>(m2)}});
+      total = ChanMerge{}(total,
+                          DoubleTuple<3>{{static_cast<double>(n), static_cast<double>(mean), static_cast<double>(m2)}});
     }
     const DoubleTuple<3> r = block_combine<3>(total, DoubleTuple<3>{{0.0, 0.0, 0.0}}, ChanMerge{});
     if (threadIdx.x == 0) {
@@ -258,9 +258,7 @@ struct ColumnWelfordAcc {
     return r;
   }
   __device__ static DoubleTuple<3> identity() { return DoubleTuple<3>{{0.0, 0.0, 0.0}}; }
-  __device__ static DoubleTuple<3> merge(const DoubleTuple<3>& a, const DoubleTuple<3>& b) {
-    return ChanMerge{}(a, b);
-  }
+  __device__ static DoubleTuple<3> merge(const DoubleTuple<3>& a, const DoubleTuple<3>& b) { return ChanMerge{}(a, b); }
 };
 
 // ------------------------------------------------------------------ host side
@@ -296,8 +294,8 @@ void launch_apply(const Tensor& y, const Tensor& x, const Tensor& mean, const Te
   const auto *mp_ = static_cast<const S*>(mean.raw_data()), *ip = static_cast<const S*>(invstd.raw_data());
   const auto *wp = static_cast<const S*>(w.raw_data()), *bp = static_cast<const S*>(b.raw_data());
   launch_elementwise<T>(e, rows, [&]<int V, bool R>() {
-    bn_apply<T, S, V, R><<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, e.total, e.Sv, e.Cv, rp,
-                                                                  relu);
+    bn_apply<T, S, V, R>
+        <<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, e.total, e.Sv, e.Cv, rp, relu);
   });
 }
 
@@ -311,9 +309,9 @@ void launch_stats(const Tensor& x, const Tensor& mean, const Tensor& var, const 
     const RowSplit split = row_split(N * SP, C, dev);
     Tensor partials = mp::empty({C * split.parts * 3}, {.dtype = DType::f64, .device = x.device()});
     auto* pp = static_cast<double*>(partials.raw_data());
-    column_partials<3, T, ColumnWelfordAcc<T, S>><<<column_grid(C, split), dim3(kColTile, kRowLanes), 0,
-                                                    stream_of(x)>>>(static_cast<const T*>(x.raw_data()), nullptr,
-                                                                    N * SP, C, split, ColumnWelfordAcc<T, S>{}, pp);
+    column_partials<3, T, ColumnWelfordAcc<T, S>>
+        <<<column_grid(C, split), dim3(kColTile, kRowLanes), 0, stream_of(x)>>>(
+            static_cast<const T*>(x.raw_data()), nullptr, N * SP, C, split, ColumnWelfordAcc<T, S>{}, pp);
     MP_CUDA_CHECK_LAUNCH();
     bn_stats_finalize<S><<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream_of(x)>>>(
         pp, C, split.parts, eps, static_cast<S*>(mean.raw_data()), static_cast<S*>(var.raw_data()),
@@ -444,8 +442,8 @@ void batch_norm_forward_cuda(const Tensor& y, const Tensor& mean, const Tensor& 
                              const Tensor& residual, bool relu) {
   DeviceGuard guard(x.device(), "batch_norm");
   MP_ASSERT(x.dim() == 3 && (x.is_contiguous() || channels_last_rows(x)) && same_dense_layout(y, x),
-            "batch_norm kernel: expected x and y [N, C, S], both contiguous or both channels-last, got ",
-            x.describe(), " and ", y.describe());
+            "batch_norm kernel: expected x and y [N, C, S], both contiguous or both channels-last, got ", x.describe(),
+            " and ", y.describe());
   const DType sdt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   MP_ASSERT(mean.dtype() == sdt && var.dtype() == sdt && invstd.dtype() == sdt && mean.is_contiguous() &&
                 var.is_contiguous() && invstd.is_contiguous(),
@@ -494,11 +492,11 @@ bool cudnn_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias
   const void* one = cudnn_scale(sc, 1.0);
   const void* zero = cudnn_scale(sc, 0.0);
   // epsilon is only used by cuDNN when no saved statistics are passed; they always are here.
-  MP_CUDNN_CHECK_CTX(cudnnBatchNormalizationBackward(h.get(), CUDNN_BATCHNORM_SPATIAL, one, zero, one, zero, d.x.get(),
-                                                     x.raw_data(), d.x.get(), dy.raw_data(), d.x.get(), dx.raw_data(),
-                                                     d.stats.get(), w.raw_data(), dw.raw_data(), db.raw_data(), 1e-5,
-                                                     mean.raw_data(), invstd.raw_data()),
-                     bn_context(x));
+  MP_CUDNN_CHECK_CTX(
+      cudnnBatchNormalizationBackward(h.get(), CUDNN_BATCHNORM_SPATIAL, one, zero, one, zero, d.x.get(), x.raw_data(),
+                                      d.x.get(), dy.raw_data(), d.x.get(), dx.raw_data(), d.stats.get(), w.raw_data(),
+                                      dw.raw_data(), db.raw_data(), 1e-5, mean.raw_data(), invstd.raw_data()),
+      bn_context(x));
   return true;
 }
 

@@ -26,8 +26,7 @@ template <class T>
 __device__ MP_FORCE_INLINE T shfl_xor(T v, int lane_mask, int width = kWarpSize) {
   static_assert(std::is_trivially_copyable_v<T>, "shfl_xor: T must be trivially copyable");
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, int> ||
-                std::is_same_v<T, unsigned> || std::is_same_v<T, long long> ||
-                std::is_same_v<T, unsigned long long>) {
+                std::is_same_v<T, unsigned> || std::is_same_v<T, long long> || std::is_same_v<T, unsigned long long>) {
     return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
   } else if constexpr (std::is_same_v<T, int64_t> && sizeof(long) == 8) {
     return static_cast<T>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v), lane_mask, width));

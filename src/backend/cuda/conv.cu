@@ -110,16 +110,34 @@ struct ConvProblem {
   Conv2dGeometry g;
 
   ConvKey key() const {
-    return {static_cast<int64_t>(dir), static_cast<int64_t>(dtype), tf32 ? 1 : 0, nhwc ? 1 : 0, n, c, h, w, o, kh,
-            kw, oh, ow, g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups};
+    return {static_cast<int64_t>(dir),
+            static_cast<int64_t>(dtype),
+            tf32 ? 1 : 0,
+            nhwc ? 1 : 0,
+            n,
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            oh,
+            ow,
+            g.stride[0],
+            g.stride[1],
+            g.padding[0],
+            g.padding[1],
+            g.dilation[0],
+            g.dilation[1],
+            g.groups};
   }
   std::string str() const {
     return detail::str_cat("conv2d ", dir_name(dir), " ", dtype_name(dtype), tf32 ? " (TF32 allowed)" : "",
-                           nhwc ? " channels-last (NHWC, KRSC filter)" : "",
-                           ": input [", n, ", ", c, ", ", h, ", ", w, "], weight [", o, ", ", c / g.groups, ", ", kh,
-                           ", ", kw, "], output [", n, ", ", o, ", ", oh, ", ", ow, "], stride (", g.stride[0], ", ",
-                           g.stride[1], "), padding (", g.padding[0], ", ", g.padding[1], "), dilation (",
-                           g.dilation[0], ", ", g.dilation[1], "), groups ", g.groups);
+                           nhwc ? " channels-last (NHWC, KRSC filter)" : "", ": input [", n, ", ", c, ", ", h, ", ", w,
+                           "], weight [", o, ", ", c / g.groups, ", ", kh, ", ", kw, "], output [", n, ", ", o, ", ",
+                           oh, ", ", ow, "], stride (", g.stride[0], ", ", g.stride[1], "), padding (", g.padding[0],
+                           ", ", g.padding[1], "), dilation (", g.dilation[0], ", ", g.dilation[1], "), groups ",
+                           g.groups);
   }
 };
 
@@ -222,8 +240,8 @@ struct Dir<ConvDir::backward_data> {
   }
   static cudnnStatus_t find(cudnnHandle_t h, const ConvPlan& p, const ConvPointers& a, void* out, int req, int* ret,
                             Perf* perf, void* ws, size_t wsb) {
-    return cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w.get(), a.w, p.y.get(), a.dy, p.conv.get(), p.x.get(),
-                                                       out, req, ret, perf, ws, wsb);
+    return cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w.get(), a.w, p.y.get(), a.dy, p.conv.get(), p.x.get(), out,
+                                                       req, ret, perf, ws, wsb);
   }
   static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, int algo, size_t* bytes) {
     return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w.get(), p.y.get(), p.conv.get(), p.x.get(),
@@ -325,9 +343,8 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
   MP_CUDNN_CHECK_CTX(cudnnGetConvolution2dForwardOutputDim(plan->conv.get(), plan->x.get(), plan->w.get(), &dims[0],
                                                            &dims[1], &dims[2], &dims[3]),
                      pr.str());
-  MP_ASSERT(dims[0] == pr.n && dims[1] == pr.o && dims[2] == pr.oh && dims[3] == pr.ow,
-            "cuDNN's output shape [", dims[0], ", ", dims[1], ", ", dims[2], ", ", dims[3], "] differs from mixprec's for ",
-            pr.str());
+  MP_ASSERT(dims[0] == pr.n && dims[1] == pr.o && dims[2] == pr.oh && dims[3] == pr.ow, "cuDNN's output shape [",
+            dims[0], ", ", dims[1], ", ", dims[2], ", ", dims[3], "] differs from mixprec's for ", pr.str());
 
   int max_count = 0;
   MP_CUDNN_CHECK(Dir<D>::max_count(h, &max_count));
@@ -437,8 +454,8 @@ bool run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double b
     count_cudnn_conv_call(true, true);
     return false;
   }
-  throw_cudnn_error(last, Dir<D>::kRun, pr.str() + "; every algorithm cuDNN proposed answered NOT_SUPPORTED",
-                    __FILE__, __LINE__);
+  throw_cudnn_error(last, Dir<D>::kRun, pr.str() + "; every algorithm cuDNN proposed answered NOT_SUPPORTED", __FILE__,
+                    __LINE__);
 }
 
 // ------------------------------------------------------------------ bias
@@ -490,8 +507,8 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 // ------------------------------------------------------------------ helpers of the entries
 
 // The problem of the whole batch; checks what the legacy API can describe.
-ConvProblem make_problem(ConvDir dir, DType dt, MemoryFormat fmt, int64_t n, int64_t c, int64_t h, int64_t w,
-                         int64_t o, int64_t kh, int64_t kw, int64_t oh, int64_t ow, const Conv2dGeometry& g) {
+ConvProblem make_problem(ConvDir dir, DType dt, MemoryFormat fmt, int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                         int64_t kh, int64_t kw, int64_t oh, int64_t ow, const Conv2dGeometry& g) {
   ConvProblem pr;
   pr.dir = dir;
   pr.dtype = dt;
@@ -500,10 +517,12 @@ ConvProblem make_problem(ConvDir dir, DType dt, MemoryFormat fmt, int64_t n, int
   pr.n = n, pr.c = c, pr.h = h, pr.w = w, pr.o = o, pr.kh = kh, pr.kw = kw, pr.oh = oh, pr.ow = ow;
   pr.g = g;
   const bool ok = fits_int(c * h * w) && fits_int(o * oh * ow) && fits_int(o * (c / g.groups) * kh * kw) &&
-                  fits_int(g.stride[0]) && fits_int(g.stride[1]) && fits_int(g.padding[0]) &&
-                  fits_int(g.padding[1]) && fits_int(g.dilation[0]) && fits_int(g.dilation[1]) && fits_int(g.groups);
-  MP_CHECK(ok, "conv2d on cuda: one sample's input or output, the weight, or a stride/padding/dilation has 2^31 or "
-           "more elements, more than cuDNN takes, in ", pr.str(), "; run it on the CPU");
+                  fits_int(g.stride[0]) && fits_int(g.stride[1]) && fits_int(g.padding[0]) && fits_int(g.padding[1]) &&
+                  fits_int(g.dilation[0]) && fits_int(g.dilation[1]) && fits_int(g.groups);
+  MP_CHECK(ok,
+           "conv2d on cuda: one sample's input or output, the weight, or a stride/padding/dilation has 2^31 or "
+           "more elements, more than cuDNN takes, in ",
+           pr.str(), "; run it on the CPU");
   return pr;
 }
 
@@ -515,9 +534,7 @@ int64_t chunk_samples(const ConvProblem& pr) {
 
 // The layout the cuDNN calls use for activations in layout fmt (Note [cuDNN convolution layouts]): NHWC
 // only for the tensor-core dtypes and f32; f64 has no NHWC kernels worth asking for.
-MemoryFormat cudnn_layout(MemoryFormat fmt, DType dt) {
-  return dt == DType::f64 ? MemoryFormat::contiguous : fmt;
-}
+MemoryFormat cudnn_layout(MemoryFormat fmt, DType dt) { return dt == DType::f64 ? MemoryFormat::contiguous : fmt; }
 
 // A 16-byte aligned destination dense in layout f for a result meant for t: t itself when it is, or a
 // fresh tensor that finish_output copies into t.
@@ -569,9 +586,10 @@ void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weigh
   MP_ASSERT(out.is_contiguous(fmt), "conv2d kernel: output must be dense, got ", out.describe());
   MP_ASSERT(x.dtype() == weight.dtype() && out.dtype() == x.dtype(), "conv2d kernel: dtypes differ");
   const int64_t N = x.size(0), O = weight.size(0), oh = out.size(2), ow = out.size(3);
-  MP_ASSERT(out.size(0) == N && out.size(1) == O && oh == conv_out_size(x.size(2), weight.size(2), g.stride[0],
-            g.padding[0], g.dilation[0]) && ow == conv_out_size(x.size(3), weight.size(3), g.stride[1],
-            g.padding[1], g.dilation[1]), "conv2d kernel: output ", out.describe(), " does not match the geometry");
+  MP_ASSERT(out.size(0) == N && out.size(1) == O &&
+                oh == conv_out_size(x.size(2), weight.size(2), g.stride[0], g.padding[0], g.dilation[0]) &&
+                ow == conv_out_size(x.size(3), weight.size(3), g.stride[1], g.padding[1], g.dilation[1]),
+            "conv2d kernel: output ", out.describe(), " does not match the geometry");
   if (out.numel() == 0) return;
   // The call's layout first; NCHW when that is NHWC and cuDNN refuses it.
   for (MemoryFormat f : {cudnn_layout(fmt, x.dtype()), MemoryFormat::contiguous}) {
@@ -605,15 +623,16 @@ void conv2d_backward_data_cuda(const Tensor& dx, const Tensor& dy, const Tensor&
   MP_ASSERT(dx.is_contiguous(fmt), "conv2d backward kernel: dx must be dense, got ", dx.describe());
   MP_ASSERT(dy.dtype() == weight.dtype() && dx.dtype() == weight.dtype(), "conv2d backward kernel: dtypes differ");
   const int64_t N = dx.size(0), O = weight.size(0), oh = dy.size(2), ow = dy.size(3);
-  MP_ASSERT(dy.size(0) == N && dy.size(1) == O && oh == conv_out_size(dx.size(2), weight.size(2), g.stride[0],
-            g.padding[0], g.dilation[0]) && ow == conv_out_size(dx.size(3), weight.size(3), g.stride[1],
-            g.padding[1], g.dilation[1]), "conv2d backward kernel: dy ", dy.describe(), " does not match the geometry");
+  MP_ASSERT(dy.size(0) == N && dy.size(1) == O &&
+                oh == conv_out_size(dx.size(2), weight.size(2), g.stride[0], g.padding[0], g.dilation[0]) &&
+                ow == conv_out_size(dx.size(3), weight.size(3), g.stride[1], g.padding[1], g.dilation[1]),
+            "conv2d backward kernel: dy ", dy.describe(), " does not match the geometry");
   if (dx.numel() == 0) return;
   for (MemoryFormat f : {cudnn_layout(fmt, dx.dtype()), MemoryFormat::contiguous}) {
     const Tensor dyc = cudnn_dense(dy, f), wc = cudnn_dense(weight, f);
     const Tensor out = output_in(dx, f);
-    const ConvProblem pr = make_problem(ConvDir::backward_data, dx.dtype(), f, N, dx.size(1), dx.size(2),
-                                        dx.size(3), O, weight.size(2), weight.size(3), oh, ow, g);
+    const ConvProblem pr = make_problem(ConvDir::backward_data, dx.dtype(), f, N, dx.size(1), dx.size(2), dx.size(3), O,
+                                        weight.size(2), weight.size(3), oh, ow, g);
     if (!backward_data_calls(pr, out, dyc, wc, dx.device())) continue;
     finish_output(dx, out);
     return;
@@ -629,10 +648,11 @@ bool backward_weights_calls(ConvProblem pr, const Tensor& dweight, const Tensor&
   const DType acc = dweight.dtype();
   const MemoryFormat f = pr.nhwc ? MemoryFormat::channels_last : MemoryFormat::contiguous;
   const bool direct = pr.dtype == acc;
-  const Tensor dw = direct && !pr.nhwc ? output_in(dweight, f)
-                                       : mp::empty(dweight.sizes(), {.dtype = pr.dtype, .device = dev, .memory_format = f});
+  const Tensor dw = direct && !pr.nhwc
+                        ? output_in(dweight, f)
+                        : mp::empty(dweight.sizes(), {.dtype = pr.dtype, .device = dev, .memory_format = f});
   // Where the 16-bit chunks add up in acc: dweight itself (NCHW) or a KRSC scratch (NHWC).
-  const Tensor sum = direct ? dw
+  const Tensor sum = direct    ? dw
                      : pr.nhwc ? mp::empty(dweight.sizes(), {.dtype = acc, .device = dev, .memory_format = f})
                                : dweight;
   const int64_t N = pr.n, chunk = chunk_samples(pr), in_per = pr.c * pr.h * pr.w, out_per = pr.o * pr.oh * pr.ow;
@@ -661,17 +681,18 @@ void conv2d_backward_weights_cuda(const Tensor& dweight, const Tensor& dbias, co
             "conv2d backward kernel: dweight/dbias must be ", dtype_name(acc), " for ", dtype_name(x.dtype()),
             " inputs");
   const int64_t N = x.size(0), O = dweight.size(0), oh = dy.size(2), ow = dy.size(3);
-  MP_ASSERT(dy.size(0) == N && dy.size(1) == O && oh == conv_out_size(x.size(2), dweight.size(2), g.stride[0],
-            g.padding[0], g.dilation[0]) && ow == conv_out_size(x.size(3), dweight.size(3), g.stride[1],
-            g.padding[1], g.dilation[1]), "conv2d backward kernel: dy ", dy.describe(), " does not match the geometry");
+  MP_ASSERT(dy.size(0) == N && dy.size(1) == O &&
+                oh == conv_out_size(x.size(2), dweight.size(2), g.stride[0], g.padding[0], g.dilation[0]) &&
+                ow == conv_out_size(x.size(3), dweight.size(3), g.stride[1], g.padding[1], g.dilation[1]),
+            "conv2d backward kernel: dy ", dy.describe(), " does not match the geometry");
   cudaStream_t stream = stream_of(dweight);
   if (x.numel() == 0 || dy.numel() == 0) {  // an empty batch: the sums are zero
     if (dweight.numel() > 0)
-      MP_CUDA_CHECK(cudaMemsetAsync(dweight.raw_data(), 0, static_cast<size_t>(dweight.numel()) * dweight.element_size(),
-                                    stream));
+      MP_CUDA_CHECK(cudaMemsetAsync(dweight.raw_data(), 0,
+                                    static_cast<size_t>(dweight.numel()) * dweight.element_size(), stream));
     if (dbias.defined() && dbias.numel() > 0)
-      MP_CUDA_CHECK(cudaMemsetAsync(dbias.raw_data(), 0, static_cast<size_t>(dbias.numel()) * dbias.element_size(),
-                                    stream));
+      MP_CUDA_CHECK(
+          cudaMemsetAsync(dbias.raw_data(), 0, static_cast<size_t>(dbias.numel()) * dbias.element_size(), stream));
     return;
   }
   const MemoryFormat fmt =  // Note [cuDNN convolution layouts]
@@ -680,8 +701,8 @@ void conv2d_backward_weights_cuda(const Tensor& dweight, const Tensor& dbias, co
   for (MemoryFormat f : {cudnn_layout(fmt, x.dtype()), MemoryFormat::contiguous}) {
     const Tensor xc = cudnn_dense(x, f);
     dyc = cudnn_dense(dy, f);
-    const ConvProblem pr = make_problem(ConvDir::backward_filter, x.dtype(), f, N, x.size(1), x.size(2), x.size(3),
-                                        O, dweight.size(2), dweight.size(3), oh, ow, g);
+    const ConvProblem pr = make_problem(ConvDir::backward_filter, x.dtype(), f, N, x.size(1), x.size(2), x.size(3), O,
+                                        dweight.size(2), dweight.size(3), oh, ow, g);
     if (backward_weights_calls(pr, dweight, xc, dyc)) break;
   }
   if (dbias.defined()) {  // per-channel sums of dy in whichever layout it now has (Note [column reductions])

@@ -42,7 +42,7 @@ struct Staging {
   std::mutex mu;
   void* buf[2] = {nullptr, nullptr};
   cudaEvent_t done[2] = {nullptr, nullptr};
-  size_t next_buf = 0;  // the large-copy buffer the next chunk uses
+  size_t next_buf = 0;   // the large-copy buffer the next chunk uses
   char* ring = nullptr;  // kSmallSlots slots of kSmallCopyBytes
   cudaEvent_t ring_done[kSmallSlots] = {};
   size_t next_slot = 0;

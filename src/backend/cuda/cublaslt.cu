@@ -38,8 +38,7 @@ const char* cublas_remedy(cublasStatus_t s) {
              "CUDA_LAUNCH_BLOCKING=1 (and CUBLASLT_LOG_LEVEL=2) to see where it starts";
     case CUBLAS_STATUS_INVALID_VALUE:
       return "invalid arguments (a mixprec bug: please report it with CUBLASLT_LOG_LEVEL=5 output)";
-    default:
-      return "rerun with CUBLASLT_LOG_LEVEL=2 for cuBLASLt's own explanation";
+    default: return "rerun with CUBLASLT_LOG_LEVEL=2 for cuBLASLt's own explanation";
   }
 }
 
@@ -249,13 +248,11 @@ void set_layout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, 
 }
 
 template <class T>
-void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& v,
-              const GemmArgs& a) {
+void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& v, const GemmArgs& a) {
   MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)), describe(a));
 }
 
-LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
-                      const GemmArgs& a) {
+LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t stride, const GemmArgs& a) {
   cublasLtMatrixLayout_t l = nullptr;
   MP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
                     describe(a));
@@ -306,12 +303,12 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const GemmArgs& a, cub
 
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
-  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, desc, plan->la.get(), plan->lb.get(),
-                                                          plan->lc.get(), plan->ld.get(), pref_raw, 1, &result, &count);
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, desc, plan->la.get(), plan->lb.get(), plan->lc.get(),
+                                                          plan->ld.get(), pref_raw, 1, &result, &count);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && count == 0)) {
-    plan->no_algo = s == CUBLAS_STATUS_SUCCESS ? std::string("the heuristic returned no algorithm")
-                                               : detail::str_cat("cublasLtMatmulAlgoGetHeuristic answered ",
-                                                                 cublasLtGetStatusName(s));
+    plan->no_algo = s == CUBLAS_STATUS_SUCCESS
+                        ? std::string("the heuristic returned no algorithm")
+                        : detail::str_cat("cublasLtMatmulAlgoGetHeuristic answered ", cublasLtGetStatusName(s));
     return plan;
   }
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -398,8 +395,8 @@ void fill_uniform(const Tensor& t, uint64_t seed) {
   const int64_t n = t.numel();
   if (n == 0) return;
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads,
-                                           int64_t{32} * device_properties(t.device().index).multiprocessors);
+  const int64_t blocks =
+      std::min<int64_t>((n + threads - 1) / threads, int64_t{32} * device_properties(t.device().index).multiprocessors);
   visit_floating(t.dtype(), "time_gemm_tflops", [&]<class T>() {
     fill_uniform_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, current_stream(t.device().index)>>>(
         static_cast<T*>(t.raw_data()), n, seed);
@@ -424,10 +421,10 @@ struct Event {
 
 void throw_cublas_error(int status, const char* call, const std::string& context, const char* file, int line) {
   const auto s = static_cast<cublasStatus_t>(status);
-  ::mp::detail::throw_error(file, line,
-                            ::mp::detail::str_cat("cuBLASLt call ", call, " failed: ", cublasLtGetStatusName(s), " (",
-                                                  cublasLtGetStatusString(s), ") for ", context, "; ",
-                                                  cublas_remedy(s)));
+  ::mp::detail::throw_error(
+      file, line,
+      ::mp::detail::str_cat("cuBLASLt call ", call, " failed: ", cublasLtGetStatusName(s), " (",
+                            cublasLtGetStatusString(s), ") for ", context, "; ", cublas_remedy(s)));
 }
 
 void gemm(const GemmArgs& a) {
@@ -484,8 +481,8 @@ GemmCacheStats gemm_cache_stats(int device) {
 }
 
 double time_gemm_tflops(DType dtype, int64_t m, int64_t n, int64_t k, int iters, int device) {
-  MP_CHECK(m > 0 && n > 0 && k > 0 && iters > 0, "time_gemm_tflops: expected positive sizes and iterations, got m=",
-           m, " n=", n, " k=", k, " iters=", iters);
+  MP_CHECK(m > 0 && n > 0 && k > 0 && iters > 0, "time_gemm_tflops: expected positive sizes and iterations, got m=", m,
+           " n=", n, " k=", k, " iters=", iters);
   const Device dev(DeviceType::cuda, device);
   DeviceGuard guard(dev, "time_gemm_tflops");
   const Tensor A = empty({m, k}, {.dtype = dtype, .device = dev});

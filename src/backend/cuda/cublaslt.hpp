@@ -63,24 +63,24 @@ enum class GemmCompute {
 /// A row-major caller computes C^T = B^T A^T (see matmul.cu). Supported dtypes (A = B):
 /// f32 -> f32, f16 -> f16 or f32, bf16 -> bf16 or f32, f64 -> f64; C has D's dtype and layout.
 struct GemmArgs {
-  int device = 0;                 ///< N of cuda:N; all pointers are device pointers there
-  const void* a = nullptr;        ///< A (first element of batch 0)
-  const void* b = nullptr;        ///< B
-  const void* c = nullptr;        ///< C (read when beta != 0; may equal d: in place); null means d
-  void* d = nullptr;              ///< D (the output)
-  DType ab_dtype = DType::f32;    ///< dtype of A and B
-  DType d_dtype = DType::f32;     ///< dtype of C and D
-  bool trans_a = false;           ///< op(A) = A^T (A stored k x m)
-  bool trans_b = false;           ///< op(B) = B^T (B stored n x k)
-  int64_t m = 0, n = 0, k = 0;    ///< problem sizes (each < 2^31)
-  int64_t lda = 0, ldb = 0;       ///< leading dimensions of A and B as stored (>= their row counts, >= 1)
-  int64_t ldd = 0;                ///< leading dimension of C and D (>= max(1, m))
-  int64_t batch = 1;              ///< number of products (< 2^31)
-  int64_t stride_a = 0;           ///< elements between A[b] and A[b+1]; 0 broadcasts A over the batch
-  int64_t stride_b = 0;           ///< elements between B[b] and B[b+1]; 0 broadcasts B over the batch
-  int64_t stride_d = 0;           ///< elements between D[b] and D[b+1] (also C's); nonzero when batch > 1
-  double alpha = 1.0;             ///< scale of the product
-  double beta = 0.0;              ///< scale of C (1 to accumulate into D with c == d)
+  int device = 0;               ///< N of cuda:N; all pointers are device pointers there
+  const void* a = nullptr;      ///< A (first element of batch 0)
+  const void* b = nullptr;      ///< B
+  const void* c = nullptr;      ///< C (read when beta != 0; may equal d: in place); null means d
+  void* d = nullptr;            ///< D (the output)
+  DType ab_dtype = DType::f32;  ///< dtype of A and B
+  DType d_dtype = DType::f32;   ///< dtype of C and D
+  bool trans_a = false;         ///< op(A) = A^T (A stored k x m)
+  bool trans_b = false;         ///< op(B) = B^T (B stored n x k)
+  int64_t m = 0, n = 0, k = 0;  ///< problem sizes (each < 2^31)
+  int64_t lda = 0, ldb = 0;     ///< leading dimensions of A and B as stored (>= their row counts, >= 1)
+  int64_t ldd = 0;              ///< leading dimension of C and D (>= max(1, m))
+  int64_t batch = 1;            ///< number of products (< 2^31)
+  int64_t stride_a = 0;         ///< elements between A[b] and A[b+1]; 0 broadcasts A over the batch
+  int64_t stride_b = 0;         ///< elements between B[b] and B[b+1]; 0 broadcasts B over the batch
+  int64_t stride_d = 0;         ///< elements between D[b] and D[b+1] (also C's); nonzero when batch > 1
+  double alpha = 1.0;           ///< scale of the product
+  double beta = 0.0;            ///< scale of C (1 to accumulate into D with c == d)
   GemmCompute compute = GemmCompute::automatic;  ///< internal precision
   GemmEpilogue epilogue = GemmEpilogue::none;    ///< point-wise step
   const void* bias = nullptr;     ///< bias (input) or bias gradient (output) vector for the epilogues that use one
@@ -128,14 +128,14 @@ double time_gemm_tflops(DType dtype, int64_t m, int64_t n, int64_t k, int iters,
 /// Check a cuBLASLt call returning cublasStatus_t; on failure throw naming the call, the status and
 /// `context_expr` (a std::string expression, evaluated only on failure). In sync-check mode (Note [sync
 /// check]) it then waits for the device and names the call when its work faulted.
-#define MP_CUBLASLT_CHECK(call, context_expr)                                                            \
-  do {                                                                                                   \
-    const auto mp_cublas_status_ = (call);                                                               \
-    if (static_cast<int>(mp_cublas_status_) != 0) [[unlikely]]                                           \
-      ::mp::backend::cuda::throw_cublas_error(static_cast<int>(mp_cublas_status_), #call, (context_expr), \
-                                              __FILE__, __LINE__);                                       \
-    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                                          \
-      ::mp::backend::cuda::sync_check(#call, __FILE__, __LINE__, __func__);                              \
+#define MP_CUBLASLT_CHECK(call, context_expr)                                                                       \
+  do {                                                                                                              \
+    const auto mp_cublas_status_ = (call);                                                                          \
+    if (static_cast<int>(mp_cublas_status_) != 0) [[unlikely]]                                                      \
+      ::mp::backend::cuda::throw_cublas_error(static_cast<int>(mp_cublas_status_), #call, (context_expr), __FILE__, \
+                                              __LINE__);                                                            \
+    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                                                     \
+      ::mp::backend::cuda::sync_check(#call, __FILE__, __LINE__, __func__);                                         \
   } while (0)
 
 #endif  // MP_HAVE_CUDA

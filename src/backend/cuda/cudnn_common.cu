@@ -39,8 +39,7 @@ const char* cudnn_remedy(cudnnStatus_t s) {
     case 5:
       return "a cuDNN kernel failed, possibly because of an earlier asynchronous error: rerun with "
              "CUDA_LAUNCH_BLOCKING=1 (and CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr) to locate it";
-    default:
-      return "see cuDNN's message above";
+    default: return "see cuDNN's message above";
   }
 }
 
@@ -110,8 +109,8 @@ constexpr int kFlush = 64;
 
 template <class T, class S, int VEC>
 __global__ void __launch_bounds__(kDnnThreads)
-    channel_sums_partials(const T* dy, const T* x, const S* mean, int64_t C, int64_t Sv, int64_t Mv,
-                          ChannelSplit split, double* partials) {
+    channel_sums_partials(const T* dy, const T* x, const S* mean, int64_t C, int64_t Sv, int64_t Mv, ChannelSplit split,
+                          double* partials) {
   const int64_t blocks = C * split.parts;
   for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
     const int64_t c = b / split.parts, p = b - c * split.parts;
@@ -204,8 +203,7 @@ struct ColumnSumAcc {
 
 // ================================================================ errors, handle, options
 
-void throw_cudnn_error(cudnnStatus_t status, const char* call, const std::string& context, const char* file,
-                       int line) {
+void throw_cudnn_error(cudnnStatus_t status, const char* call, const std::string& context, const char* file, int line) {
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
   (void)cudaGetLastError();  // a non-sticky CUDA error behind the failure must not resurface later
@@ -283,22 +281,20 @@ CudnnTensorDescriptor::~CudnnTensorDescriptor() {
   if (desc_ != nullptr) cudnnDestroyTensorDescriptor(desc_);
 }
 void CudnnTensorDescriptor::set_nchw(cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
-  MP_ASSERT(fits_int(n * c * h * w) && n >= 1 && c >= 1 && h >= 1 && w >= 1, "cudnn tensor [", n, ", ", c, ", ",
-            h, ", ", w, "] out of range");
+  MP_ASSERT(fits_int(n * c * h * w) && n >= 1 && c >= 1 && h >= 1 && w >= 1, "cudnn tensor [", n, ", ", c, ", ", h,
+            ", ", w, "] out of range");
   MP_CUDNN_CHECK_CTX(cudnnSetTensor4dDescriptorEx(desc_, dt, static_cast<int>(n), static_cast<int>(c),
-                                                  static_cast<int>(h), static_cast<int>(w),
-                                                  static_cast<int>(c * h * w), static_cast<int>(h * w),
-                                                  static_cast<int>(w), 1),
+                                                  static_cast<int>(h), static_cast<int>(w), static_cast<int>(c * h * w),
+                                                  static_cast<int>(h * w), static_cast<int>(w), 1),
                      detail::str_cat("tensor [", n, ", ", c, ", ", h, ", ", w, "]"));
 }
 
 void CudnnTensorDescriptor::set_nhwc(cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
-  MP_ASSERT(fits_int(n * c * h * w) && n >= 1 && c >= 1 && h >= 1 && w >= 1, "cudnn tensor [", n, ", ", c, ", ",
-            h, ", ", w, "] out of range");
+  MP_ASSERT(fits_int(n * c * h * w) && n >= 1 && c >= 1 && h >= 1 && w >= 1, "cudnn tensor [", n, ", ", c, ", ", h,
+            ", ", w, "] out of range");
   MP_CUDNN_CHECK_CTX(cudnnSetTensor4dDescriptorEx(desc_, dt, static_cast<int>(n), static_cast<int>(c),
-                                                  static_cast<int>(h), static_cast<int>(w),
-                                                  static_cast<int>(h * w * c), 1, static_cast<int>(w * c),
-                                                  static_cast<int>(c)),
+                                                  static_cast<int>(h), static_cast<int>(w), static_cast<int>(h * w * c),
+                                                  1, static_cast<int>(w * c), static_cast<int>(c)),
                      detail::str_cat("channels-last tensor [", n, ", ", c, ", ", h, ", ", w, "]"));
 }
 
@@ -308,32 +304,30 @@ CudnnFilterDescriptor::~CudnnFilterDescriptor() {
 }
 void CudnnFilterDescriptor::set_oihw(cudnnDataType_t dt, int64_t o, int64_t i, int64_t kh, int64_t kw) {
   MP_ASSERT(fits_int(o * i * kh * kw), "cudnn filter out of range");
-  MP_CUDNN_CHECK_CTX(cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NCHW, static_cast<int>(o),
-                                                static_cast<int>(i), static_cast<int>(kh), static_cast<int>(kw)),
+  MP_CUDNN_CHECK_CTX(cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NCHW, static_cast<int>(o), static_cast<int>(i),
+                                                static_cast<int>(kh), static_cast<int>(kw)),
                      detail::str_cat("filter [", o, ", ", i, ", ", kh, ", ", kw, "]"));
 }
 
 void CudnnFilterDescriptor::set_ohwi(cudnnDataType_t dt, int64_t o, int64_t i, int64_t kh, int64_t kw) {
   MP_ASSERT(fits_int(o * i * kh * kw), "cudnn filter out of range");
-  MP_CUDNN_CHECK_CTX(cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NHWC, static_cast<int>(o),
-                                                static_cast<int>(i), static_cast<int>(kh), static_cast<int>(kw)),
+  MP_CUDNN_CHECK_CTX(cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NHWC, static_cast<int>(o), static_cast<int>(i),
+                                                static_cast<int>(kh), static_cast<int>(kw)),
                      detail::str_cat("channels-last filter [", o, ", ", i, ", ", kh, ", ", kw, "]"));
 }
 
-CudnnConvolutionDescriptor::CudnnConvolutionDescriptor() {
-  MP_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc_));
-}
+CudnnConvolutionDescriptor::CudnnConvolutionDescriptor() { MP_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc_)); }
 CudnnConvolutionDescriptor::~CudnnConvolutionDescriptor() {
   if (desc_ != nullptr) cudnnDestroyConvolutionDescriptor(desc_);
 }
-void CudnnConvolutionDescriptor::set_2d(int64_t pad_h, int64_t pad_w, int64_t stride_h, int64_t stride_w,
-                                        int64_t dil_h, int64_t dil_w, int64_t groups, cudnnDataType_t compute) {
+void CudnnConvolutionDescriptor::set_2d(int64_t pad_h, int64_t pad_w, int64_t stride_h, int64_t stride_w, int64_t dil_h,
+                                        int64_t dil_w, int64_t groups, cudnnDataType_t compute) {
   MP_CUDNN_CHECK_CTX(
       cudnnSetConvolution2dDescriptor(desc_, static_cast<int>(pad_h), static_cast<int>(pad_w),
                                       static_cast<int>(stride_h), static_cast<int>(stride_w), static_cast<int>(dil_h),
                                       static_cast<int>(dil_w), CUDNN_CROSS_CORRELATION, compute),
-      detail::str_cat("padding (", pad_h, ", ", pad_w, "), stride (", stride_h, ", ", stride_w, "), dilation (",
-                      dil_h, ", ", dil_w, ")"));
+      detail::str_cat("padding (", pad_h, ", ", pad_w, "), stride (", stride_h, ", ", stride_w, "), dilation (", dil_h,
+                      ", ", dil_w, ")"));
   MP_CUDNN_CHECK(cudnnSetConvolutionGroupCount(desc_, static_cast<int>(groups)));
 }
 void CudnnConvolutionDescriptor::set_math(cudnnMathType_t math) {
@@ -375,8 +369,8 @@ Tensor empty_like_layout(const Tensor& t, DType dt) {
 
 void convert_dtype_into(const Tensor& dst, const Tensor& src, bool accumulate) {
   MP_ASSERT(same_dense_layout(dst, src) && dst.device() == src.device() && dst.device().is_cuda(),
-            "convert_dtype_into: expected CUDA tensors of one shape and dense layout, got ", dst.describe(),
-            " and ", src.describe());
+            "convert_dtype_into: expected CUDA tensors of one shape and dense layout, got ", dst.describe(), " and ",
+            src.describe());
   const int64_t n = dst.numel();
   if (n == 0) return;
   if (!accumulate && dst.dtype() == src.dtype()) {

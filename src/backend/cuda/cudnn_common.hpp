@@ -63,13 +63,13 @@ constexpr bool cudnn_not_supported(cudnnStatus_t s) { return static_cast<int>(s)
 
 /// MP_CUDNN_CHECK with a description of the problem (a std::string expression, evaluated on failure only).
 /// In sync-check mode (Note [sync check]) it then waits for the device and names the call when its work faulted.
-#define MP_CUDNN_CHECK_CTX(call, context)                                                                   \
-  do {                                                                                                      \
-    const cudnnStatus_t mp_cudnn_status_ = (call);                                                          \
-    if (mp_cudnn_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                              \
-      ::mp::backend::cuda::throw_cudnn_error(mp_cudnn_status_, #call, (context), __FILE__, __LINE__);       \
-    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                                             \
-      ::mp::backend::cuda::sync_check(#call, __FILE__, __LINE__, __func__);                                 \
+#define MP_CUDNN_CHECK_CTX(call, context)                                                             \
+  do {                                                                                                \
+    const cudnnStatus_t mp_cudnn_status_ = (call);                                                    \
+    if (mp_cudnn_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                        \
+      ::mp::backend::cuda::throw_cudnn_error(mp_cudnn_status_, #call, (context), __FILE__, __LINE__); \
+    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                                       \
+      ::mp::backend::cuda::sync_check(#call, __FILE__, __LINE__, __func__);                           \
   } while (0)
 
 namespace mp::backend::cuda {
@@ -256,8 +256,8 @@ RowSplit row_split(int64_t rows, int64_t cols, int device);
 /// a contiguous [N, C, S] tensor that tracks each index's channel without a division per step:
 /// the stride is split once as step = q S + ds, q = q' C + dc, and each step adds the pieces.
 struct NcsIndexWalk {
-  int64_t s, c;           ///< position in the row and channel of the current index
-  int64_t S, C, ds, dc;   ///< row length, channel count, step % S, (step / S) % C
+  int64_t s, c;          ///< position in the row and channel of the current index
+  int64_t S, C, ds, dc;  ///< row length, channel count, step % S, (step / S) % C
   /// Start at linear index i; the loop adds `step` per iteration.
   __device__ NcsIndexWalk(int64_t i, int64_t step, int64_t S_, int64_t C_) : S(S_), C(C_) {
     const int64_t r = i / S_;
@@ -289,8 +289,8 @@ __device__ MP_FORCE_INLINE int64_t channel_of(const NcsIndexWalk& it, int k) {
   return ROWS ? it.c * VEC + k : it.c;
 }
 
-/// Vector width (in elements) usable for [N, C, S] operands along a dim of S elements: 16 bytes of T when S allows it and
-/// every pointer is aligned, else 1.
+/// Vector width (in elements) usable for [N, C, S] operands along a dim of S elements: 16 bytes of T when S allows it
+/// and every pointer is aligned, else 1.
 template <class T>
 int vec_width_for(int64_t S, std::initializer_list<const void*> ptrs) {
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
@@ -325,11 +325,15 @@ template <class T, class Launch>
 void launch_elementwise(const ElementwiseShape& e, bool rows, Launch&& launch) {
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
   if (e.vec == kVec) {
-    if (rows) launch.template operator()<kVec, true>();
-    else launch.template operator()<kVec, false>();
+    if (rows)
+      launch.template operator()<kVec, true>();
+    else
+      launch.template operator()<kVec, false>();
   } else {
-    if (rows) launch.template operator()<1, true>();
-    else launch.template operator()<1, false>();
+    if (rows)
+      launch.template operator()<1, true>();
+    else
+      launch.template operator()<1, false>();
   }
   MP_CUDA_CHECK_LAUNCH();
 }
@@ -337,8 +341,8 @@ void launch_elementwise(const ElementwiseShape& e, bool rows, Launch&& launch) {
 /// Walks the positions j = n S + s of one channel c of a contiguous [N, C, S] tensor (units as in
 /// NcsIndexWalk) in steps of `step`, tracking the element offset (n C + c) S + s without divisions.
 struct NcsChannelWalk {
-  int64_t off, s;                       ///< element offset and position in the row of the current j
-  int64_t S, ds, jump, wrap;            ///< row length, step % S, offset change, extra offset on wrap
+  int64_t off, s;             ///< element offset and position in the row of the current j
+  int64_t S, ds, jump, wrap;  ///< row length, step % S, offset change, extra offset on wrap
   /// Start at position j of channel c; the loop adds `step` to j per iteration.
   __device__ NcsChannelWalk(int64_t j, int64_t step, int64_t c, int64_t S_, int64_t C) : S(S_) {
     const int64_t n = j / S_;

@@ -121,9 +121,7 @@ struct RnnProblem {
   bool bias = false;
   bool tf32 = false;
 
-  std::array<int64_t, 7> key() const {
-    return {T, B, I, H, static_cast<int64_t>(dtype), bias ? 1 : 0, tf32 ? 1 : 0};
-  }
+  std::array<int64_t, 7> key() const { return {T, B, I, H, static_cast<int64_t>(dtype), bias ? 1 : 0, tf32 ? 1 : 0}; }
   std::string str() const {
     return detail::str_cat("LSTM T ", T, ", B ", B, ", I ", I, ", H ", H, ", ", dtype_name(dtype),
                            bias ? ", two biases" : ", no bias", tf32 ? ", TF32 allowed" : "");
@@ -225,22 +223,21 @@ std::unique_ptr<RnnPlan> build_plan(cudnnHandle_t h, const RnnProblem& pr, Devic
   const cudnnDataType_t math_prec = pr.dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
   // Dropout 0 with no state buffer: a descriptor that does nothing (as PyTorch's set_no_dropout).
   MP_CUDNN_CHECK(cudnnSetDropoutDescriptor(p->dropout.get(), h, 0.0f, nullptr, 0, 0));
-  MP_CUDNN_CHECK_CTX(cudnnSetRNNDescriptor_v8(p->rnn.get(), CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM,
-                                              pr.bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
-                                              CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, dt, math_prec, math_type(pr),
-                                              static_cast<int32_t>(pr.I), static_cast<int32_t>(pr.H),
-                                              static_cast<int32_t>(pr.H), 1, p->dropout.get(),
-                                              CUDNN_RNN_PADDED_IO_DISABLED),
-                     pr.str());
+  MP_CUDNN_CHECK_CTX(
+      cudnnSetRNNDescriptor_v8(
+          p->rnn.get(), CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM, pr.bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
+          CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, dt, math_prec, math_type(pr), static_cast<int32_t>(pr.I),
+          static_cast<int32_t>(pr.H), static_cast<int32_t>(pr.H), 1, p->dropout.get(), CUDNN_RNN_PADDED_IO_DISABLED),
+      pr.str());
   const std::vector<int> lengths(static_cast<size_t>(pr.B), static_cast<int>(pr.T));
-  MP_CUDNN_CHECK_CTX(cudnnSetRNNDataDescriptor(p->x.get(), dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
-                                               static_cast<int>(pr.T), static_cast<int>(pr.B),
-                                               static_cast<int>(pr.I), lengths.data(), nullptr),
-                     pr.str() + ", input data descriptor");
-  MP_CUDNN_CHECK_CTX(cudnnSetRNNDataDescriptor(p->y.get(), dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
-                                               static_cast<int>(pr.T), static_cast<int>(pr.B),
-                                               static_cast<int>(pr.H), lengths.data(), nullptr),
-                     pr.str() + ", output data descriptor");
+  MP_CUDNN_CHECK_CTX(
+      cudnnSetRNNDataDescriptor(p->x.get(), dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, static_cast<int>(pr.T),
+                                static_cast<int>(pr.B), static_cast<int>(pr.I), lengths.data(), nullptr),
+      pr.str() + ", input data descriptor");
+  MP_CUDNN_CHECK_CTX(
+      cudnnSetRNNDataDescriptor(p->y.get(), dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, static_cast<int>(pr.T),
+                                static_cast<int>(pr.B), static_cast<int>(pr.H), lengths.data(), nullptr),
+      pr.str() + ", output data descriptor");
   const int dims[3] = {1, static_cast<int>(pr.B), static_cast<int>(pr.H)};
   const int strides[3] = {static_cast<int>(pr.B * pr.H), static_cast<int>(pr.H), 1};
   MP_CUDNN_CHECK_CTX(cudnnSetTensorNdDescriptor(p->h.get(), dt, 3, dims, strides), pr.str() + ", state descriptor");
@@ -305,7 +302,8 @@ RnnProblem problem_of(const LstmLibraryInputs& in) {
   }
   const bool ok = fits_int(pr.T) && fits_int(pr.B) && fits_int(pr.I) && fits_int(pr.H) && fits_int(4 * pr.H) &&
                   fits_int(pr.T * pr.B * std::max(pr.I, pr.H)) && fits_int(4 * pr.H * std::max(pr.I, pr.H));
-  MP_CHECK(ok, kOp, ": ", pr.str(), " has a tensor of 2^31 or more elements, more than cuDNN's RNN API takes; use "
+  MP_CHECK(ok, kOp, ": ", pr.str(),
+           " has a tensor of 2^31 or more elements, more than cuDNN's RNN API takes; use "
            "mp::lstm_layer (nn::LstmImpl::fused) or a shorter sequence");
   return pr;
 }
@@ -333,8 +331,7 @@ Tensor pack_weights(const RnnPlan& p, const LstmLibraryInputs& in, DType dt, Dev
   cudaStream_t s = current_stream(dev.index);
   MP_CUDA_CHECK(cudaMemsetAsync(space.raw_data(), 0, p.weight_bytes, s));
   const int64_t n = in.w_ih.size(0);
-  const Tensor src[kSources] = {in.w_ih, in.w_hh,
-                                in.b_ih.defined() ? param_vector(in.b_ih, n, dt, 0.0, dev) : Tensor(),
+  const Tensor src[kSources] = {in.w_ih, in.w_hh, in.b_ih.defined() ? param_vector(in.b_ih, n, dt, 0.0, dev) : Tensor(),
                                 in.b_hh.defined() ? param_vector(in.b_hh, n, dt, 0.0, dev) : Tensor()};
   for (const Piece& q : p.pieces) {
     if (!src[q.source].defined()) continue;  // an undefined bias stays zero
@@ -428,20 +425,20 @@ LstmLibraryGrads lstm_library_backward_cuda(const LstmLibraryInputs& in, const L
   void* reserve_ptr = reserve.defined() ? reserve.raw_data() : nullptr;
   const auto* lengths = static_cast<const int32_t*>(p.seq_lengths.raw_data());
   // BackwardData first: it updates the reserve space BackwardWeights then reads.
-  MP_CUDNN_CHECK_CTX(cudnnRNNBackwardData_v8(handle.get(), p.rnn.get(), lengths, p.y.get(), fwd.y.raw_data(),
-                                             dy.raw_data(), p.x.get(), g.dx.raw_data(), p.h.get(), h0.raw_data(),
-                                             dhy.raw_data(), g.dh0.raw_data(), p.h.get(), c0.raw_data(),
-                                             dcy.raw_data(), g.dc0.raw_data(), p.weight_bytes, space.raw_data(),
-                                             p.work_train, work_ptr, p.reserve_train, reserve_ptr),
-                     pr.str() + ", backward data");
+  MP_CUDNN_CHECK_CTX(
+      cudnnRNNBackwardData_v8(handle.get(), p.rnn.get(), lengths, p.y.get(), fwd.y.raw_data(), dy.raw_data(), p.x.get(),
+                              g.dx.raw_data(), p.h.get(), h0.raw_data(), dhy.raw_data(), g.dh0.raw_data(), p.h.get(),
+                              c0.raw_data(), dcy.raw_data(), g.dc0.raw_data(), p.weight_bytes, space.raw_data(),
+                              p.work_train, work_ptr, p.reserve_train, reserve_ptr),
+      pr.str() + ", backward data");
   const Tensor dspace = cudnn_workspace(p.weight_bytes, dev);
   cudaStream_t s = current_stream(dev.index);
   MP_CUDA_CHECK(cudaMemsetAsync(dspace.raw_data(), 0, p.weight_bytes, s));  // WGRAD_MODE_ADD adds into it
-  MP_CUDNN_CHECK_CTX(cudnnRNNBackwardWeights_v8(handle.get(), p.rnn.get(), CUDNN_WGRAD_MODE_ADD, lengths, p.x.get(),
-                                                x.raw_data(), p.h.get(), h0.raw_data(), p.y.get(), fwd.y.raw_data(),
-                                                p.weight_bytes, dspace.raw_data(), p.work_train, work_ptr,
-                                                p.reserve_train, reserve_ptr),
-                     pr.str() + ", backward weights");
+  MP_CUDNN_CHECK_CTX(
+      cudnnRNNBackwardWeights_v8(handle.get(), p.rnn.get(), CUDNN_WGRAD_MODE_ADD, lengths, p.x.get(), x.raw_data(),
+                                 p.h.get(), h0.raw_data(), p.y.get(), fwd.y.raw_data(), p.weight_bytes,
+                                 dspace.raw_data(), p.work_train, work_ptr, p.reserve_train, reserve_ptr),
+      pr.str() + ", backward weights");
   // The gradients out of the gradient space; the input-side bias slots hold d b_ih, equal to d b_hh
   // (both biases enter every gate as a sum).
   g.dw_ih = mp::empty({4 * pr.H, pr.I}, {.dtype = dt, .device = dev});

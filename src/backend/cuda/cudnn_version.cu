@@ -58,9 +58,8 @@ std::set<std::string> cudnn_library_dirs() {
 
 std::string cudnn_summary() {
   const size_t loaded = cudnnGetVersion();
-  std::string s = "cuDNN " + cudnn_version_str(loaded) + " loaded (built against " +
-                  cudnn_version_str(CUDNN_VERSION) + "; its CUDA runtime " +
-                  std::to_string(cudnnGetCudartVersion() / 1000) + "." +
+  std::string s = "cuDNN " + cudnn_version_str(loaded) + " loaded (built against " + cudnn_version_str(CUDNN_VERSION) +
+                  "; its CUDA runtime " + std::to_string(cudnnGetCudartVersion() / 1000) + "." +
                   std::to_string(cudnnGetCudartVersion() % 1000 / 10) + ")";
   if (loaded < static_cast<size_t>(CUDNN_VERSION))
     s += "; OLDER than the headers mixprec was built with: put the newer libcudnn first on the library path";

@@ -31,7 +31,7 @@
 namespace mp::backend::cuda {
 namespace {
 
-#define MP_GRID_STRIDE(i, n)                                                                   \
+#define MP_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -130,8 +130,8 @@ void embedding_cuda(const Tensor& out, const Tensor& weight, const Tensor& indic
 
 // Sort keys: the index where 0 <= index < V, else V (a run that is skipped); values: the positions.
 template <class I>
-__global__ void embedding_keys_kernel(const I* __restrict__ idx, uint32_t* __restrict__ keys,
-                                      int32_t* __restrict__ pos, int64_t M, int64_t V) {
+__global__ void embedding_keys_kernel(const I* __restrict__ idx, uint32_t* __restrict__ keys, int32_t* __restrict__ pos,
+                                      int64_t M, int64_t V) {
   MP_GRID_STRIDE(m, M) {
     const int64_t k = static_cast<int64_t>(idx[m]);
     keys[m] = static_cast<uint32_t>(k >= 0 && k < V ? k : V);
@@ -149,8 +149,8 @@ constexpr int kRunWarps = 4;
 // G: grad_out's element type, or void for a run-time dtype (gdt, gsize).
 template <class G, class A>
 __global__ void embedding_run_sum_kernel(A* __restrict__ gw, const void* __restrict__ go, DType gdt, int gsize,
-                                         const uint32_t* __restrict__ keys, const int32_t* __restrict__ pos,
-                                         int64_t M, int64_t V, int64_t D, int64_t pad) {
+                                         const uint32_t* __restrict__ keys, const int32_t* __restrict__ pos, int64_t M,
+                                         int64_t V, int64_t D, int64_t pad) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t chunk_cols = int64_t{kRunCols} * kWarpSize;
   const int64_t chunks = (D + chunk_cols - 1) / chunk_cols;
@@ -198,8 +198,8 @@ int key_bits(int64_t V) {
 }
 
 template <class A>
-void launch_run_sum(const Tensor& gw, const Tensor& go, const uint32_t* keys, const int32_t* pos, int64_t M,
-                    int64_t V, int64_t D, int64_t pad, cudaStream_t stream, int dev) {
+void launch_run_sum(const Tensor& gw, const Tensor& go, const uint32_t* keys, const int32_t* pos, int64_t M, int64_t V,
+                    int64_t D, int64_t pad, cudaStream_t stream, int dev) {
   const int64_t chunks = (D + int64_t{kRunCols} * kWarpSize - 1) / (int64_t{kRunCols} * kWarpSize);
   const dim3 grid(blocks_for(M * kWarpSize, kRunWarps * kWarpSize, dev),
                   static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
@@ -227,8 +227,8 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
     if (M == 0 || D == 0 || V == 0) return;
     MP_CHECK(M <= INT32_MAX && V < UINT32_MAX, "embedding_backward: the CUDA kernel supports at most 2^31 - 1 ",
              "indices and 2^32 - 2 rows, got ", M, " indices and V = ", V, "; split the batch");
-    MP_CHECK(grad_out.numel() == M * D, "embedding_backward: grad_out ", grad_out.describe(), " does not have ",
-             M, " rows of ", D);
+    MP_CHECK(grad_out.numel() == M * D, "embedding_backward: grad_out ", grad_out.describe(), " does not have ", M,
+             " rows of ", D);
     const int dev = grad_weight.device().index;
     cudaStream_t stream = stream_of(grad_weight);
     const TensorOptions i32{.dtype = DType::i32, .device = grad_weight.device()};
@@ -237,8 +237,8 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
     auto* kout = static_cast<uint32_t*>(keys_out.raw_data());
     auto* pin = pos_in.data_ptr<int32_t>();
     auto* pout = pos_out.data_ptr<int32_t>();
-    embedding_keys_kernel<I><<<blocks_for(M, kThreads, dev), kThreads, 0, stream>>>(indices.data_ptr<I>(), kin, pin,
-                                                                                   M, V);
+    embedding_keys_kernel<I>
+        <<<blocks_for(M, kThreads, dev), kThreads, 0, stream>>>(indices.data_ptr<I>(), kin, pin, M, V);
     MP_CUDA_CHECK_LAUNCH();
     const int bits = key_bits(V);
     const int n = static_cast<int>(M);
@@ -250,7 +250,8 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
         cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes, kin, kout, pin, pout, n, 0, bits, stream));
     if (grad_weight.dtype() == DType::f64)
       launch_run_sum<double>(grad_weight, grad_out, kout, pout, M, V, D, padding_idx, stream, dev);
-    else launch_run_sum<float>(grad_weight, grad_out, kout, pout, M, V, D, padding_idx, stream, dev);
+    else
+      launch_run_sum<float>(grad_weight, grad_out, kout, pout, M, V, D, padding_idx, stream, dev);
   });
 }
 

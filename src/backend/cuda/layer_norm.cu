@@ -174,8 +174,7 @@ void launch_rows(int64_t rows, int64_t n, int dev, cudaStream_t stream, void (*w
   if (n <= kWarpRowMax) {
     warp_kernel<<<blocks_for(rows * kWarpSize, kWarpRowBlock, dev), kWarpRowBlock, 0, stream>>>(args...);
   } else {
-    block_kernel<<<blocks_for(rows * kBlockRowThreads, kBlockRowThreads, dev), kBlockRowThreads, 0, stream>>>(
-        args...);
+    block_kernel<<<blocks_for(rows * kBlockRowThreads, kBlockRowThreads, dev), kBlockRowThreads, 0, stream>>>(args...);
   }
   MP_CUDA_CHECK_LAUNCH();
 }
@@ -203,12 +202,13 @@ void ln_forward_typed(const Tensor& y, const Tensor& mean, const Tensor& rstd, c
   const Tensor w = param_as(weight, sdt), b = param_as(bias, sdt);
   const int dev = y.device().index;
   cudaStream_t stream = stream_of(y);
-  const bool done = y.dtype() == x.dtype() && visit_data<S>(x.dtype(), [&]<class T>() {
-    launch_rows(M, N, dev, stream, &ln_forward_kernel<T, kWarpSize>, &ln_forward_kernel<T, kBlockRowThreads>,
-                static_cast<T*>(y.raw_data()), mean.data_ptr<S>(), rstd.data_ptr<S>(),
-                static_cast<const T*>(x.raw_data()), w.defined() ? w.data_ptr<S>() : nullptr,
-                b.defined() ? b.data_ptr<S>() : nullptr, M, N, eps);
-  });
+  const bool done =
+      y.dtype() == x.dtype() && visit_data<S>(x.dtype(), [&]<class T>() {
+        launch_rows(M, N, dev, stream, &ln_forward_kernel<T, kWarpSize>, &ln_forward_kernel<T, kBlockRowThreads>,
+                    static_cast<T*>(y.raw_data()), mean.data_ptr<S>(), rstd.data_ptr<S>(),
+                    static_cast<const T*>(x.raw_data()), w.defined() ? w.data_ptr<S>() : nullptr,
+                    b.defined() ? b.data_ptr<S>() : nullptr, M, N, eps);
+      });
   if (done) return;
   // Mixed dtypes (the op never passes them): x as S, y through an S temporary, rounded once.
   Tensor y2 = empty(y.sizes(), {.dtype = sdt, .device = y.device()});
@@ -234,43 +234,46 @@ void ln_backward_typed(const Tensor& dx, const Tensor& dweight, const Tensor& db
   const int dev = d.index;
   cudaStream_t stream = stream_of(x);
   const bool same = dy.dtype() == x.dtype() && (!dx.defined() || dx.dtype() == x.dtype());
-  const bool done = same && visit_data<S>(x.dtype(), [&]<class T>() {
-    const T* dyp = static_cast<const T*>(dy.raw_data());
-    const T* xp = static_cast<const T*>(x.raw_data());
-    const S* mp = mean.data_ptr<S>();
-    const S* rp = rstd.data_ptr<S>();
-    if (dx.defined() && M * N > 0)
-      launch_rows(M, N, dev, stream, &ln_backward_dx_kernel<T, kWarpSize>, &ln_backward_dx_kernel<T, kBlockRowThreads>,
-                  static_cast<T*>(dx.raw_data()), dyp, xp, mp, rp, w.defined() ? w.data_ptr<S>() : nullptr, M, N);
-    const bool need_w = dweight.defined(), need_b = dbias.defined();
-    if ((!need_w && !need_b) || N == 0) return;
-    S* dwp = need_w ? dweight.data_ptr<S>() : nullptr;
-    S* dbp = need_b ? dbias.data_ptr<S>() : nullptr;
-    if (M == 0) {  // empty sums
-      if (dwp) MP_CUDA_CHECK(cudaMemsetAsync(dwp, 0, static_cast<size_t>(N) * sizeof(S), stream));
-      if (dbp) MP_CUDA_CHECK(cudaMemsetAsync(dbp, 0, static_cast<size_t>(N) * sizeof(S), stream));
-      return;
-    }
-    int64_t chunks = column_chunks(M, N, dev);
-    const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
-    chunks = (M + rows_per_chunk - 1) / rows_per_chunk;
-    const TensorOptions f64{.dtype = DType::f64, .device = d};
-    Tensor pw = need_w ? empty({chunks, N}, f64) : Tensor();
-    Tensor pb = need_b ? empty({chunks, N}, f64) : Tensor();
-    double* pwp = need_w ? pw.data_ptr<double>() : nullptr;
-    double* pbp = need_b ? pb.data_ptr<double>() : nullptr;
-    const dim3 grid(static_cast<unsigned>((N + kWarpSize - 1) / kWarpSize), static_cast<unsigned>(chunks));
-    ln_column_partials_kernel<T><<<grid, dim3(kWarpSize, kColLanes), 0, stream>>>(pwp, pbp, dyp, xp, mp, rp, M, N,
-                                                                                  rows_per_chunk);
-    MP_CUDA_CHECK_LAUNCH();
-    ln_column_finish_kernel<S><<<blocks_for(N, kThreads, dev), kThreads, 0, stream>>>(dwp, dbp, pwp, pbp, chunks, N);
-    MP_CUDA_CHECK_LAUNCH();
-  });
+  const bool done =
+      same && visit_data<S>(x.dtype(), [&]<class T>() {
+        const T* dyp = static_cast<const T*>(dy.raw_data());
+        const T* xp = static_cast<const T*>(x.raw_data());
+        const S* mp = mean.data_ptr<S>();
+        const S* rp = rstd.data_ptr<S>();
+        if (dx.defined() && M * N > 0)
+          launch_rows(M, N, dev, stream, &ln_backward_dx_kernel<T, kWarpSize>,
+                      &ln_backward_dx_kernel<T, kBlockRowThreads>, static_cast<T*>(dx.raw_data()), dyp, xp, mp, rp,
+                      w.defined() ? w.data_ptr<S>() : nullptr, M, N);
+        const bool need_w = dweight.defined(), need_b = dbias.defined();
+        if ((!need_w && !need_b) || N == 0) return;
+        S* dwp = need_w ? dweight.data_ptr<S>() : nullptr;
+        S* dbp = need_b ? dbias.data_ptr<S>() : nullptr;
+        if (M == 0) {  // empty sums
+          if (dwp) MP_CUDA_CHECK(cudaMemsetAsync(dwp, 0, static_cast<size_t>(N) * sizeof(S), stream));
+          if (dbp) MP_CUDA_CHECK(cudaMemsetAsync(dbp, 0, static_cast<size_t>(N) * sizeof(S), stream));
+          return;
+        }
+        int64_t chunks = column_chunks(M, N, dev);
+        const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
+        chunks = (M + rows_per_chunk - 1) / rows_per_chunk;
+        const TensorOptions f64{.dtype = DType::f64, .device = d};
+        Tensor pw = need_w ? empty({chunks, N}, f64) : Tensor();
+        Tensor pb = need_b ? empty({chunks, N}, f64) : Tensor();
+        double* pwp = need_w ? pw.data_ptr<double>() : nullptr;
+        double* pbp = need_b ? pb.data_ptr<double>() : nullptr;
+        const dim3 grid(static_cast<unsigned>((N + kWarpSize - 1) / kWarpSize), static_cast<unsigned>(chunks));
+        ln_column_partials_kernel<T>
+            <<<grid, dim3(kWarpSize, kColLanes), 0, stream>>>(pwp, pbp, dyp, xp, mp, rp, M, N, rows_per_chunk);
+        MP_CUDA_CHECK_LAUNCH();
+        ln_column_finish_kernel<S>
+            <<<blocks_for(N, kThreads, dev), kThreads, 0, stream>>>(dwp, dbp, pwp, pbp, chunks, N);
+        MP_CUDA_CHECK_LAUNCH();
+      });
   if (done) return;
   // Mixed dtypes: dy and x as S, dx through an S temporary, rounded once.
   Tensor dx2 = dx.defined() ? empty(dx.sizes(), {.dtype = sdt, .device = d}) : Tensor();
-  ln_backward_typed<S>(dx2, dweight, dbias, dy.dtype() == sdt ? dy : dy.to(sdt), x.dtype() == sdt ? x : x.to(sdt),
-                       mean, rstd, w);
+  ln_backward_typed<S>(dx2, dweight, dbias, dy.dtype() == sdt ? dy : dy.to(sdt), x.dtype() == sdt ? x : x.to(sdt), mean,
+                       rstd, w);
   if (dx.defined()) {
     Tensor o = dx;
     o.copy_(dx2);

@@ -17,7 +17,8 @@
 //   VecN<T, N>, load_vec<N>(p, out), store_vec<N>(p, in), vec_width<Ts...>(), is_aligned(p, bytes)
 //   same_dense_layout(a, b)       one shape and one dense layout (a flat loop pairs their elements)
 //   IntDivider, OffsetCalc<N>, make_offset_calc<N>(sizes, strides)
-//   kThreads, blocks_for(work, threads, device), MP_CUDA_CHECK_LAUNCH() (runtime.hpp), stream_of(t), upload(host, bytes, dev)
+//   kThreads, blocks_for(work, threads, device), MP_CUDA_CHECK_LAUNCH() (runtime.hpp), stream_of(t), upload(host,
+//   bytes, dev)
 #pragma once
 #if !defined(__CUDACC__)
 #error "loops.cuh is for CUDA sources (.cu) only"
@@ -196,9 +197,8 @@ struct IntDivider {
   explicit IntDivider(int64_t d) : d64(d) {
     if (d <= INT32_MAX) {
       while ((uint64_t{1} << shift) < static_cast<uint64_t>(d)) ++shift;
-      magic = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - static_cast<uint64_t>(d))) /
-                                        static_cast<uint64_t>(d) +
-                                    1);
+      magic = static_cast<uint32_t>(
+          ((uint64_t{1} << 32) * ((uint64_t{1} << shift) - static_cast<uint64_t>(d))) / static_cast<uint64_t>(d) + 1);
     }
   }
   /// n / d for 0 <= n < 2^31 (and d < 2^31). Host and device (the host form is for tests).
@@ -219,9 +219,9 @@ inline constexpr int kMaxDims = 12;
 /// stored innermost first, already coalesced; strides are in elements (0 for broadcast dims).
 template <int N>
 struct OffsetCalc {
-  int ndim = 1;        ///< >= 1
-  bool use32 = true;   ///< numel < 2^31 and every size < 2^31: 32-bit division
-  int64_t numel = 0;   ///< product of the sizes
+  int ndim = 1;       ///< >= 1
+  bool use32 = true;  ///< numel < 2^31 and every size < 2^31: 32-bit division
+  int64_t numel = 0;  ///< product of the sizes
   IntDivider sizes[kMaxDims];
   int64_t strides[kMaxDims][N];
 

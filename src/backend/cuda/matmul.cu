@@ -114,9 +114,7 @@ int64_t span(const Tensor& t) {
 }
 
 // A batch-broadcast operand (batch 1, or batch stride 0 from expand) as one matrix.
-Tensor single_if_broadcast(const Tensor& t) {
-  return t.size(0) > 1 && t.stride(0) == 0 ? t.narrow(0, 0, 1) : t;
-}
+Tensor single_if_broadcast(const Tensor& t) { return t.size(0) > 1 && t.stride(0) == 0 ? t.narrow(0, 0, 1) : t; }
 
 void check_args(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
   MP_ASSERT(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "matmul kernel wants 3-D operands");

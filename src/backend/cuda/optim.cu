@@ -20,14 +20,18 @@ namespace {
 // x[0..V) = p[0..V) (a vector load when V > 1).
 template <int V, class T>
 __device__ MP_FORCE_INLINE void load_n(const T* p, T (&x)[V]) {
-  if constexpr (V == 1) x[0] = *p;
-  else load_vec<V>(p, x);
+  if constexpr (V == 1)
+    x[0] = *p;
+  else
+    load_vec<V>(p, x);
 }
 // p[0..V) = x[0..V).
 template <int V, class T>
 __device__ MP_FORCE_INLINE void store_n(T* p, const T (&x)[V]) {
-  if constexpr (V == 1) *p = x[0];
-  else store_vec<V>(p, x);
+  if constexpr (V == 1)
+    *p = x[0];
+  else
+    store_vec<V>(p, x);
 }
 
 // The operands of one update. master and state pointers may be null (absent).
@@ -122,9 +126,10 @@ struct AdamStep {
 // The state dtype that goes with a parameter dtype (as cpu/optim.cpp's check_state).
 template <class C>
 void check_state(const Tensor& param, const Tensor& s, const char* what) {
-  MP_ASSERT(s.dtype() == dtype_of<C>() && s.is_contiguous() && s.numel() == param.numel() && s.device() == param.device(),
-            what, " must be a contiguous ", dtype_name(dtype_of<C>()), " tensor of the parameter's size on ",
-            param.device().str(), ", got ", s.describe());
+  MP_ASSERT(
+      s.dtype() == dtype_of<C>() && s.is_contiguous() && s.numel() == param.numel() && s.device() == param.device(),
+      what, " must be a contiguous ", dtype_name(dtype_of<C>()), " tensor of the parameter's size on ",
+      param.device().str(), ", got ", s.describe());
 }
 
 // Launch the step for parameter type TP and the gradient's dtype.
@@ -138,7 +143,12 @@ void launch_step(const Tensor& param, const Tensor& master, const Tensor& grad, 
   visit_floating(grad.dtype(), "optimizer step", [&]<class TG>() {
     StepOperands<C, TP, TG> o{static_cast<TP*>(param.raw_data()),
                               master.defined() ? static_cast<C*>(master.raw_data()) : nullptr,
-                              static_cast<const TG*>(grad.raw_data()), s0, s1, s2, n, rounding};
+                              static_cast<const TG*>(grad.raw_data()),
+                              s0,
+                              s1,
+                              s2,
+                              n,
+                              rounding};
     o.rounding.on = rounding.on && !master.defined() && (std::is_same_v<TP, Half> || std::is_same_v<TP, BFloat16>);
     const bool vectorized = is_aligned(o.param, V * sizeof(TP)) && is_aligned(o.grad, V * sizeof(TG)) &&
                             is_aligned(o.master, V * sizeof(C)) && is_aligned(s0, V * sizeof(C)) &&
@@ -164,10 +174,10 @@ void visit_param(const Tensor& param, F&& f) {
 }
 
 void check_operands(const Tensor& param, const Tensor& master, const Tensor& grad, const char* op) {
-  MP_ASSERT(param.is_contiguous() && grad.is_contiguous() && param.numel() == grad.numel() &&
-                grad.device() == param.device(),
-            op, ": expected contiguous param and grad of one size on one device, got ", param.describe(), " and ",
-            grad.describe());
+  MP_ASSERT(
+      param.is_contiguous() && grad.is_contiguous() && param.numel() == grad.numel() && grad.device() == param.device(),
+      op, ": expected contiguous param and grad of one size on one device, got ", param.describe(), " and ",
+      grad.describe());
   MP_CHECK(is_floating(param.dtype()), op, ": expected a floating parameter, got ", param.describe());
   (void)master;
 }
@@ -181,9 +191,8 @@ void sgd_step_impl(const Tensor& param, const Tensor& master, const Tensor& grad
   if (master.defined()) check_state<C>(param, master, "optimizer step: master weights");
   // Without momentum the buffer is neither read nor written (the CPU writes back the unchanged values).
   C* buf = momentum_buffer.defined() && step.f.use_momentum ? static_cast<C*>(momentum_buffer.raw_data()) : nullptr;
-  visit_param<C>(param, [&]<class TP>() {
-    launch_step<C, TP>(param, master, grad, buf, nullptr, nullptr, p.rounding, step);
-  });
+  visit_param<C>(param,
+                 [&]<class TP>() { launch_step<C, TP>(param, master, grad, buf, nullptr, nullptr, p.rounding, step); });
 }
 
 template <class C>

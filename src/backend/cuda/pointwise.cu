@@ -37,9 +37,8 @@ inline constexpr bool kFloatLike = std::is_same_v<T, float> || std::is_same_v<T,
 // The compute type the ops layer picks for operands of types A and B (promote, then f64 -> double,
 // other floating -> float, integers and bool -> int64): the only one the contiguous path covers.
 template <class A, class B>
-using natural_compute_t =
-    std::conditional_t<std::is_same_v<A, double> || std::is_same_v<B, double>, double,
-                       std::conditional_t<kFloatLike<A> || kFloatLike<B>, float, int64_t>>;
+using natural_compute_t = std::conditional_t<std::is_same_v<A, double> || std::is_same_v<B, double>, double,
+                                             std::conditional_t<kFloatLike<A> || kFloatLike<B>, float, int64_t>>;
 
 // Storage type of the contiguous path for f16 and bf16 alike: the raw 16 bits, converted per the
 // kernel's bf16 flag, so the float math of an op is compiled once for both 16-bit types.
@@ -176,8 +175,9 @@ bool try_contiguous(const Tensor& out, std::span<const Tensor> ins, const F& f) 
   const DType ti = ins[0].dtype();
   for (const Tensor& t : ins)
     if (!same_dense_layout(t, out) || t.dtype() != ti) return false;
-  using R = decltype([]<size_t... I>(std::index_sequence<I...>) { return F{}((static_cast<void>(I), C{})...); }(
-      std::make_index_sequence<NIn>{}));
+  using R = decltype([]<size_t... I>(std::index_sequence<I...>) {
+    return F{}((static_cast<void>(I), C{})...);
+  }(std::make_index_sequence<NIn>{}));
   constexpr bool kComparison = std::is_same_v<R, bool>;
   constexpr bool kCopy = std::is_same_v<F, CopyFn<C>>;
   // Same dtype in and out (or b8 out for comparisons), storage type TI.
@@ -223,9 +223,8 @@ void pointwise_cuda(PointwiseOp op, const Tensor& out, std::span<const Tensor> i
   MP_ASSERT(static_cast<int>(ins.size()) == pointwise_arity(op), "wrong operand count");
   DeviceGuard guard(out.device(), pointwise_op_name(op));
   for (const Tensor& t : ins)
-    MP_CHECK(t.device() == out.device() && t.sizes() == out.sizes(), pointwise_op_name(op),
-             ": expected inputs on ", out.device().str(), " with the output's shape ", shape_str(out.sizes()),
-             ", got ", t.describe());
+    MP_CHECK(t.device() == out.device() && t.sizes() == out.sizes(), pointwise_op_name(op), ": expected inputs on ",
+             out.device().str(), " with the output's shape ", shape_str(out.sizes()), ", got ", t.describe());
   if (out.numel() == 0) return;
   switch (compute) {
     case DType::f64: return run_pointwise<double>(op, out, ins, p);

@@ -73,22 +73,24 @@ Geom geom(int64_t H, int64_t W, int64_t OH, int64_t OW, const Pool2dWindow& w) {
 // -inf in A (float or double).
 template <class A>
 __device__ MP_FORCE_INLINE A neg_inf() {
-  if constexpr (std::is_same_v<A, float>) return __int_as_float(static_cast<int>(0xff800000u));
-  else return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+  if constexpr (std::is_same_v<A, float>)
+    return __int_as_float(static_cast<int>(0xff800000u));
+  else
+    return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
 }
 
 // Floor division for a positive divisor.
 __device__ MP_FORCE_INLINE int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-#define MP_GRID_STRIDE(i, n)                                                                   \
+#define MP_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // ----------------------------------------------------------------------------------------- max pool
 
 template <class T, class I>
-__global__ void max_pool_forward_kernel(T* __restrict__ out, I* __restrict__ indices, const T* __restrict__ x,
-                                        Geom g, int64_t numel, Decomp d) {
+__global__ void max_pool_forward_kernel(T* __restrict__ out, I* __restrict__ indices, const T* __restrict__ x, Geom g,
+                                        int64_t numel, Decomp d) {
   using A = acc_t<T>;
   MP_GRID_STRIDE(e, numel) {
     int64_t p, oy, ox;
@@ -125,8 +127,10 @@ __global__ void max_pool_backward_kernel(T* __restrict__ dx, const T* __restrict
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   for (int64_t p = warp; p < planes; p += nwarps) {
     A* acc;
-    if constexpr (std::is_same_v<T, A>) acc = dx + p * in_plane;
-    else acc = scratch + p * in_plane;
+    if constexpr (std::is_same_v<T, A>)
+      acc = dx + p * in_plane;
+    else
+      acc = scratch + p * in_plane;
     for (int64_t i = lane; i < in_plane; i += kWarpSize) acc[i] = A(0);
     __syncwarp();
     const T* g = dy + p * out_plane;
@@ -175,8 +179,8 @@ __device__ MP_FORCE_INLINE AvgWin avg_window(int64_t oy, int64_t ox, const Geom&
 }
 
 template <class T>
-__global__ void avg_pool_forward_kernel(T* __restrict__ out, const T* __restrict__ x, Geom g, bool cip,
-                                        int64_t numel, Decomp d) {
+__global__ void avg_pool_forward_kernel(T* __restrict__ out, const T* __restrict__ x, Geom g, bool cip, int64_t numel,
+                                        Decomp d) {
   using A = acc_t<T>;
   MP_GRID_STRIDE(e, numel) {
     int64_t p, oy, ox;
@@ -193,8 +197,8 @@ __global__ void avg_pool_forward_kernel(T* __restrict__ out, const T* __restrict
 // Gather (Note [CUDA pooling: same sums as the CPU]): input (iy, ix) lies in the windows of outputs oy with
 // oy * sh - ph <= iy < oy * sh - ph + kh (the clipping to H + ph never excludes an input row), likewise ox.
 template <class T>
-__global__ void avg_pool_backward_kernel(T* __restrict__ dx, const T* __restrict__ dy, Geom g, bool cip,
-                                         int64_t numel, Decomp d) {
+__global__ void avg_pool_backward_kernel(T* __restrict__ dx, const T* __restrict__ dy, Geom g, bool cip, int64_t numel,
+                                         Decomp d) {
   using A = acc_t<T>;
   MP_GRID_STRIDE(e, numel) {
     int64_t p, iy, ix;
@@ -309,12 +313,13 @@ void max_pool2d_forward_cuda(const Tensor& out, const Tensor& indices, const Ten
     visit_floating(xi.dtype(), "max_pool2d", [&]<class T>() {
       auto launch = [&]<class I>() {
         max_pool_forward_kernel<T, I><<<blocks_for(numel, kPoolThreads, dev), kPoolThreads, 0, stream_of(o)>>>(
-            static_cast<T*>(o.raw_data()), indices.data_ptr<I>(), static_cast<const T*>(xi.raw_data()), g, numel,
-            d);
+            static_cast<T*>(o.raw_data()), indices.data_ptr<I>(), static_cast<const T*>(xi.raw_data()), g, numel, d);
         MP_CUDA_CHECK_LAUNCH();
       };
-      if (indices.dtype() == DType::i32) launch.template operator()<int32_t>();
-      else launch.template operator()<int64_t>();
+      if (indices.dtype() == DType::i32)
+        launch.template operator()<int32_t>();
+      else
+        launch.template operator()<int64_t>();
     });
   });
 }
@@ -338,8 +343,10 @@ void max_pool2d_backward_cuda(const Tensor& dx, const Tensor& dy, const Tensor& 
             scratch.defined() ? scratch.data_ptr<A>() : nullptr, planes, in_plane, out_plane);
         MP_CUDA_CHECK_LAUNCH();
       };
-      if (indices.dtype() == DType::i32) launch.template operator()<int32_t>();
-      else launch.template operator()<int64_t>();
+      if (indices.dtype() == DType::i32)
+        launch.template operator()<int32_t>();
+      else
+        launch.template operator()<int64_t>();
     });
   });
 }

@@ -62,14 +62,16 @@ struct CombineWith {
 // Where a kernel's results go: the output (converted to its dtype) or the partials of split y.
 template <class A>
 struct Sink {
-  char* out;      // contiguous, nout elements of out_dt
+  char* out;  // contiguous, nout elements of out_dt
   DType out_dt;
   int out_es;
-  A* partial;     // null: write out; else [splits][nout]
+  A* partial;  // null: write out; else [splits][nout]
   int64_t nout;
   __device__ MP_FORCE_INLINE void put(int64_t o, A v) const {
-    if (partial != nullptr) partial[static_cast<int64_t>(blockIdx.y) * nout + o] = v;
-    else store_as(out + o * out_es, out_dt, v);
+    if (partial != nullptr)
+      partial[static_cast<int64_t>(blockIdx.y) * nout + o] = v;
+    else
+      store_as(out + o * out_es, out_dt, v);
   }
 };
 
@@ -103,9 +105,8 @@ __device__ MP_FORCE_INLINE A accumulate_contiguous(const T* p, int64_t n, int la
 // Row kernel (Note [CUDA reduction shapes]): blockDim.x = kThreads, gx lanes per output (a power of
 // two <= 32, or kThreads). kContig: the reduced elements of an output are one unit-stride run.
 template <class T, class A, class Op, bool kContig>
-__global__ void __launch_bounds__(kThreads)
-    reduce_row_kernel(const T* in, Sink<A> sink, OffsetCalc<1> keep, OffsetCalc<1> red, int64_t R, int64_t split_len,
-                      int gx) {
+__global__ void __launch_bounds__(kThreads) reduce_row_kernel(const T* in, Sink<A> sink, OffsetCalc<1> keep,
+                                                              OffsetCalc<1> red, int64_t R, int64_t split_len, int gx) {
   __shared__ A smem[kWarpSize];
   const int per_block = kThreads / gx;
   const int group = static_cast<int>(threadIdx.x) / gx, lane = static_cast<int>(threadIdx.x) % gx;
@@ -147,7 +148,8 @@ __global__ void __launch_bounds__(kColX* kColY)
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
   int64_t r0, r1;
   split_range(R, split_len, r0, r1);
-  for (int64_t ob = static_cast<int64_t>(blockIdx.x) * kColX; ob < sink.nout; ob += static_cast<int64_t>(gridDim.x) * kColX) {
+  for (int64_t ob = static_cast<int64_t>(blockIdx.x) * kColX; ob < sink.nout;
+       ob += static_cast<int64_t>(gridDim.x) * kColX) {
     const int64_t o = ob + tx;
     A acc = Op::init();
     if (o < sink.nout) {
@@ -327,7 +329,8 @@ __global__ void __launch_bounds__(kThreads)
   const ArgCombine<A> combine{is_max};
   const int per_block = kThreads / gx;
   const int group = static_cast<int>(threadIdx.x) / gx, lane = static_cast<int>(threadIdx.x) % gx;
-  for (int64_t ob = static_cast<int64_t>(blockIdx.x) * per_block; ob < nout; ob += static_cast<int64_t>(gridDim.x) * per_block) {
+  for (int64_t ob = static_cast<int64_t>(blockIdx.x) * per_block; ob < nout;
+       ob += static_cast<int64_t>(gridDim.x) * per_block) {
     const int64_t o = ob + group;
     ValIdx<A> best{A(0), -1};
     if (o < nout) {

@@ -25,8 +25,10 @@ struct UnitIndex {
 // Row/column of unit group g with `gpr` groups per row (32-bit division when use32).
 __device__ MP_FORCE_INLINE UnitIndex unit_of(int64_t g, const IntDivider& gpr, bool use32, int V) {
   int64_t b;
-  if (use32) b = gpr.div32(static_cast<uint32_t>(g));
-  else b = g / gpr.d64;
+  if (use32)
+    b = gpr.div32(static_cast<uint32_t>(g));
+  else
+    b = g / gpr.d64;
   return {b, (g - b * gpr.d64) * V};
 }
 
@@ -44,10 +46,10 @@ DynOperand dyn(const Tensor& t) {
 
 // Shape arguments shared by the kernels.
 struct LstmShape {
-  int64_t groups;   // B * H / V
-  int64_t H;        // hidden units per row
-  IntDivider gpr;   // groups per row, H / V
-  bool use32;       // groups < 2^31: 32-bit division
+  int64_t groups;  // B * H / V
+  int64_t H;       // hidden units per row
+  IntDivider gpr;  // groups per row, H / V
+  bool use32;      // groups < 2^31: 32-bit division
 };
 
 LstmShape lstm_shape(int64_t B, int64_t H, int V) {
@@ -120,8 +122,8 @@ __global__ void lstm_forward_dyn(DynOperand h_out, DynOperand c_out, DynOperand 
 
 template <class T, int V>
 __global__ void lstm_backward_typed(T* __restrict__ dgates, T* __restrict__ dc, const T* __restrict__ dh_out,
-                                    const T* __restrict__ dc_out, const T* __restrict__ gates,
-                                    const T* __restrict__ c, LstmShape s) {
+                                    const T* __restrict__ dc_out, const T* __restrict__ gates, const T* __restrict__ c,
+                                    LstmShape s) {
   using C = acc_t<T>;
   const LstmGatesBackwardFn<C> fn{};
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < s.groups;
@@ -185,8 +187,8 @@ __global__ void lstm_backward_dyn(DynOperand dgates, DynOperand dc, DynOperand d
     C di, df, dg, dgo, dcx;
     fn(load_as<C>(gates.at(grow), gates.dt), load_as<C>(gates.at(grow + s.H), gates.dt),
        load_as<C>(gates.at(grow + 2 * s.H), gates.dt), load_as<C>(gates.at(grow + 3 * s.H), gates.dt),
-       load_as<C>(c.at(row), c.dt), load_as<C>(dh_out.at(row), dh_out.dt), load_as<C>(dc_out.at(row), dc_out.dt),
-       di, df, dg, dgo, dcx);
+       load_as<C>(c.at(row), c.dt), load_as<C>(dh_out.at(row), dh_out.dt), load_as<C>(dc_out.at(row), dc_out.dt), di,
+       df, dg, dgo, dcx);
     store_as(dgates.at(grow), dgates.dt, di);
     store_as(dgates.at(grow + s.H), dgates.dt, df);
     store_as(dgates.at(grow + 2 * s.H), dgates.dt, dg);
@@ -243,7 +245,8 @@ void lstm_gates_forward_cuda(const Tensor& h_out, const Tensor& c_out, const Ten
   const unsigned grid = blocks_for(s.groups, kThreads, dev);
   if (gates.dtype() == DType::f64 || c.dtype() == DType::f64)
     lstm_forward_dyn<double><<<grid, kThreads, 0, stream>>>(dyn(h_out), dyn(c_out), dyn(gates), dyn(c), s);
-  else lstm_forward_dyn<float><<<grid, kThreads, 0, stream>>>(dyn(h_out), dyn(c_out), dyn(gates), dyn(c), s);
+  else
+    lstm_forward_dyn<float><<<grid, kThreads, 0, stream>>>(dyn(h_out), dyn(c_out), dyn(gates), dyn(c), s);
   MP_CUDA_CHECK_LAUNCH();
 }
 

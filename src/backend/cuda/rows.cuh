@@ -12,7 +12,6 @@
 
 namespace mp::backend::cuda {
 
-
 // v of lane 0 in every lane of the warp (any trivially copyable V, moved as 32-bit words).
 template <class V>
 __device__ MP_FORCE_INLINE V broadcast_lane0(V v) {
@@ -65,8 +64,10 @@ __device__ MP_FORCE_INLINE void row_loop(const T* const (&in)[NIn], std::type_id
     A v[NIn];
 #pragma unroll
     for (int k = 0; k < NIn; ++k) v[k] = device_cast<A>(in[k][i]);
-    if constexpr (kWrite) out[i] = device_cast<T>(f(v, i));
-    else f(v, i);
+    if constexpr (kWrite)
+      out[i] = device_cast<T>(f(v, i));
+    else
+      f(v, i);
   };
   for (int64_t i = tid; i < head; i += nthr) one(i);
   if (head == n) return;
@@ -82,8 +83,10 @@ __device__ MP_FORCE_INLINE void row_loop(const T* const (&in)[NIn], std::type_id
       A v[NIn];
 #pragma unroll
       for (int k = 0; k < NIn; ++k) v[k] = device_cast<A>(x[k][j]);
-      if constexpr (kWrite) y[j] = device_cast<T>(f(v, i0 + j));
-      else f(v, i0 + j);
+      if constexpr (kWrite)
+        y[j] = device_cast<T>(f(v, i0 + j));
+      else
+        f(v, i0 + j);
     }
     if constexpr (kWrite) store_vec<V>(out + i0, y);
   }

@@ -67,8 +67,8 @@ const Runtime& runtime() {
       (void)cudaGetLastError();  // an error here is not sticky: clear it so later calls start clean
       const std::string what = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
       if (e == cudaErrorInsufficientDriver) {
-        r->reason = "no NVIDIA driver, or one older than the CUDA " + version_str(CUDART_VERSION) + " runtime (" +
-                    what + ")";
+        r->reason =
+            "no NVIDIA driver, or one older than the CUDA " + version_str(CUDART_VERSION) + " runtime (" + what + ")";
       } else if (e == cudaErrorNoDevice) {
         r->reason = "no CUDA-capable GPU is visible (" + what + "); check nvidia-smi and CUDA_VISIBLE_DEVICES";
       } else {

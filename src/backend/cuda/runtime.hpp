@@ -54,9 +54,9 @@ bool parse_sync_check(const char* value);
 /// layouts] in conv.cu: two extra copies per call). A benchmark reports them, so that a channels-last
 /// measurement cannot show NCHW speed unnoticed. Zero in builds without cuDNN.
 struct CudnnConvCounters {
-  int64_t calls = 0;            ///< cuDNN convolution calls (forward, data and weight gradient)
-  int64_t nhwc_calls = 0;       ///< of those, asked for in NHWC
-  int64_t nchw_fallbacks = 0;   ///< NHWC calls that ran in NCHW instead
+  int64_t calls = 0;           ///< cuDNN convolution calls (forward, data and weight gradient)
+  int64_t nhwc_calls = 0;      ///< of those, asked for in NHWC
+  int64_t nchw_fallbacks = 0;  ///< NHWC calls that ran in NCHW instead
 };
 CudnnConvCounters cudnn_conv_counters();
 
@@ -79,12 +79,12 @@ int driver_version();
 
 /// What `mixprec info` and kernel tuning need to know about one device.
 struct DeviceProperties {
-  int index = 0;                        ///< N of cuda:N
-  std::string name;                     ///< e.g. "NVIDIA H100 80GB HBM3"
-  int cc_major = 0, cc_minor = 0;       ///< compute capability (9.0 for Hopper)
-  size_t total_memory = 0;              ///< bytes of device memory
-  int multiprocessors = 0;              ///< SM count
-  size_t l2_cache_bytes = 0;            ///< L2 cache size
+  int index = 0;                             ///< N of cuda:N
+  std::string name;                          ///< e.g. "NVIDIA H100 80GB HBM3"
+  int cc_major = 0, cc_minor = 0;            ///< compute capability (9.0 for Hopper)
+  size_t total_memory = 0;                   ///< bytes of device memory
+  int multiprocessors = 0;                   ///< SM count
+  size_t l2_cache_bytes = 0;                 ///< L2 cache size
   size_t shared_memory_per_block_optin = 0;  ///< largest dynamic shared memory a block may opt in to
 };
 
@@ -149,20 +149,20 @@ void sync_check(const char* what, const char* file, int line, const char* functi
 #include <cuda_runtime_api.h>
 
 /// Check a CUDA runtime call; on failure throw mp::Error naming the call, the error and a remedy.
-#define MP_CUDA_CHECK(call)                                                                       \
-  do {                                                                                            \
-    const cudaError_t mp_cuda_status_ = (call);                                                   \
-    if (mp_cuda_status_ != cudaSuccess) [[unlikely]]                                             \
+#define MP_CUDA_CHECK(call)                                                                                \
+  do {                                                                                                     \
+    const cudaError_t mp_cuda_status_ = (call);                                                            \
+    if (mp_cuda_status_ != cudaSuccess) [[unlikely]]                                                       \
       ::mp::backend::cuda::throw_cuda_error(static_cast<int>(mp_cuda_status_), #call, __FILE__, __LINE__); \
   } while (0)
 
 /// After a kernel launch: throw the launch's error, if any, and in sync-check mode (Note [sync check])
 /// wait for the kernel and name it when it faulted.
-#define MP_CUDA_CHECK_LAUNCH()                                                                     \
-  do {                                                                                            \
-    MP_CUDA_CHECK(cudaGetLastError());                                                            \
-    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                                   \
-      ::mp::backend::cuda::sync_check("kernel launch", __FILE__, __LINE__, __func__);             \
+#define MP_CUDA_CHECK_LAUNCH()                                                        \
+  do {                                                                                \
+    MP_CUDA_CHECK(cudaGetLastError());                                                \
+    if (::mp::backend::cuda::sync_check_enabled()) [[unlikely]]                       \
+      ::mp::backend::cuda::sync_check("kernel launch", __FILE__, __LINE__, __func__); \
   } while (0)
 
 namespace mp::backend::cuda {

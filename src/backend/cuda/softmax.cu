@@ -46,19 +46,23 @@ constexpr int kWarpRowBlock = 128;
 // Threads per block of the column kernels.
 constexpr int kColThreads = 256;
 
-#define MP_GRID_STRIDE(i, n)                                                                   \
+#define MP_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 template <class A>
 __device__ MP_FORCE_INLINE A neg_inf() {
-  if constexpr (std::is_same_v<A, float>) return __int_as_float(static_cast<int>(0xff800000u));
-  else return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+  if constexpr (std::is_same_v<A, float>)
+    return __int_as_float(static_cast<int>(0xff800000u));
+  else
+    return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
 }
 template <class A>
 __device__ MP_FORCE_INLINE A quiet_nan() {
-  if constexpr (std::is_same_v<A, float>) return __int_as_float(0x7fc00000);
-  else return __longlong_as_double(0x7ff8000000000000ll);
+  if constexpr (std::is_same_v<A, float>)
+    return __int_as_float(0x7fc00000);
+  else
+    return __longlong_as_double(0x7ff8000000000000ll);
 }
 
 // Running max and sum of exp(x - max) (Note [CUDA online softmax]).
@@ -163,8 +167,10 @@ __global__ void __launch_bounds__(kRowThreads == kWarpSize ? kWarpRowBlock : kBl
   for (int64_t r = rs.first; r < rows; r += rs.step) {
     const T* const gy[2] = {go + r * n, y + r * n};
     A acc = 0;
-    if (log) row_loop<A, false>(gy, nullptr, n, rs.tid, kRowThreads, [&](const A* v, int64_t) { acc += v[0]; });
-    else row_loop<A, false>(gy, nullptr, n, rs.tid, kRowThreads, [&](const A* v, int64_t) { acc += v[0] * v[1]; });
+    if (log)
+      row_loop<A, false>(gy, nullptr, n, rs.tid, kRowThreads, [&](const A* v, int64_t) { acc += v[0]; });
+    else
+      row_loop<A, false>(gy, nullptr, n, rs.tid, kRowThreads, [&](const A* v, int64_t) { acc += v[0] * v[1]; });
     acc = row_allreduce<kRowThreads>(acc, Plus<A>{}, A(0), smem);
     if (log) {
       const LogSoftmaxGradFn<A> f;
@@ -259,8 +265,11 @@ __global__ void __launch_bounds__(kRowThreads == kWarpSize ? kWarpRowBlock : kBl
         if (with_sx) sums.s += xs;
       });
       sums = row_allreduce<kRowThreads>(
-          sums, [](MaxSum<A> p, MaxSum<A> q) { return MaxSum<A>{p.m + q.m, p.s + q.s}; }, MaxSum<A>{A(0), A(0)},
-          smem);
+          sums,
+          [](MaxSum<A> p, MaxSum<A> q) {
+            return MaxSum<A>{p.m + q.m, p.s + q.s};
+          },
+          MaxSum<A>{A(0), A(0)}, smem);
       if (with_exp) l = math_log(sums.m);
       if (with_sx) mean_x = sums.s / static_cast<A>(a.C);
     }
@@ -347,9 +356,8 @@ __global__ void __launch_bounds__(kRowThreads == kWarpSize ? kWarpRowBlock : kBl
 // Columns as in the forward; as the CPU's column path, a row whose weight is 0 (ignored, or a zero incoming
 // gradient) gets exactly 0, so a garbage probability cannot leak NaN into it.
 template <class T>
-__global__ void class_loss_backward_cols_kernel(T* __restrict__ gi, const acc_t<T>* __restrict__ w_rows,
-                                                bool shared_w, const T* __restrict__ input,
-                                                const acc_t<T>* __restrict__ stats,
+__global__ void class_loss_backward_cols_kernel(T* __restrict__ gi, const acc_t<T>* __restrict__ w_rows, bool shared_w,
+                                                const T* __restrict__ input, const acc_t<T>* __restrict__ stats,
                                                 const int64_t* __restrict__ target, LossArgs<acc_t<T>> a) {
   using A = acc_t<T>;
   const A eps_c = a.eps / static_cast<A>(a.C);
@@ -420,8 +428,8 @@ void softmax_cuda(bool log, const Tensor& out, const Tensor& in, const SoftmaxSh
                   &softmax_rows_kernel<T, kBlockRowThreads>, op, ip, s.outer, s.n, log);
     } else {
       const int64_t cols = s.outer * s.inner;
-      softmax_cols_kernel<T><<<blocks_for(cols, kColThreads, dev), kColThreads, 0, stream>>>(op, ip, cols, s.n,
-                                                                                            s.inner, log);
+      softmax_cols_kernel<T>
+          <<<blocks_for(cols, kColThreads, dev), kColThreads, 0, stream>>>(op, ip, cols, s.n, s.inner, log);
       MP_CUDA_CHECK_LAUNCH();
     }
   });
@@ -449,8 +457,8 @@ void softmax_backward_cuda(bool log, const Tensor& grad_in, const Tensor& grad_o
                   &softmax_backward_rows_kernel<T, kBlockRowThreads>, gp, gop, yp, s.outer, s.n, log);
     } else {
       const int64_t cols = s.outer * s.inner;
-      softmax_backward_cols_kernel<T><<<blocks_for(cols, kColThreads, dev), kColThreads, 0, stream>>>(
-          gp, gop, yp, cols, s.n, s.inner, log);
+      softmax_backward_cols_kernel<T>
+          <<<blocks_for(cols, kColThreads, dev), kColThreads, 0, stream>>>(gp, gop, yp, cols, s.n, s.inner, log);
       MP_CUDA_CHECK_LAUNCH();
     }
   });
@@ -497,15 +505,17 @@ void class_loss_cuda(const char* op, const Tensor& losses, const Tensor& stats, 
       }
     });
   };
-  if (losses.dtype() == DType::f64) run.template operator()<double>();
-  else run.template operator()<float>();
+  if (losses.dtype() == DType::f64)
+    run.template operator()<double>();
+  else
+    run.template operator()<float>();
   unsigned long long first_bad = 0;
   read_to_host(&first_bad, bad, sizeof(first_bad), stream);
   if (first_bad == ULLONG_MAX) return;
   int64_t value = 0;
   read_to_host(&value, tgt + first_bad, sizeof(value), stream);
-  MP_FAIL(op, ": target ", value, " (at flat position ", static_cast<int64_t>(first_bad), ") is out of range for ",
-          s.n, " classes; expected 0 <= target < ", s.n, " or target == ignore_index (", p.ignore_index, ")");
+  MP_FAIL(op, ": target ", value, " (at flat position ", static_cast<int64_t>(first_bad), ") is out of range for ", s.n,
+          " classes; expected 0 <= target < ", s.n, " or target == ignore_index (", p.ignore_index, ")");
 }
 
 void class_loss_backward_cuda(const Tensor& grad_input, const Tensor& grad_rows, const Tensor& input,
@@ -543,8 +553,10 @@ void class_loss_backward_cuda(const Tensor& grad_input, const Tensor& grad_rows,
     });
     finish_out(grad_input, gi);
   };
-  if (grad_rows.dtype() == DType::f64) run.template operator()<double>();
-  else run.template operator()<float>();
+  if (grad_rows.dtype() == DType::f64)
+    run.template operator()<double>();
+  else
+    run.template operator()<float>();
 }
 
 }  // namespace

@@ -13,9 +13,10 @@ bool parse_sync_check(const char* value) {
   const std::string v(value);
   if (v.empty() || v == "0") return false;
   if (v == "1") return true;
-  MP_FAIL("MP_CUDA_SYNC_CHECK: expected 1 (wait for the device after every kernel launch and library call, and "
-          "name the one that faulted) or 0 (off, the default), got '",
-          v, "'; set it to 1 or 0, or unset it");
+  MP_FAIL(
+      "MP_CUDA_SYNC_CHECK: expected 1 (wait for the device after every kernel launch and library call, and "
+      "name the one that faulted) or 0 (off, the default), got '",
+      v, "'; set it to 1 or 0, or unset it");
 }
 
 bool sync_check_enabled() {

@@ -15,9 +15,7 @@ constexpr const char* kReason =
     "mixprec was built without the CUDA backend (configured with -DMP_CUDA=OFF or without nvcc); rebuild "
     "with -DMP_CUDA=ON on a machine with the CUDA toolkit";
 
-[[noreturn]] void fail(const std::string& what) {
-  MP_FAIL(what, ": there is no CUDA device: ", kReason);
-}
+[[noreturn]] void fail(const std::string& what) { MP_FAIL(what, ": there is no CUDA device: ", kReason); }
 
 // Every allocation fails with the reason; there is nothing to count or cache.
 class UnavailableAllocator final : public memory::Allocator {
