@@ -12,6 +12,9 @@ namespace mixprec {
 
 /// The process's exit status when a command returns normally (main returns it; 0 unless a command sets it).
 inline int exit_code = 0;
+/// Exit statuses of Note [exit statuses] (main.cpp): a usage error, a numerical failure.
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitNumerical = 3;
 
 /// `mixprec info`: CPU features, GPUs, library versions, and the advised precision per device.
 void add_info_command(CLI::App& app);

@@ -18,9 +18,20 @@ int main(int argc, char** argv) {
   mixprec::add_plot_command(app);
   mixprec::add_demo_command(app);
   mixprec::add_bench_command(app);
+  // Note [exit statuses]: 0 success; 1 an error in the input or the environment (a bad setting, a missing or
+  // damaged file, no such device); 2 a usage error (an unknown flag, a value of the wrong form: CLI11's
+  // message and usage); 3 a numerical failure (the run diverged, the loss scale is stuck); 128 + N stopped by
+  // signal N (SIGINT 130, SIGTERM 143) after checkpointing. The README's table says the same.
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) { return app.exit(e); } catch (const mp::Error& e) {
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints the message (and usage), or the help text for --help (rc 0)
+    return rc == 0 ? 0 : mixprec::kExitUsage;
+  } catch (const mp::NumericalError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "mixprec: numerical failure: %s\n", e.what());
+    return mixprec::kExitNumerical;
+  } catch (const mp::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "mixprec: error: %s\n", e.what());
     return 1;

@@ -108,6 +108,14 @@ void add_train_command(CLI::App& app) {
                                               "to continue\n");
     std::fflush(stdout);
     if (s.interrupted) exit_code = 128 + g_signal;  // as a shell reports a process ended by the signal
+    if (s.diverged) {                               // Note [exit statuses]
+      std::fprintf(stderr,
+                   "mixprec: numerical failure: the loss became inf/NaN at step %lld; lower --lr%s, or add "
+                   "--clip_grad_norm\n",
+                   static_cast<long long>(s.steps),
+                   c->precision == "fp16" ? ", train in bf16 (f32's exponent range: no overflow at 65504)" : "");
+      exit_code = kExitNumerical;
+    }
   });
 }
 

@@ -140,12 +140,12 @@ void GradScaler::update() {
     growth_tracker_ = 0;
     if (scale_ <= options_.min_scale) {
       ++overflows_at_min_;
-      MP_CHECK(options_.max_overflows_at_min_scale == 0 || overflows_at_min_ < options_.max_overflows_at_min_scale,
-               "GradScaler: the loss scale is stuck at its minimum (", options_.min_scale, ") after ",
-               overflows_at_min_,
-               " consecutive steps with inf/NaN gradients: the gradients are non-finite even unscaled, so skipping "
-               "steps cannot recover. The model has likely diverged: lower the learning rate, or train in bf16 "
-               "(f32's exponent range, no loss scaling needed)");
+      if (options_.max_overflows_at_min_scale != 0 && overflows_at_min_ >= options_.max_overflows_at_min_scale)
+        throw NumericalError(detail::str_cat(
+            "GradScaler: the loss scale is stuck at its minimum (", options_.min_scale, ") after ", overflows_at_min_,
+            " consecutive steps with inf/NaN gradients: the gradients are non-finite even unscaled, so skipping "
+            "steps cannot recover. The model has likely diverged: lower the learning rate, or train in bf16 "
+            "(f32's exponent range, no loss scaling needed)"));
     }
     if (--hysteresis_tracker_ <= 0) {
       scale_ = std::max(options_.min_scale, scale_ * options_.backoff_factor);

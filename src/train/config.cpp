@@ -1,5 +1,6 @@
 // TrainConfig: JSON form, validation, labels.
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <set>
 #include <type_traits>
 
@@ -10,6 +11,7 @@
 #include "mp/nn/rnn.hpp"
 #include "mp/system.hpp"
 #include "mp/train/trainer.hpp"
+#include "setup.hpp"
 
 namespace mp::train {
 
@@ -58,6 +60,42 @@ void check_positive(const char* name, T v) {
 template <class T>
 void check_non_negative(const char* name, T v) {
   MP_CHECK(v >= 0, "--", name, " must be >= 0, got ", v);
+}
+
+// The dynamic scaler's settings: valid values (named by their flags), and given only where dynamic loss
+// scaling runs (a static --loss_scale N or no scaling at all would silently ignore them).
+void validate_loss_scaling(const TrainConfig& c) {
+  MP_CHECK(c.init_scale > 0 && std::isfinite(c.init_scale), "--init_scale must be positive and finite, got ",
+           c.init_scale);
+  MP_CHECK(c.growth_factor > 1, "--growth_factor must be > 1, got ", c.growth_factor);
+  MP_CHECK(c.backoff_factor > 0 && c.backoff_factor < 1, "--backoff_factor must be in (0, 1), got ", c.backoff_factor);
+  check_positive("growth_interval", c.growth_interval);
+  MP_CHECK(c.hysteresis >= 1, "--hysteresis must be >= 1 (1 = back off at the first overflow), got ", c.hysteresis);
+  MP_CHECK(c.min_scale > 0 && c.min_scale <= c.max_scale,
+           "--min_scale and --max_scale: expected 0 < min_scale <= ", "max_scale, got ", c.min_scale, " and ",
+           c.max_scale);
+  check_non_negative("max_overflows_at_min_scale", c.max_overflows_at_min_scale);
+  const amp::GradScalerOptions d;
+  std::string given;
+  for (const auto& [flag, set] :
+       {std::pair<const char*, bool>{"--init_scale", c.init_scale != d.init_scale},
+        {"--growth_factor", c.growth_factor != d.growth_factor},
+        {"--backoff_factor", c.backoff_factor != d.backoff_factor},
+        {"--growth_interval", c.growth_interval != d.growth_interval},
+        {"--hysteresis", c.hysteresis != d.hysteresis},
+        {"--min_scale", c.min_scale != d.min_scale},
+        {"--max_scale", c.max_scale != d.max_scale},
+        {"--max_overflows_at_min_scale", c.max_overflows_at_min_scale != d.max_overflows_at_min_scale}})
+    if (set) given += (given.empty() ? "" : ", ") + std::string(flag);
+  if (given.empty()) return;
+  const amp::AmpOptions r = amp::resolve(detail::amp_options(c));
+  MP_CHECK(r.scaler.enabled && r.scaler.dynamic, given, " set dynamic loss scaling, but this run has ",
+           r.scaler.enabled
+               ? "a static loss scale (--loss_scale " + c.loss_scale + "); for a scale that starts at " + c.loss_scale +
+                     " and adapts use --loss_scale dynamic --init_scale " + c.loss_scale
+               : "no loss scaling (--precision " + c.precision +
+                     (c.loss_scale.empty() ? std::string(", whose default is none") : " --loss_scale " + c.loss_scale) +
+                     "); add --loss_scale dynamic, or drop " + given);
 }
 
 }  // namespace
@@ -144,6 +182,7 @@ void validate(const TrainConfig& c) {
            c.opt_level.empty() ? "(default)" : c.opt_level,
            c.master_weights.empty() ? std::string() : " --master_weights " + c.master_weights,
            "; f32 masters keep the small updates themselves and need no stochastic rounding");
+  validate_loss_scaling(c);
   (void)run_device(c);
   (void)float32_matmul_precision_from_string(c.matmul_precision);
   MP_CHECK(c.ema_decay >= 0 && c.ema_decay < 1, "--ema_decay must be in [0, 1) (0 = off; 0.999 is usual), got ",

@@ -47,6 +47,16 @@ amp::AmpOptions amp_options(const TrainConfig& c) {
   if (!c.master_weights.empty()) o.master_weights = c.master_weights == "true";
   o.stochastic_rounding = c.stochastic_rounding;
   o.rounding_seed = c.seed;
+  // The dynamic scaler's settings (resolve() sets enabled/dynamic, and a static scale's value, from the loss
+  // scale); validate() refuses them where no dynamic scaling runs.
+  o.scaler.init_scale = c.init_scale;
+  o.scaler.growth_factor = c.growth_factor;
+  o.scaler.backoff_factor = c.backoff_factor;
+  o.scaler.growth_interval = c.growth_interval;
+  o.scaler.hysteresis = c.hysteresis;
+  o.scaler.min_scale = c.min_scale;
+  o.scaler.max_scale = c.max_scale;
+  o.scaler.max_overflows_at_min_scale = c.max_overflows_at_min_scale;
   return o;
 }
 

@@ -391,7 +391,7 @@ TEST(GradScaler, StuckAtMinimumScaleThrowsWithAdvice) {
   try {
     scaler.update();  // 3 consecutive overflows at the minimum
     FAIL() << "expected the stuck-at-minimum error";
-  } catch (const Error& e) {
+  } catch (const NumericalError& e) {  // a numerical failure, not an input error (the CLI's exit status 3)
     const std::string msg = e.what();
     EXPECT_NE(msg.find("bf16"), std::string::npos) << msg;
     EXPECT_NE(msg.find("learning rate"), std::string::npos) << msg;

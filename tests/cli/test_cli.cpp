@@ -82,6 +82,46 @@ TEST(Cli, MistakesExitNonZeroWithAClearMessage) {
   expect_failure("", "");  // no subcommand: usage and a non-zero exit
 }
 
+// Note [exit statuses]: usage errors 2, input errors 1, numerical failures 3, each with its message.
+TEST(Cli, ExitStatusesSayHowARunEnded) {
+  const std::string lm = "train --dataset text --data_dir " + corpus().string() +
+                         " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --epochs 1 --quiet";
+  Result r = run("train --no-such-flag 3");
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run("train --epochs three");
+  EXPECT_EQ(r.code, 2) << r.output;  // a value of the wrong form: CLI11's message
+  r = run("train --precision fp8");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("fp8"), std::string::npos) << r.output;
+  // A learning rate of 1e38 sends the weights, then the loss, to inf/NaN: a numerical failure, said as such.
+  r = run(lm + " --lr 1e38 --clip_grad_norm 0");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("numerical failure"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("DIVERGED"), std::string::npos) << r.output;
+  r = run(lm);
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// Dynamic loss scaling's settings are flags named as amp::GradScalerOptions' fields; they are refused where no
+// dynamic scaling runs.
+TEST(Cli, LossScalerFlags) {
+  const std::string lm = "train --dataset text --data_dir " + corpus().string() +
+                         " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --epochs 1 --quiet";
+  Result r = run(lm + " --precision fp16 --init_scale 1024 --growth_interval 3 --hysteresis 2 --print_config");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["init_scale"], 1024.0);
+  EXPECT_EQ(j["growth_interval"], 3);
+  EXPECT_EQ(j["hysteresis"], 2);
+  EXPECT_EQ(j["max_scale"], 16777216.0);  // amp::GradScalerOptions' default
+  r = run(lm + " --precision fp16 --init_scale 1024 --growth_interval 3");
+  EXPECT_EQ(r.code, 0) << r.output;
+  expect_failure(lm + " --precision fp16 --loss_scale 128 --init_scale 64", "static loss scale (--loss_scale 128)");
+  expect_failure(lm + " --precision bf16 --growth_interval 10", "add --loss_scale dynamic");
+  expect_failure(lm + " --precision fp16 --growth_factor 0.5", "--growth_factor must be > 1");
+  expect_failure(lm + " --precision fp16 --min_scale 4 --max_scale 2", "0 < min_scale <= max_scale");
+}
+
 // Note [a run described in a file]: --print_config writes the settings, --config reads them back, and flags
 // on the command line win over the file.
 TEST(Cli, ARunDescribedInAFileWithFlagsOverIt) {

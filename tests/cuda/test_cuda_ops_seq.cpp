@@ -56,6 +56,16 @@ TEST(CudaIndex, EmbeddingForwardBackwardAndErrors) {
       }
     }
   }
+  // Note [deferred device checks]: checking the indices costs no host synchronisation; an out-of-range
+  // index is reported at the next one (below).
+  if (dev().is_cuda()) {
+    const Tensor w = on_dev(uniform({10, 4}, -1, 1)), idx = on_dev(integers({20}, 0, 10));
+    mp::synchronize(dev());
+    const int64_t before = backend::cuda::host_sync_count();
+    const Tensor e = embedding(w, idx);
+    EXPECT_EQ(backend::cuda::host_sync_count(), before) << "the index check waited for the device";
+    EXPECT_EQ(e.to(kCPU).sizes(), (Shape{20, 4}));  // the read-back runs the check: no error
+  }
   // An out-of-range index: the device throws the CPU's message (the first bad index, its position, V).
   for (DType it : {DType::i64, DType::i32}) {
     const Tensor w = uniform({10, 4}, -1, 1);

@@ -12,6 +12,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+/// An Error that says a run failed numerically (a loss scale stuck at its minimum, non-finite values that
+/// skipping steps cannot cure), not that its input was wrong: the CLI exits with its own status for it.
+class NumericalError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 /// Concatenate any streamable arguments into a string.
 template <class... Args>

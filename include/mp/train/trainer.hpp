@@ -9,8 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "mp/kernel_paths.hpp"
+#include "mp/amp/grad_scaler.hpp"
 #include "mp/core/device.hpp"
+#include "mp/kernel_paths.hpp"
 
 namespace mp::train {
 
@@ -45,6 +46,15 @@ struct TrainConfig {
   std::string keep_batchnorm_fp32;   ///< O2/O3: true or false; empty = the level's (O2 true, O3 false)
   std::string master_weights;        ///< O2/O3: true or false; empty = the level's (O2 true, O3 false)
   bool stochastic_rounding = false;  ///< 16-bit weights without masters: round their updates stochastically
+  // ---- dynamic loss scaling (amp::GradScalerOptions, whose defaults these are) ----
+  double init_scale = amp::GradScalerOptions{}.init_scale;          ///< starting scale
+  double growth_factor = amp::GradScalerOptions{}.growth_factor;    ///< scale *= this after growth_interval clean steps
+  double backoff_factor = amp::GradScalerOptions{}.backoff_factor;  ///< scale *= this on overflow
+  int64_t growth_interval = amp::GradScalerOptions{}.growth_interval;  ///< clean steps between growths
+  int64_t hysteresis = amp::GradScalerOptions{}.hysteresis;            ///< overflows tolerated before backing off
+  double min_scale = amp::GradScalerOptions{}.min_scale;               ///< the scale never goes below this
+  double max_scale = amp::GradScalerOptions{}.max_scale;               ///< the scale never goes above this
+  int64_t max_overflows_at_min_scale = amp::GradScalerOptions{}.max_overflows_at_min_scale;  ///< then stop (0 = never)
   // ---- word LM ----
   int64_t bptt = 35;                   ///< truncated back-propagation window (tokens)
   int64_t embed_size = 200;            ///< word embedding size
@@ -119,6 +129,16 @@ void visit_fields(TrainConfig& c, F&& f) {
     "O3 (or O2 with --master_weights false): round the 16-bit weights stochastically after each update, so updates "
     "below half an ulp survive "
     "in expectation (there are no f32 masters to keep them)");
+  f("init_scale", c.init_scale, "dynamic loss scaling: the starting scale");
+  f("growth_factor", c.growth_factor,
+    "dynamic loss scaling: the scale grows by this after growth_interval clean steps");
+  f("backoff_factor", c.backoff_factor, "dynamic loss scaling: the scale shrinks by this on an overflow");
+  f("growth_interval", c.growth_interval, "dynamic loss scaling: clean steps between growths");
+  f("hysteresis", c.hysteresis, "dynamic loss scaling: overflows tolerated before backing off (1 = at the first)");
+  f("min_scale", c.min_scale, "dynamic loss scaling: the scale never goes below this");
+  f("max_scale", c.max_scale, "dynamic loss scaling: the scale never goes above this");
+  f("max_overflows_at_min_scale", c.max_overflows_at_min_scale,
+    "dynamic loss scaling: stop the run after this many consecutive overflows at min_scale (0 = never)");
   f("bptt", c.bptt, "word LM: truncated back-propagation window in tokens");
   f("embed_size", c.embed_size, "word LM: embedding size");
   f("hidden_size", c.hidden_size, "word LM: recurrent state size");

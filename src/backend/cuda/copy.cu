@@ -134,6 +134,7 @@ void device_to_host(char* dst, const char* src, size_t n, int dev) {
       std::memcpy(dst + off, st.buf[j & 1], std::min(kStagingChunkBytes, n - off));
     }
   }
+  run_deferred_checks(dev);  // Note [deferred device checks]: before the data is used
 }
 
 void device_to_device(char* dst, int dst_dev, const char* src, int src_dev, size_t n) {

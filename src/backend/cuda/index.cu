@@ -3,8 +3,8 @@
 //
 // Note [CUDA embedding errors]: an out-of-range index must throw the CPU's mp::Error (naming the first bad
 // flat position and its value). The gather kernel checks every index it uses and records the smallest bad
-// position with an integer atomicMin in a device word; the entry copies that word back and synchronises
-// the stream (one small copy per call), and on a hit fetches the index value and throws.
+// position with an integer atomicMin in a device word, which the next host synchronisation reads (Note
+// [deferred device checks] in runtime.hpp): on a hit it fetches the index value and throws.
 //
 // Note [CUDA embedding backward]: deterministic and bit-identical to the single-threaded CPU order. The
 // indices are stably sorted with their positions as values (CUB's LSD radix sort, only as many bits as V
@@ -116,13 +116,12 @@ void embedding_cuda(const Tensor& out, const Tensor& weight, const Tensor& indic
         default: launch.template operator()<uint8_t>(); break;
       }
     }
-    unsigned long long first_bad = 0;
-    read_to_host(&first_bad, bad, sizeof(first_bad), stream);
-    if (first_bad == ULLONG_MAX) return;
-    I value{};
-    read_to_host(&value, idx + first_bad, sizeof(I), stream);
-    MP_FAIL("embedding: index ", static_cast<int64_t>(value), " (at flat position ", static_cast<int64_t>(first_bad),
-            ") is out of range for a weight with V = ", V, " rows; expected 0 <= index < ", V);
+    defer_device_check(dev, bad, [bad_t, indices, idx, V, stream](unsigned long long first_bad) {
+      I value{};
+      copy_to_host_now(&value, idx + first_bad, sizeof(I), stream);
+      MP_FAIL("embedding: index ", static_cast<int64_t>(value), " (at flat position ", static_cast<int64_t>(first_bad),
+              ") is out of range for a weight with V = ", V, " rows; expected 0 <= index < ", V);
+    });
   });
 }
 

@@ -32,8 +32,8 @@
 #include "backend/cuda/cublaslt.hpp"
 #include "backend/cuda/runtime.hpp"
 #include "backend/linalg_kernels.hpp"
+#include "backend/pointwise_kernels.hpp"
 #include "mp/core/error.hpp"
-#include "mp/ops/pointwise.hpp"
 #include "mp/tensor/tensor.hpp"
 
 namespace mp::backend::cuda {
@@ -143,7 +143,12 @@ void check_args(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
 
 // The GEMM of Note [row-major on cuBLASLt] for an output cuBLASLt can write (D = out^T or out).
 // out = max(out, 0) in place: the ReLU epilogue where cuBLASLt's cannot be used.
-void relu_in_place(const Tensor& out) { Tensor(out).copy_(relu(out)); }
+// max(out, 0) in place through the element-wise kernel slot (a kernel calls kernels, never the ops layer).
+void relu_in_place(const Tensor& out) {
+  const Tensor in[1] = {out};
+  pointwise_kernel.get(out.device())(PointwiseOp::relu, out, in, out.dtype() == DType::f64 ? DType::f64 : DType::f32,
+                                     PointwiseParams{});
+}
 
 // Note [matmul ReLU epilogue]: with a bias per row of D (out_transposed) the GEMM uses cuBLASLt's
 // RELU_BIAS epilogue, without a bias its RELU epilogue; both apply max(x, 0) to the f32 result before

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -45,11 +46,18 @@ const char* remedy(cudaError_t e) {
 // (and the streams in them) are never destroyed: tensors released during static destruction still
 // reach them, and the CUDA runtime may already be unloaded at that point; the driver reclaims
 // everything when the process exits.
+struct PendingCheck {
+  const void* word;
+  std::function<void(unsigned long long)> fail;
+};
+
 struct DeviceState {
   std::once_flag stream_once;
   cudaStream_t stream = nullptr;
   std::once_flag props_once;
   DeviceProperties props;
+  std::mutex checks_mu;  // Note [deferred device checks]
+  std::vector<PendingCheck> checks;
 };
 
 struct Runtime {
@@ -191,12 +199,42 @@ void synchronize(Device d) {
   DeviceGuard g(d, "synchronize");
   count_host_sync();
   MP_CUDA_CHECK(cudaDeviceSynchronize());
+  run_deferred_checks(d.index);
+}
+
+void copy_to_host_now(void* host, const void* device_ptr, size_t bytes, cudaStream_t stream) {
+  MP_CUDA_CHECK(cudaMemcpyAsync(host, device_ptr, bytes, cudaMemcpyDeviceToHost, stream));
+  MP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void read_to_host(void* host, const void* device_ptr, size_t bytes, cudaStream_t stream) {
   count_host_sync();
-  MP_CUDA_CHECK(cudaMemcpyAsync(host, device_ptr, bytes, cudaMemcpyDeviceToHost, stream));
-  MP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  copy_to_host_now(host, device_ptr, bytes, stream);
+  int device = 0;
+  MP_CUDA_CHECK(cudaGetDevice(&device));
+  run_deferred_checks(device);
+}
+
+void defer_device_check(int device, const void* word, std::function<void(unsigned long long)> fail) {
+  DeviceState& s = state(device);
+  std::lock_guard<std::mutex> lock(s.checks_mu);
+  s.checks.push_back({word, std::move(fail)});
+}
+
+void run_deferred_checks(int device) {
+  DeviceState& s = state(device);
+  std::vector<PendingCheck> pending;
+  {
+    std::lock_guard<std::mutex> lock(s.checks_mu);
+    pending.swap(s.checks);
+  }
+  if (pending.empty()) return;
+  DeviceGuard g(Device(DeviceType::cuda, device), "deferred device checks");
+  for (const PendingCheck& c : pending) {
+    unsigned long long first_bad = 0;
+    copy_to_host_now(&first_bad, c.word, sizeof(first_bad), current_stream(device));
+    if (first_bad != ~0ULL) c.fail(first_bad);  // throws; the other pending checks are dropped with it
+  }
 }
 
 cudaStream_t current_stream(int device) {

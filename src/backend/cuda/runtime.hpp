@@ -148,6 +148,8 @@ void sync_check(const char* what, const char* file, int line, const char* functi
 #if defined(MP_HAVE_CUDA) && defined(__CUDACC__)
 #include <cuda_runtime_api.h>
 
+#include <functional>
+
 /// Check a CUDA runtime call; on failure throw mp::Error naming the call, the error and a remedy.
 #define MP_CUDA_CHECK(call)                                                                                \
   do {                                                                                                     \
@@ -174,8 +176,25 @@ namespace mp::backend::cuda {
 cudaStream_t current_stream(int device);
 
 /// Copy `bytes` bytes of device memory to host memory and wait for them (and, by stream order, for the
-/// work queued before): a counted host synchronisation (Note [host synchronisation counter]).
+/// work queued before): a counted host synchronisation (Note [host synchronisation counter]); then the
+/// current device's deferred checks run (Note [deferred device checks]).
 void read_to_host(void* host, const void* device_ptr, size_t bytes, cudaStream_t stream);
+
+/// The same copy without counting it or running the deferred checks: for the checks' own `fail`.
+void copy_to_host_now(void* host, const void* device_ptr, size_t bytes, cudaStream_t stream);
+
+/// Note [deferred device checks]: an op that validates its inputs on the device (embedding indices,
+/// class-loss targets) lets its kernels record the first bad flat position in a device word (ULLONG_MAX
+/// when all are fine) and registers the word here instead of reading it back at once. The device's next
+/// host synchronisation (read_to_host, a device-to-host copy, synchronize()) reads every pending word
+/// once its stream has drained and calls the op's `fail` for the first hit, which throws the op's error
+/// in the CPU's words. So a training step pays no synchronisation for these checks, and an error
+/// surfaces at the step's next read (loss.item(), a copy to the host) before any result leaves the
+/// device. `fail` captures what it reads (the word's and the indices' tensors), keeping them alive.
+void defer_device_check(int device, const void* word, std::function<void(unsigned long long)> fail);
+
+/// Run and clear the pending checks of `device` (its stream idle); throws the first failing op's error.
+void run_deferred_checks(int device);
 
 }  // namespace mp::backend::cuda
 #endif

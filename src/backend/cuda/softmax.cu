@@ -27,6 +27,7 @@
 
 #include <climits>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/block_reduce.cuh"
@@ -509,13 +510,16 @@ void class_loss_cuda(const char* op, const Tensor& losses, const Tensor& stats, 
     run.template operator()<double>();
   else
     run.template operator()<float>();
-  unsigned long long first_bad = 0;
-  read_to_host(&first_bad, bad, sizeof(first_bad), stream);
-  if (first_bad == ULLONG_MAX) return;
-  int64_t value = 0;
-  read_to_host(&value, tgt + first_bad, sizeof(value), stream);
-  MP_FAIL(op, ": target ", value, " (at flat position ", static_cast<int64_t>(first_bad), ") is out of range for ", s.n,
-          " classes; expected 0 <= target < ", s.n, " or target == ignore_index (", p.ignore_index, ")");
+  // Note [deferred device checks]: the next host synchronisation reads the word and throws on a hit.
+  defer_device_check(dev, bad,
+                     [bad_t, target, tgt, stream, name = std::string(op), n = s.n,
+                      ignore = p.ignore_index](unsigned long long first_bad) {
+                       int64_t value = 0;
+                       copy_to_host_now(&value, tgt + first_bad, sizeof(value), stream);
+                       MP_FAIL(name, ": target ", value, " (at flat position ", static_cast<int64_t>(first_bad),
+                               ") is out of range for ", n, " classes; expected 0 <= target < ", n,
+                               " or target == ignore_index (", ignore, ")");
+                     });
 }
 
 void class_loss_backward_cuda(const Tensor& grad_input, const Tensor& grad_rows, const Tensor& input,
