@@ -142,6 +142,10 @@ void validate(const TrainConfig& c) {
   MP_CHECK(c.weight_decay >= 0 || c.weight_decay == -1,
            "--weight_decay must be >= 0 (or -1 for the task default), got ", c.weight_decay);
   check_non_negative("warmup_epochs", c.warmup_epochs);
+  MP_CHECK(c.warmup_epochs < static_cast<double>(c.epochs) || (c.schedule != "linear" && c.schedule != "cosine"),
+           "--warmup_epochs ", c.warmup_epochs, " covers the whole run (--epochs ", c.epochs, "), but --schedule ",
+           c.schedule, " decays the learning rate after the warm-up: use fewer --warmup_epochs than --epochs, or ",
+           "--schedule constant");
   MP_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label_smoothing must be in [0, 1), got ",
            c.label_smoothing);
   MP_CHECK(c.clip_grad_norm >= 0 || c.clip_grad_norm == -1,

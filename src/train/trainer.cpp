@@ -103,6 +103,11 @@ std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim
     o.step_size = std::max<int64_t>(1, (total - o.warmup_steps) / 3);
     o.gamma = 0.1;
   }
+  // validate() compares epochs; here the rounding to steps can still leave no step to decay over.
+  MP_CHECK(o.warmup_steps < total || (c.schedule != "linear" && c.schedule != "cosine"), "--warmup_epochs ",
+           c.warmup_epochs, " is ", o.warmup_steps, " warm-up steps, the whole run of ", total, " steps (",
+           steps_per_epoch, " per epoch, --epochs ", c.epochs, "), but --schedule ", c.schedule,
+           " decays after the warm-up: use fewer --warmup_epochs, more --epochs, or --schedule constant");
   return std::make_unique<optim::WarmupSchedule>(opt, o);
 }
 

@@ -122,6 +122,16 @@ TEST(Cli, LossScalerFlags) {
   expect_failure(lm + " --precision fp16 --min_scale 4 --max_scale 2", "0 < min_scale <= max_scale");
 }
 
+// A warm-up as long as the run leaves the decay nothing: refused naming both flags and the fixes.
+TEST(Cli, WarmupLongerThanTheRunIsRefused) {
+  const std::string lm = "train --dataset text --data_dir " + corpus().string() +
+                         " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --quiet";
+  expect_failure(lm + " --warmup_epochs 1 --epochs 1", "--warmup_epochs 1 covers the whole run (--epochs 1)");
+  expect_failure(lm + " --warmup_epochs 1 --epochs 1", "--schedule constant");
+  const Result r = run(lm + " --warmup_epochs 1 --epochs 1 --schedule constant");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 // Note [a run described in a file]: --print_config writes the settings, --config reads them back, and flags
 // on the command line win over the file.
 TEST(Cli, ARunDescribedInAFileWithFlagsOverIt) {
