@@ -63,10 +63,7 @@ SystemInfo system_info() {
   return s;
 }
 
-CudnnConvCounts cudnn_conv_counts() {
-  const backend::cuda::CudnnConvCounters c = backend::cuda::cudnn_conv_counters();
-  return {.calls = c.calls, .nhwc_calls = c.nhwc_calls, .nchw_fallbacks = c.nchw_fallbacks};
-}
+CudnnConvCounts cudnn_conv_counts() { return backend::cuda::cudnn_conv_counters(); }
 
 int64_t cuda_host_syncs() { return backend::cuda::host_sync_count(); }
 

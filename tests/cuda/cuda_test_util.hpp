@@ -57,16 +57,19 @@ inline bool gpu_required() {
   return e != nullptr && std::string(e) == "1";
 }
 
+/// Skip the test unless `available` (fail instead when gpu_required()), saying why there is no device.
+#define MP_SKIP_OR_FAIL_UNLESS(available)                                                                  \
+  if (!(available)) {                                                                                      \
+    if (::mp::cuda_test::gpu_required())                                                                   \
+      GTEST_FAIL() << "MP_CUDA_TESTS_REQUIRE_GPU=1 but there is no CUDA device: "                          \
+                   << ::mp::backend::cuda::no_device_reason();                                             \
+    GTEST_SKIP() << "no CUDA device (" << ::mp::backend::cuda::no_device_reason()                          \
+                 << "); MP_CUDA_TESTS_ON_CPU=1 runs the op tests with the CPU standing in for the device"; \
+  }
+
 /// Skip the test when there is neither a CUDA device nor the self-check mode (fail instead when
 /// gpu_required()).
-#define MP_SKIP_WITHOUT_GPU()                                                                             \
-  if (!::mp::cuda_test::device_available()) {                                                             \
-    if (::mp::cuda_test::gpu_required())                                                                  \
-      GTEST_FAIL() << "MP_CUDA_TESTS_REQUIRE_GPU=1 but there is no CUDA device: "                         \
-                   << ::mp::backend::cuda::no_device_reason();                                            \
-    GTEST_SKIP() << "no CUDA device (" << ::mp::backend::cuda::no_device_reason()                         \
-                 << "); MP_CUDA_TESTS_ON_CPU=1 runs these tests with the CPU standing in for the device"; \
-  }
+#define MP_SKIP_WITHOUT_GPU() MP_SKIP_OR_FAIL_UNLESS(::mp::cuda_test::device_available())
 
 /// Stops the test binary after a test that left the CUDA context broken (a kernel faulted: every later CUDA
 /// call of the process fails with the same sticky error), naming that test and the error, instead of

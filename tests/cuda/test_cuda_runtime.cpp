@@ -20,15 +20,9 @@ namespace {
 
 const Device kCuda{DeviceType::cuda, 0};
 
-// The runtime tests use cuda:0 itself (no self-check mode): their own skip, failing like the others' when
-// MP_CUDA_TESTS_REQUIRE_GPU=1.
+// The runtime tests use cuda:0 itself (no self-check mode).
 #undef MP_SKIP_WITHOUT_GPU
-#define MP_SKIP_WITHOUT_GPU()                                                                                \
-  if (cu::device_count() == 0) {                                                                             \
-    if (::mp::cuda_test::gpu_required())                                                                     \
-      GTEST_FAIL() << "MP_CUDA_TESTS_REQUIRE_GPU=1 but there is no CUDA device: " << cu::no_device_reason(); \
-    GTEST_SKIP() << "no CUDA device: " << cu::no_device_reason();                                            \
-  }
+#define MP_SKIP_WITHOUT_GPU() MP_SKIP_OR_FAIL_UNLESS(cu::device_count() > 0)
 #define MP_SKIP_WITH_GPU() \
   if (cu::device_count() > 0) GTEST_SKIP() << "a CUDA device is present; this test is for machines without one"
 

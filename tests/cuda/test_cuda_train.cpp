@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -109,9 +110,10 @@ std::shared_ptr<nn::UnaryModule> resnet8(MemoryFormat f = MemoryFormat::contiguo
                                     {.in_channels = 3, .image_size = 16, .num_classes = 4, .memory_format = f});
 }
 
-// Parameters and buffers of two modules of one architecture, compared by name.
+// Parameters and buffers of two modules of one architecture, compared by name: floating ones under
+// tol_of(name, cpu tensor), the others bit for bit.
 void compare_modules(const std::string& what, const nn::Module& device_model, const nn::Module& cpu_model,
-                     const Tol& tol) {
+                     const std::function<Tol(const std::string&, const Tensor&)>& tol_of) {
   const nn::StateDict d = device_model.state_dict(), c = cpu_model.state_dict();
   ASSERT_EQ(d.size(), c.size()) << what;
   for (const auto& [name, t] : c) {
@@ -121,10 +123,16 @@ void compare_modules(const std::string& what, const nn::Module& device_model, co
       continue;
     }
     if (is_floating(t.dtype()))
-      EXPECT_TRUE(close(what + " " + name, *dt, t, tol));
+      EXPECT_TRUE(close(what + " " + name, *dt, t, tol_of(name, t)));
     else
       EXPECT_TRUE(identical(what + " " + name, *dt, t));
   }
+}
+
+// The same with one tolerance for every floating tensor.
+void compare_modules(const std::string& what, const nn::Module& device_model, const nn::Module& cpu_model,
+                     const Tol& tol) {
+  compare_modules(what, device_model, cpu_model, [&](const std::string&, const Tensor&) { return tol; });
 }
 
 }  // namespace
@@ -171,27 +179,17 @@ TEST(CudaTrain, MlpSgdMomentumStepsMatchTheCpu) {
 // is judged the same way, against the CPU's NCHW f32 run (the same arithmetic in other orders).
 static void compare_modules_against_noise(const std::string& what, const nn::Module& device_model,
                                           const nn::Module& cpu_model, const nn::Module& f32_model) {
-  const nn::StateDict d = device_model.state_dict(), c = cpu_model.state_dict(), r = f32_model.state_dict();
-  ASSERT_EQ(d.size(), c.size()) << what;
-  for (const auto& [name, t] : c) {
-    const Tensor* dt = d.find(name);
+  const nn::StateDict r = f32_model.state_dict();
+  compare_modules(what, device_model, cpu_model, [&](const std::string& name, const Tensor& t) {
     const Tensor* rt = r.find(name);
-    if (dt == nullptr || rt == nullptr) {
-      ADD_FAILURE() << what << ": the device or the f32 model lacks " << name;
-      continue;
-    }
-    if (!is_floating(t.dtype())) {
-      EXPECT_TRUE(identical(what + " " + name, *dt, t));
-      continue;
-    }
-    const double noise = max(abs(sub(t.to(DType::f64), rt->to(DType::f64)))).item<double>();
-    Tol tol{.ulps = 2,
-            .atol = 2 * noise,
-            .why =
-                "2 x the largest |CPU - CPU reference run| of this tensor + 2 ulps: Note [16-bit runs against 16-bit "
-                "noise]"};
-    EXPECT_TRUE(close(what + " " + name, *dt, t, tol));
-  }
+    EXPECT_NE(rt, nullptr) << what << ": the reference model lacks " << name;
+    const double noise = rt == nullptr ? 0.0 : max(abs(sub(t.to(DType::f64), rt->to(DType::f64)))).item<double>();
+    return Tol{.ulps = 2,
+               .atol = 2 * noise,
+               .why =
+                   "2 x the largest |CPU - CPU reference run| of this tensor + 2 ulps: Note [16-bit runs against "
+                   "16-bit noise]"};
+  });
 }
 
 TEST(CudaTrain, ResNet8InF32Bf16O2AndF16O2) {

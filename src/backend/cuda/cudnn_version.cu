@@ -27,7 +27,7 @@ void count_cudnn_conv_call(bool nhwc, bool fallback) {
   if (fallback) g_conv_fallbacks.fetch_add(1, std::memory_order_relaxed);
 }
 
-CudnnConvCounters cudnn_conv_counters() {
+CudnnConvCounts cudnn_conv_counters() {
   return {g_conv_calls.load(std::memory_order_relaxed), g_conv_nhwc.load(std::memory_order_relaxed),
           g_conv_fallbacks.load(std::memory_order_relaxed)};
 }

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "mp/core/device.hpp"
+#include "mp/system.hpp"
 
 namespace mp::backend::cuda {
 
@@ -52,13 +53,9 @@ bool parse_sync_check(const char* value);
 /// Note [conv layout counters]: cuDNN convolution calls of this process, and how many of the channels-last
 /// (NHWC) ones ran in NCHW because cuDNN offered no usable NHWC algorithm (Note [cuDNN convolution
 /// layouts] in conv.cu: two extra copies per call). A benchmark reports them, so that a channels-last
-/// measurement cannot show NCHW speed unnoticed. Zero in builds without cuDNN.
-struct CudnnConvCounters {
-  int64_t calls = 0;           ///< cuDNN convolution calls (forward, data and weight gradient)
-  int64_t nhwc_calls = 0;      ///< of those, asked for in NHWC
-  int64_t nchw_fallbacks = 0;  ///< NHWC calls that ran in NCHW instead
-};
-CudnnConvCounters cudnn_conv_counters();
+/// measurement cannot show NCHW speed unnoticed. Zero in builds without cuDNN. (mp::cudnn_conv_counts is
+/// the public face.)
+CudnnConvCounts cudnn_conv_counters();
 
 /// Wait for cuda:0's work and return the text of the error it reports when the context is broken (a
 /// sticky error: a kernel faulted; every later call of the process fails the same way), else "". For test

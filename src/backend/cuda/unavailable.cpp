@@ -43,7 +43,7 @@ void check_device(Device d, const char* op) {
   MP_FAIL(op, ": ", d.str(), " requested, but there is no CUDA device: ", kReason);
 }
 
-CudnnConvCounters cudnn_conv_counters() { return {}; }
+CudnnConvCounts cudnn_conv_counters() { return {}; }
 std::string sticky_device_error() { return ""; }
 
 int runtime_version() { return 0; }
