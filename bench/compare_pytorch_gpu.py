@@ -10,7 +10,8 @@ Configurations (issue 5):
   lstm      word LM, LSTM 2 x 1500, vocabulary 10k, sequence 35, batch 64, SGD momentum 0.9, clip 0.25
 Variants, alternating the two frameworks (order reversed on every other round) so that drift hits both:
   mixprec fp32 (no TF32), PyTorch fp32 (TF32 off), mixprec fp16 O2 (dynamic loss scale), PyTorch fp16
-  autocast + GradScaler, mixprec bf16 O2, PyTorch bf16 autocast.
+  autocast + GradScaler, mixprec bf16 O2, PyTorch bf16 autocast, and fp32 with TF32 matmuls and convolutions
+  in both (--matmul_precision high; PyTorch's allow_tf32 for matmuls and cuDNN).
 ResNet-18 runs in --memory_format (default channels_last) in BOTH frameworks: mixprec's default on every
 device and PyTorch's fastest layout for AMP on tensor cores (model and input .to(channels_last)); pass
 contiguous to compare NCHW with NCHW (PyTorch's out-of-the-box layout).
@@ -37,14 +38,17 @@ CONFIG = {
 }
 TITLE = {"resnet18": "ResNet-18 32x32x3, batch 128", "lstm": "LSTM LM 2x1500, V 10k, seq 35, batch 64"}
 VARIANTS = [("mixprec", "fp32", "O0"), ("pytorch", "fp32", "O0"), ("mixprec", "fp16", "O2"),
-            ("pytorch", "fp16", "O1"), ("mixprec", "bf16", "O2"), ("pytorch", "bf16", "O1")]
+            ("pytorch", "fp16", "O1"), ("mixprec", "bf16", "O2"), ("pytorch", "bf16", "O1"),
+            ("mixprec", "tf32", "O0"), ("pytorch", "tf32", "O0")]
 
 
 def run_one(a, name, variant, rnd):
     fw, prec, level = variant
     extra = ["--memory_format", a.memory_format] if name == "resnet18" else []
-    common = CONFIG[name] + extra + ["--precision", prec, "--opt_level", level, "--warmup", str(a.warmup),
-                             "--steps", str(a.steps), "--device", a.device]
+    # tf32: an fp32 run whose f32 matmuls and convolutions may use TF32 tensor cores.
+    precision = ["--precision", "fp32", "--matmul_precision", "high"] if prec == "tf32" else ["--precision", prec]
+    common = CONFIG[name] + extra + precision + ["--opt_level", level, "--warmup", str(a.warmup),
+                                                 "--steps", str(a.steps), "--device", a.device]
     if fw == "mixprec":
         cmd = [os.path.join(a.build_dir, "apps", "mixprec", "mixprec"), "bench", "step"] + common
     else:
@@ -130,23 +134,24 @@ def print_table(runs, elapsed, a):
     print("### mixprec vs PyTorch, one training step on %s\n" % dev)
     print("%d timed steps per run after %d warm-up steps, %d round(s), frameworks interleaved, %.0f s in all; %s.\n"
           % (a.steps, a.warmup, a.rounds, elapsed, ", ".join(versions)))
-    mf, pf, m16, p16, mb, pb = VARIANTS
+    mf, pf, m16, p16, mb, pb, mt, pt = VARIANTS
     print("| configuration | mixprec fp32 | PyTorch fp32 | mixprec fp16 O2 | PyTorch fp16 autocast | mixprec bf16 O2 "
-          "| PyTorch bf16 autocast | mixprec fp32 / fp16 (target >= 2) | mixprec fp32 / bf16 (target >= 2) "
-          "| PyTorch fp16 / mixprec fp16 (target > 1) | PyTorch bf16 / mixprec bf16 (target > 1) "
-          "| PyTorch fp32 / mixprec fp32 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| PyTorch bf16 autocast | mixprec tf32 | PyTorch tf32 | mixprec fp32 / fp16 (target >= 2) "
+          "| mixprec fp32 / bf16 (target >= 2) | PyTorch fp16 / mixprec fp16 (target > 1) "
+          "| PyTorch bf16 / mixprec bf16 (target > 1) | PyTorch fp32 / mixprec fp32 | PyTorch tf32 / mixprec tf32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in sorted({r["bench"] for r in runs}, key=list(CONFIG).index):
-        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             TITLE[n], *(cell(n, k) for k in VARIANTS), ratio(n, mf, m16, 2.0), ratio(n, mf, mb, 2.0),
-            ratio(n, p16, m16, 1.0, strict=True), ratio(n, pb, mb, 1.0, strict=True), ratio(n, pf, mf)))
+            ratio(n, p16, m16, 1.0, strict=True), ratio(n, pb, mb, 1.0, strict=True), ratio(n, pf, mf),
+            ratio(n, pt, mt)))
     print("\nms per step (median over rounds of each run's median; range in brackets). Peak allocated MiB "
           "(mixprec / PyTorch):\n")
     print("| configuration | fp32 | fp16 | bf16 |")
     print("|---|---|---|---|")
     for n in sorted({r["bench"] for r in runs}, key=list(CONFIG).index):
         cells = []
-        for prec in ("fp32", "fp16", "bf16"):
+        for prec in ("fp32", "fp16", "bf16"):  # tf32 runs hold what fp32 runs hold
             def pk(fw):
                 v = [r["peak_bytes"] for r in runs if r["bench"] == n and r["framework"] == fw and
                      r["precision"] == prec and r.get("peak_bytes") is not None]

@@ -86,6 +86,9 @@ def parse_args(argv):
     p.add_argument("--memory_format", default="contiguous",
                    help="images: contiguous (PyTorch's default) or channels_last (model and input converted with "
                         ".to(memory_format=torch.channels_last), PyTorch's NHWC path)")
+    p.add_argument("--matmul_precision", default="highest", choices=["highest", "high"],
+                   help="GPU f32 matmuls and convolutions: highest (true f32, TF32 off) or high (TF32 allowed), "
+                        "as mixprec's flag of that name")
     p.add_argument("--json", default="", help="also append the JSON object as one line to this file")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (GPU: autocast('cuda'), GradScaler for fp16, "
                    "no TF32, cudnn.benchmark on)")
@@ -251,13 +254,16 @@ def main(argv):
         y = torch.randint(0, a.num_classes, (a.batch_size,))
         units, unit = a.batch_size, "img/s"
     config["parameters"] = sum(p.numel() for p in model.parameters())
+    config["matmul_precision"] = a.matmul_precision
     dev = torch.device(a.device)
     gpu = dev.type == "cuda"
     if gpu:
         # The fp32 baseline is true fp32 on both sides (mixprec's default float32 matmul precision is
-        # "highest"); cuDNN may pick its fastest algorithms (mixprec caches its choice per shape too).
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        # "highest"), TF32 only with --matmul_precision high; cuDNN may pick its fastest algorithms (mixprec
+        # caches its choice per shape too).
+        tf32 = a.matmul_precision == "high"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cudnn.benchmark = True
     model.to(dev)
     x, y = x.to(dev), y.to(dev)

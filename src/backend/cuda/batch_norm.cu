@@ -34,9 +34,11 @@
 // 16-byte vectors when S is a multiple of the vector width and the pointers are aligned. Operands of
 // mixed dtypes (dy or dx of another dtype than x) are widened to the statistics type first.
 // Channels-last operands (strides {S C, 1, C}, detected as on the CPU; all operands in one layout) always
-// run on the own kernels: the statistics and the backward sums are column reductions of the [N S, C]
-// matrix (Note [column reductions] in cudnn_common.hpp: Welford per thread over runs, then Chan merges
-// in double, the same numerics as the NCHW path), and the element-wise passes vectorise along C.
+// run on the own kernels: the statistics and the backward sums are column reductions of the [N S, C] matrix
+// (Note [column reductions] in cudnn_common.hpp), the statistics as sums shifted by the channel's value in
+// row 0 (in the statistics type over runs, in double beyond: mean = k + su / M, var = sv / M - (su / M)^2,
+// formed in double); the element-wise passes vectorise along C, and when the block size is a multiple of
+// C / VEC each thread keeps one set of channels and reads their constants once.
 #if defined(MP_HAVE_CUDNN)
 #include <cuda_runtime_api.h>
 
@@ -159,9 +161,30 @@ __global__ void __launch_bounds__(kDnnThreads) bn_unbias_to_biased(S* var, int64
     var[c] = static_cast<S>(static_cast<double>(var[c]) * factor);
 }
 
-// y = NormAffineFn{mean[c], invstd[c] * w[c], b[c]}(x) (walk dims Sv, Cv: channel_of), then the fused
-// epilogue (Note [batch norm + add + ReLU]): y = relu?(y + r?) with y rounded to T first and the sum computed in
-// S and rounded, as the add and relu kernels would (their compute type is S: f32, or f64 for f64 data).
+// y = fk(k)(x) for the elements k of vector i (fk(k): element k's NormAffineFn), then the fused epilogue (Note
+// [batch norm + add + ReLU]): y = relu?(y + r?) with y rounded to T first and the sum computed in S and
+// rounded, as the add and relu kernels would (their compute type is S: f32, or f64 for f64 data).
+template <class T, class S, int VEC, class Fk>
+__device__ MP_FORCE_INLINE void bn_apply_vec(const T* x, T* y, const T* r, bool relu, int64_t i, const Fk& fk) {
+  T v[VEC];
+  load_vec<VEC>(x + i * VEC, v);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(fk(k)(device_cast<S>(v[k])));
+  if (r != nullptr) {
+    T rv[VEC];
+    load_vec<VEC>(r + i * VEC, rv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(device_cast<S>(v[k]) + device_cast<S>(rv[k]));
+  }
+  if (relu) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(ReluFn<S>{}(device_cast<S>(v[k])));
+  }
+  store_vec<VEC>(y + i * VEC, v);
+}
+
+// y = NormAffineFn{mean[c], invstd[c] * w[c], b[c]}(x), then the epilogue (bn_apply_vec); walk dims Sv, Cv:
+// channel_of.
 template <class T, class S, int VEC, bool ROWS>
 __global__ void __launch_bounds__(kDnnThreads)
     bn_apply(const T* x, T* y, const S* mean, const S* invstd, const S* w, const S* b, int64_t total, int64_t Sv,
@@ -170,27 +193,27 @@ __global__ void __launch_bounds__(kDnnThreads)
   const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (start >= total) return;
   NcsIndexWalk it(start, step, Sv, Cv);
-  for (int64_t i = start; i < total; i += step, it.next()) {
-    T v[VEC];
-    load_vec<VEC>(x + i * VEC, v);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
+  for (int64_t i = start; i < total; i += step, it.next())
+    bn_apply_vec<T, S, VEC>(x, y, r, relu, i, [&](int k) {
       const int64_t c = channel_of<ROWS, VEC>(it, k);
-      const NormAffineFn<S> f{mean[c], invstd[c] * w[c], b[c]};
-      v[k] = device_cast<T>(f(device_cast<S>(v[k])));
-    }
-    if (r != nullptr) {
-      T rv[VEC];
-      load_vec<VEC>(r + i * VEC, rv);
+      return NormAffineFn<S>{mean[c], invstd[c] * w[c], b[c]};
+    });
+}
+
+// bn_apply for channels-last rows of Cv vectors when the grid's step is a multiple of Cv: every vector a thread
+// visits holds the same channels, whose constants it reads once.
+template <class T, class S, int VEC>
+__global__ void __launch_bounds__(kDnnThreads)
+    bn_apply_rows(const T* x, T* y, const S* mean, const S* invstd, const S* w, const S* b, int64_t total, int64_t Cv,
+                  const T* r, bool relu) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (start >= total) return;
+  const int64_t c0 = start % Cv * VEC;
+  NormAffineFn<S> fn[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(device_cast<S>(v[k]) + device_cast<S>(rv[k]));
-    }
-    if (relu) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) v[k] = device_cast<T>(ReluFn<S>{}(device_cast<S>(v[k])));
-    }
-    store_vec<VEC>(y + i * VEC, v);
-  }
+  for (int k = 0; k < VEC; ++k) fn[k] = NormAffineFn<S>{mean[c0 + k], invstd[c0 + k] * w[c0 + k], b[c0 + k]};
+  for (int64_t i = start; i < total; i += step) bn_apply_vec<T, S, VEC>(x, y, r, relu, i, [&](int k) { return fn[k]; });
 }
 
 // Per channel, from the double sums: dbias, dweight and the NormBackwardFn constants (a, b, c, mean)
@@ -215,6 +238,17 @@ __global__ void __launch_bounds__(kDnnThreads)
   }
 }
 
+// dx = fk(k)(dy, x) for the elements k of vector i (fk(k): element k's NormBackwardFn).
+template <class T, class S, int VEC, class Fk>
+__device__ MP_FORCE_INLINE void bn_backward_vec(const T* dy, const T* x, T* dx, int64_t i, const Fk& fk) {
+  T g[VEC], v[VEC];
+  load_vec<VEC>(dy + i * VEC, g);
+  load_vec<VEC>(x + i * VEC, v);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) g[k] = device_cast<T>(fk(k)(device_cast<S>(g[k]), device_cast<S>(v[k])));
+  store_vec<VEC>(dx + i * VEC, g);
+}
+
 // dx = NormBackwardFn{a, b, c, mean}(dy, x) (walk dims Sv, Cv: channel_of).
 template <class T, class S, int VEC, bool ROWS>
 __global__ void __launch_bounds__(kDnnThreads)
@@ -223,43 +257,63 @@ __global__ void __launch_bounds__(kDnnThreads)
   const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (start >= total) return;
   NcsIndexWalk it(start, step, Sv, Cv);
-  for (int64_t i = start; i < total; i += step, it.next()) {
-    T g[VEC], v[VEC];
-    load_vec<VEC>(dy + i * VEC, g);
-    load_vec<VEC>(x + i * VEC, v);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
+  for (int64_t i = start; i < total; i += step, it.next())
+    bn_backward_vec<T, S, VEC>(dy, x, dx, i, [&](int k) {
       const S* k4 = coef + 4 * channel_of<ROWS, VEC>(it, k);
-      const NormBackwardFn<S> f{k4[0], k4[1], k4[2], k4[3]};
-      g[k] = device_cast<T>(f(device_cast<S>(g[k]), device_cast<S>(v[k])));
-    }
-    store_vec<VEC>(dx + i * VEC, g);
-  }
+      return NormBackwardFn<S>{k4[0], k4[1], k4[2], k4[3]};
+    });
 }
 
-// Welford statistics (count, mean, M2) down one column of channels-last rows (Note [column
-// reductions]): a statistics-type state over kColumnFlush rows, merged into double with ChanMerge.
+// bn_backward_apply for channels-last rows when the grid's step is a multiple of Cv (as bn_apply_rows).
+template <class T, class S, int VEC>
+__global__ void __launch_bounds__(kDnnThreads)
+    bn_backward_apply_rows(const T* dy, const T* x, T* dx, const S* coef, int64_t total, int64_t Cv) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (start >= total) return;
+  const int64_t c0 = start % Cv * VEC;
+  NormBackwardFn<S> fn[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const S* k4 = coef + 4 * (c0 + k);
+    fn[k] = NormBackwardFn<S>{k4[0], k4[1], k4[2], k4[3]};
+  }
+  for (int64_t i = start; i < total; i += step) bn_backward_vec<T, S, VEC>(dy, x, dx, i, [&](int k) { return fn[k]; });
+}
+
+// Shifted moments down one column of channels-last rows (Note [column reductions]): u = x - k, v = u^2 with
+// k = the column's value in row 0, so the sums stay small when |mean| >> std.
 template <class T, class S>
-struct ColumnWelfordAcc {
-  struct State {
-    S n, mean, m2;
-  };
-  __device__ State start(int64_t) const { return State{S(0), S(0), S(0)}; }
-  __device__ MP_FORCE_INLINE void add(State& st, const T* x, const T*, int64_t off) const {
-    const S v = device_cast<S>(x[off]);
-    st.n += S(1);
-    const S d = v - st.mean;
-    st.mean += d / st.n;
-    st.m2 += d * (v - st.mean);
+struct ShiftedMoments {
+  using Stat = S;
+  const T* x;
+  __device__ S constant(int64_t c) const { return device_cast<S>(x[c]); }
+  __device__ MP_FORCE_INLINE void add(S& u, S& v, T a, T, S k) const {
+    const S d = device_cast<S>(a) - k;
+    u += d;
+    v += d * d;
   }
-  __device__ DoubleTuple<3> flush(State& st) const {
-    const DoubleTuple<3> r{{static_cast<double>(st.n), static_cast<double>(st.mean), static_cast<double>(st.m2)}};
-    st = State{S(0), S(0), S(0)};
-    return r;
-  }
-  __device__ static DoubleTuple<3> identity() { return DoubleTuple<3>{{0.0, 0.0, 0.0}}; }
-  __device__ static DoubleTuple<3> merge(const DoubleTuple<3>& a, const DoubleTuple<3>& b) { return ChanMerge{}(a, b); }
 };
+
+// One warp per channel: the shifted sums' parts added (warp_part_sums), then mean = k + su / M, the biased
+// var = sv / M - (su / M)^2 (at least 0) and invstd = (S)(1 / sqrt((double)var + eps)) as the CPU rounds them.
+template <class T, class S>
+__global__ void __launch_bounds__(kDnnThreads)
+    bn_shifted_finalize(const double* partials, const T* x, int64_t C, int64_t parts, double M, double eps, S* mean,
+                        S* var, S* invstd) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); c < C; c += warps) {
+    double su, sv;
+    warp_part_sums(partials, c, parts, su, sv);
+    if ((threadIdx.x & 31u) == 0) {
+      const double m1 = su / M;
+      const S v = static_cast<S>(fmax(sv / M - m1 * m1, 0.0));
+      mean[c] = static_cast<S>(static_cast<double>(device_cast<S>(x[c])) + m1);
+      var[c] = v;
+      invstd[c] = static_cast<S>(1.0 / sqrt(static_cast<double>(v) + eps));
+    }
+  }
+}
 
 // ------------------------------------------------------------------ host side
 
@@ -294,6 +348,13 @@ void launch_apply(const Tensor& y, const Tensor& x, const Tensor& mean, const Te
   const auto *mp_ = static_cast<const S*>(mean.raw_data()), *ip = static_cast<const S*>(invstd.raw_data());
   const auto *wp = static_cast<const S*>(w.raw_data()), *bp = static_cast<const S*>(b.raw_data());
   launch_elementwise<T>(e, rows, [&]<int V, bool R>() {
+    if constexpr (R) {
+      if (kDnnThreads % e.Cv == 0) {  // every step a multiple of Cv: fixed channels per thread
+        bn_apply_rows<T, S, V>
+            <<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, e.total, e.Cv, rp, relu);
+        return;
+      }
+    }
     bn_apply<T, S, V, R>
         <<<grid, kDnnThreads, 0, stream_of(x)>>>(xp, yp, mp_, ip, wp, bp, e.total, e.Sv, e.Cv, rp, relu);
   });
@@ -306,16 +367,14 @@ void launch_stats(const Tensor& x, const Tensor& mean, const Tensor& var, const 
   const int64_t N = x.size(0), C = x.size(1), SP = x.size(2);
   const int dev = x.device().index;
   if (channels_last_rows(x)) {  // a column reduction of the [N S, C] matrix (Note [column reductions])
-    const RowSplit split = row_split(N * SP, C, dev);
-    Tensor partials = mp::empty({C * split.parts * 3}, {.dtype = DType::f64, .device = x.device()});
+    const T* xp = static_cast<const T*>(x.raw_data());
+    const ColumnTiling t = column_tiling(N * SP, C, column_vec<T>(C, xp, nullptr), dev);
+    Tensor partials = mp::empty({C * t.parts * 2}, {.dtype = DType::f64, .device = x.device()});
     auto* pp = static_cast<double*>(partials.raw_data());
-    column_partials<3, T, ColumnWelfordAcc<T, S>>
-        <<<column_grid(C, split), dim3(kColTile, kRowLanes), 0, stream_of(x)>>>(
-            static_cast<const T*>(x.raw_data()), nullptr, N * SP, C, split, ColumnWelfordAcc<T, S>{}, pp);
-    MP_CUDA_CHECK_LAUNCH();
-    bn_stats_finalize<S><<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream_of(x)>>>(
-        pp, C, split.parts, eps, static_cast<S*>(mean.raw_data()), static_cast<S*>(var.raw_data()),
-        static_cast<S*>(invstd.raw_data()));
+    launch_column_sums(t, xp, static_cast<const T*>(nullptr), N * SP, C, ShiftedMoments<T, S>{xp}, pp, dev);
+    bn_shifted_finalize<T, S><<<blocks_for(C * 32, kDnnThreads, dev), kDnnThreads, 0, stream_of(x)>>>(
+        pp, xp, C, t.parts, static_cast<double>(N) * static_cast<double>(SP), eps, static_cast<S*>(mean.raw_data()),
+        static_cast<S*>(var.raw_data()), static_cast<S*>(invstd.raw_data()));
     MP_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -565,6 +624,12 @@ void batch_norm_backward_cuda(const Tensor& dx, const Tensor& dweight, const Ten
     auto* op = static_cast<T*>(dxo.raw_data());
     const auto* kp = static_cast<const S*>(coef.raw_data());
     launch_elementwise<T>(e, rows, [&]<int V, bool R>() {
+      if constexpr (R) {
+        if (kDnnThreads % e.Cv == 0) {  // fixed channels per thread (as in launch_apply)
+          bn_backward_apply_rows<T, S, V><<<grid, kDnnThreads, 0, stream>>>(gp, xp, op, kp, e.total, e.Cv);
+          return;
+        }
+      }
       bn_backward_apply<T, S, V, R><<<grid, kDnnThreads, 0, stream>>>(gp, xp, op, kp, e.total, e.Sv, e.Cv);
     });
   });

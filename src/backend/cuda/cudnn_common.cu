@@ -159,43 +159,31 @@ __global__ void __launch_bounds__(kDnnThreads)
   }
 }
 
-// Adds each channel's partials in part order.
+// Adds each channel's partials (warp_part_sums: a warp per channel).
 __global__ void __launch_bounds__(kDnnThreads)
     channel_sums_finalize(const double* partials, int64_t C, int64_t parts, double* sum_dy, double* sum_dy_xmu) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < C; c += step) {
-    double a = 0, b = 0;
-    for (int64_t p = 0; p < parts; ++p) {
-      a += partials[2 * (c * parts + p)];
-      b += partials[2 * (c * parts + p) + 1];
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); c < C; c += warps) {
+    double a, b;
+    warp_part_sums(partials, c, parts, a, b);
+    if ((threadIdx.x & 31u) == 0) {
+      sum_dy[c] = a;
+      if (sum_dy_xmu != nullptr) sum_dy_xmu[c] = b;
     }
-    sum_dy[c] = a;
-    if (sum_dy_xmu != nullptr) sum_dy_xmu[c] = b;
   }
 }
 
 // sum(dy) and, with x, sum(dy (x - mean[c])) down one column of channels-last rows (Note [column
 // reductions]): the same per-element products and statistics-type runs as channel_sums_partials.
 template <class T, class S>
-struct ColumnSumAcc {
-  const S* mean;  // [C]; read only when x is given
-  struct State {
-    S s1, s2, m;
-  };
-  __device__ State start(int64_t c) const { return State{S(0), S(0), mean != nullptr ? mean[c] : S(0)}; }
-  __device__ MP_FORCE_INLINE void add(State& st, const T* dy, const T* x, int64_t off) const {
-    const S g = device_cast<S>(dy[off]);
-    st.s1 += g;
-    if (x != nullptr) st.s2 += g * (device_cast<S>(x[off]) - st.m);
-  }
-  __device__ DoubleTuple<2> flush(State& st) const {
-    const DoubleTuple<2> r{{static_cast<double>(st.s1), static_cast<double>(st.s2)}};
-    st.s1 = st.s2 = S(0);
-    return r;
-  }
-  __device__ static DoubleTuple<2> identity() { return DoubleTuple<2>{{0.0, 0.0}}; }
-  __device__ static DoubleTuple<2> merge(const DoubleTuple<2>& a, const DoubleTuple<2>& b) {
-    return DoubleTuple<2>{{a.v[0] + b.v[0], a.v[1] + b.v[1]}};
+struct GradSums {
+  using Stat = S;
+  const S* mean;  // [C]; null when there is no x
+  __device__ S constant(int64_t c) const { return mean != nullptr ? mean[c] : S(0); }
+  __device__ MP_FORCE_INLINE void add(S& u, S& v, T dy, T x, S m) const {
+    const S g = device_cast<S>(dy);
+    u += g;
+    if (mean != nullptr) v += g * (device_cast<S>(x) - m);
   }
 };
 
@@ -408,15 +396,19 @@ Tensor param_vector(const Tensor& t, int64_t n, DType dt, double fill, Device de
   return out;
 }
 
-RowSplit row_split(int64_t rows, int64_t cols, int device) {
+ColumnTiling column_tiling(int64_t rows, int64_t cols, int vec, int device) {
+  ColumnTiling t;
+  t.vec = vec;
+  const int64_t cv = std::max<int64_t>(cols / vec, 1);
+  while ((int64_t{1} << t.tw_shift) < cv && t.tw_shift < 5) ++t.tw_shift;
+  const int64_t lanes = kDnnThreads >> t.tw_shift;
+  t.tiles = (cv + (int64_t{1} << t.tw_shift) - 1) >> t.tw_shift;
   // About one full wave of blocks, but at least 16 rows per row lane of a block.
   const int64_t target = static_cast<int64_t>(device_properties(device).multiprocessors) * (2048 / kDnnThreads);
-  const int64_t tiles = std::max<int64_t>((cols + kColTile - 1) / kColTile, 1);
-  const int64_t max_parts = std::max<int64_t>(1, rows / (16 * kRowLanes));
-  RowSplit s;
-  s.parts = std::clamp<int64_t>((target + tiles - 1) / tiles, 1, max_parts);
-  s.chunk = (rows + s.parts - 1) / s.parts;
-  return s;
+  const int64_t max_parts = std::max<int64_t>(1, rows / (16 * lanes));
+  t.parts = std::clamp<int64_t>((target + t.tiles - 1) / t.tiles, 1, max_parts);
+  t.chunk = (rows + t.parts - 1) / t.parts;
+  return t;
 }
 
 ChannelSplit channel_split(int64_t channels, int64_t positions, int device) {
@@ -450,14 +442,14 @@ void per_channel_sums(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tens
     using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
     if (rows) {  // a column reduction of the [N S, C] matrix (Note [column reductions])
       const int64_t R = N * SP;
-      const RowSplit split = row_split(R, C, dev);
+      const T* dyp = static_cast<const T*>(dy.raw_data());
+      const T* xp = with_x ? static_cast<const T*>(x.raw_data()) : nullptr;
+      const ColumnTiling split = column_tiling(R, C, column_vec<T>(C, dyp, xp), dev);
       Tensor partials = mp::empty({C * split.parts * 2}, {.dtype = DType::f64, .device = dy.device()});
       auto* pp = static_cast<double*>(partials.raw_data());
-      column_partials<2, T, ColumnSumAcc<T, S>><<<column_grid(C, split), dim3(kColTile, kRowLanes), 0, stream>>>(
-          static_cast<const T*>(dy.raw_data()), with_x ? static_cast<const T*>(x.raw_data()) : nullptr, R, C, split,
-          ColumnSumAcc<T, S>{with_x ? static_cast<const S*>(mean.raw_data()) : nullptr}, pp);
-      MP_CUDA_CHECK_LAUNCH();
-      channel_sums_finalize<<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream>>>(
+      launch_column_sums(split, dyp, xp, R, C,
+                         GradSums<T, S>{with_x ? static_cast<const S*>(mean.raw_data()) : nullptr}, pp, dev);
+      channel_sums_finalize<<<blocks_for(C * 32, kDnnThreads, dev), kDnnThreads, 0, stream>>>(
           pp, C, split.parts, static_cast<double*>(sum_dy.raw_data()),
           with_x ? static_cast<double*>(sum_dy_xmu.raw_data()) : nullptr);
       MP_CUDA_CHECK_LAUNCH();
@@ -478,7 +470,7 @@ void per_channel_sums(const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tens
     else
       channel_sums_partials<T, S, 1><<<grid, kDnnThreads, 0, stream>>>(dyp, xp, mp_, C, Sv, Mv, split, pp);
     MP_CUDA_CHECK_LAUNCH();
-    channel_sums_finalize<<<blocks_for(C, kDnnThreads, dev), kDnnThreads, 0, stream>>>(
+    channel_sums_finalize<<<blocks_for(C * 32, kDnnThreads, dev), kDnnThreads, 0, stream>>>(
         pp, C, split.parts, static_cast<double*>(sum_dy.raw_data()),
         with_x ? static_cast<double*>(sum_dy_xmu.raw_data()) : nullptr);
     MP_CUDA_CHECK_LAUNCH();

@@ -228,27 +228,34 @@ inline constexpr int kDnnThreads = 256;
 
 // Note [column reductions]
 // Channels-last activations are a row-major [R, C] matrix (R = N H W), so a per-channel reduction is a
-// reduction down the columns. A block of (kColTile, kRowLanes) threads takes kColTile adjacent columns
-// (a warp reads kColTile consecutive elements of a row: coalesced) and a run of `chunk` rows, its
-// kRowLanes row lanes taking every kRowLanes-th row; each thread folds its values into a statistics-type
-// state over kColumnFlush rows at a time and merges that into a double summary, the row lanes merge in
-// lane order through shared memory, and a finalising kernel merges the parts of a column in part order.
-// The split depends only on the shape and the device's multiprocessor count: the order of every
-// addition, and so the result, is the same on every run. Partials: [C * parts][K] doubles, the layout the
-// [N, C, S] kernels use, so the two share their finalising kernels.
-inline constexpr int kColTile = 32;
-inline constexpr int kRowLanes = kDnnThreads / kColTile;
+// reduction down the columns. Each thread owns VEC adjacent columns (one 16-byte vector of T when C and the
+// pointers allow it, else 1) and keeps their constants in registers; a block is a tile of tw vector columns
+// (the vector columns rounded up to a power of two, at most 32) times kDnnThreads / tw row lanes, and takes a
+// run of `chunk` rows, lane l every lanes-th row from l: a warp reads whole row segments (coalesced 16-byte
+// loads). Per element the accumulator forms two values (u, v) in the statistics type; a thread adds them in
+// that type over kColumnFlush rows and in double beyond; the lanes of a block add in a fixed tree through
+// shared memory, and a finalising kernel adds a column's parts in part order. Sums only, no divisions: the
+// batch statistics use sums shifted by a value of the column itself (ShiftedMoments in batch_norm.cu), robust
+// when |mean| >> std like the CPU's shifted sums. The split depends only on the shape and the device's
+// multiprocessor count: the order of every addition, and so the result, is the same on every run.
+// (The first version, one column per thread and 2-byte loads, Welford updates with a division per element,
+// and the parts merged one after the other by one thread per channel, ran the ResNet-18 batch norms at
+// 190-390 GB/s on an H200: bench/RESULTS.md.)
 inline constexpr int kColumnFlush = 64;
 
-/// Row parts of a column reduction over [rows, cols] (Note [column reductions]).
-struct RowSplit {
-  int64_t parts = 1;  ///< blocks per column tile
-  int64_t chunk = 0;  ///< rows per block (the last part may have fewer)
+/// The launch shape of a column reduction over [rows, cols] (Note [column reductions]).
+struct ColumnTiling {
+  int vec = 1;        ///< columns per thread
+  int tw_shift = 0;   ///< log2 of the tile width in vectors
+  int64_t tiles = 1;  ///< column tiles
+  int64_t parts = 1;  ///< row parts per tile (blocks per tile)
+  int64_t chunk = 0;  ///< rows per part (the last part may have fewer)
+  unsigned grid() const { return static_cast<unsigned>(std::min<int64_t>(tiles * parts, INT32_MAX)); }
 };
 
-/// The split for a [rows, cols] column reduction on cuda:device (a function of the shape and the
-/// device's multiprocessor count only).
-RowSplit row_split(int64_t rows, int64_t cols, int device);
+/// The tiling for a [rows, cols] column reduction with `vec` columns per thread (vec divides cols) on
+/// cuda:device: a function of the shape and the device's multiprocessor count only.
+ColumnTiling column_tiling(int64_t rows, int64_t cols, int vec, int device);
 
 // ================================================================ device-side walkers
 
@@ -398,49 +405,134 @@ __device__ DoubleTuple<K> block_combine(DoubleTuple<K> a, DoubleTuple<K> identit
   return a;
 }
 
-/// Per-(column, part) partials of a column reduction over the row-major [R, C] matrices a and b (b may
-/// be null), Note [column reductions]. Launch with blockDim (kColTile, kRowLanes). The accumulator A
-/// supplies: `State start(int64_t c)`, `void add(State&, const T* a, const T* b, int64_t off)` (element
-/// off of column c), `DoubleTuple<K> flush(State&)` (the state as doubles, resetting it), and static
-/// `identity()` and `merge(DoubleTuple<K>, DoubleTuple<K>)`. partials: [C * split.parts][K].
-template <int K, class T, class A>
-__global__ void __launch_bounds__(kDnnThreads)
-    column_partials(const T* a, const T* b, int64_t R, int64_t C, RowSplit split, A acc, double* partials) {
-  __shared__ DoubleTuple<K> lanes[kRowLanes][kColTile];
-  const int64_t tiles = (C + kColTile - 1) / kColTile, blocks = tiles * split.parts;
-  for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
-    const int64_t tile = blk / split.parts, p = blk - tile * split.parts;
-    const int64_t c = tile * kColTile + threadIdx.x;
-    const int64_t r0 = p * split.chunk, r1 = r0 + split.chunk < R ? r0 + split.chunk : R;
-    DoubleTuple<K> total = A::identity();
-    if (c < C) {
-      typename A::State st = acc.start(c);
-      int run = 0;
-      for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
-        acc.add(st, a, b, r * C + c);
-        if (++run == kColumnFlush) {
-          total = A::merge(total, acc.flush(st));
-          run = 0;
-        }
-      }
-      total = A::merge(total, acc.flush(st));
-    }
-    lanes[threadIdx.y][threadIdx.x] = total;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-      DoubleTuple<K> t = lanes[0][threadIdx.x];
-      for (int l = 1; l < kRowLanes; ++l) t = A::merge(t, lanes[l][threadIdx.x]);
+/// The VEC elements at offset off of a and of b (T{} when b is null).
+template <int VEC, class T>
+__device__ MP_FORCE_INLINE void load_rows(const T* a, const T* b, int64_t off, T (&va)[VEC], T (&vb)[VEC]) {
+  load_vec<VEC>(a + off, va);
+  if (b != nullptr) {
+    load_vec<VEC>(b + off, vb);
+  } else {
 #pragma unroll
-      for (int k = 0; k < K; ++k) partials[(c * split.parts + p) * K + k] = t.v[k];
-    }
-    __syncthreads();  // lanes is rewritten by the next tile
+    for (int j = 0; j < VEC; ++j) vb[j] = T{};
   }
 }
 
-/// Blocks for a column reduction over C columns split into split.parts row parts.
-inline unsigned column_grid(int64_t C, const RowSplit& split) {
-  const int64_t blocks = (C + kColTile - 1) / kColTile * split.parts;
-  return static_cast<unsigned>(blocks < INT32_MAX ? (blocks > 0 ? blocks : 1) : INT32_MAX);
+/// Per-(column, part) sums of a column reduction over the row-major [R, C] matrices a and b (b may be null),
+/// Note [column reductions]; launch with kDnnThreads threads and t.grid() blocks. The accumulator F supplies
+/// `using Stat` (the statistics type), `Stat constant(int64_t c)` (a per-column constant, read once per
+/// thread) and `void add(Stat& u, Stat& v, T a, T b, Stat k)` (adds one element's two values; b is T{} when
+/// the matrix b is null). partials: [C * t.parts][2] doubles, (sum u, sum v) of column c's part p at c * parts
+/// + p, the layout the [N, C, S] kernels use.
+template <int VEC, class T, class F>
+__global__ void __launch_bounds__(kDnnThreads)
+    column_sums(const T* a, const T* b, int64_t R, int64_t C, ColumnTiling t, F f, double* partials) {
+  using S = typename F::Stat;
+  __shared__ double buf[2 * VEC][kDnnThreads];  // [value][thread]: consecutive threads, consecutive banks
+  const int tw = 1 << t.tw_shift, lanes = kDnnThreads >> t.tw_shift;
+  const int tx = static_cast<int>(threadIdx.x) & (tw - 1), ty = static_cast<int>(threadIdx.x) >> t.tw_shift;
+  const int64_t Cv = C / VEC, blocks = t.tiles * t.parts;
+  for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const int64_t tile = blk / t.parts, p = blk - tile * t.parts;
+    const int64_t cv = tile * tw + tx;
+    const int64_t r0 = p * t.chunk, r1 = r0 + t.chunk < R ? r0 + t.chunk : R;
+    double du[VEC], dv[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) du[j] = dv[j] = 0.0;
+    if (cv < Cv) {
+      S k[VEC], su[VEC], sv[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        k[j] = f.constant(cv * VEC + j);
+        su[j] = sv[j] = S(0);
+      }
+      int run = 0;
+      // Two rows per iteration, both loaded before either is added (twice the loads in flight).
+      for (int64_t r = r0 + ty; r < r1; r += 2 * lanes) {
+        const bool two = r + lanes < r1;
+        T va[2][VEC], vb[2][VEC];
+        load_rows<VEC>(a, b, r * C + cv * VEC, va[0], vb[0]);
+        if (two) load_rows<VEC>(a, b, (r + lanes) * C + cv * VEC, va[1], vb[1]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) f.add(su[j], sv[j], va[0][j], vb[0][j], k[j]);
+        if (two) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) f.add(su[j], sv[j], va[1][j], vb[1][j], k[j]);
+        }
+        if ((run += 2) >= kColumnFlush) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            du[j] += static_cast<double>(su[j]);
+            dv[j] += static_cast<double>(sv[j]);
+            su[j] = sv[j] = S(0);
+          }
+          run = 0;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        du[j] += static_cast<double>(su[j]);
+        dv[j] += static_cast<double>(sv[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      buf[j][threadIdx.x] = du[j];
+      buf[VEC + j][threadIdx.x] = dv[j];
+    }
+    __syncthreads();
+    for (int s = lanes >> 1; s > 0; s >>= 1) {  // lanes [0, s) add lanes [s, 2 s): a fixed tree
+      if (ty < s) {
+#pragma unroll
+        for (int q = 0; q < 2 * VEC; ++q) buf[q][threadIdx.x] += buf[q][threadIdx.x + s * tw];
+      }
+      __syncthreads();
+    }
+    if (ty == 0 && cv < Cv) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int64_t c = cv * VEC + j;
+        partials[2 * (c * t.parts + p)] = buf[j][tx];
+        partials[2 * (c * t.parts + p) + 1] = buf[VEC + j][tx];
+      }
+    }
+    __syncthreads();  // buf is rewritten by the next tile
+  }
+}
+
+/// The two sums of column (or channel) c over its `parts` partials ([C * parts][2] doubles), for a whole warp:
+/// lane l adds parts l, l + 32, ... in order, then a fixed shuffle tree (deterministic); lane 0 gets the
+/// totals. Every lane of the warp must call it with the same c.
+__device__ MP_FORCE_INLINE void warp_part_sums(const double* partials, int64_t c, int64_t parts, double& a, double& b) {
+  a = b = 0.0;
+  for (int64_t p = threadIdx.x & 31u; p < parts; p += 32) {
+    a += partials[2 * (c * parts + p)];
+    b += partials[2 * (c * parts + p) + 1];
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_down_sync(0xffffffffu, a, o);
+    b += __shfl_down_sync(0xffffffffu, b, o);
+  }
+}
+
+/// Columns per thread of a column reduction over [R, C] matrices of T at a and b (b may be null): one 16-byte
+/// vector where C and the pointers allow it, else 1.
+template <class T>
+int column_vec(int64_t C, const void* a, const void* b) {
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  return C % kVec == 0 && is_aligned(a, 16) && (b == nullptr || is_aligned(b, 16)) ? kVec : 1;
+}
+
+/// Launches column_sums with tiling t (from column_tiling with column_vec<T>) on cuda:device's stream.
+template <class T, class F>
+void launch_column_sums(const ColumnTiling& t, const T* a, const T* b, int64_t R, int64_t C, const F& f,
+                        double* partials, int device) {
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  cudaStream_t stream = current_stream(device);
+  if (t.vec == kVec)
+    column_sums<kVec, T, F><<<t.grid(), kDnnThreads, 0, stream>>>(a, b, R, C, t, f, partials);
+  else
+    column_sums<1, T, F><<<t.grid(), kDnnThreads, 0, stream>>>(a, b, R, C, t, f, partials);
+  MP_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mp::backend::cuda

@@ -133,12 +133,14 @@ struct alignas(sizeof(T) * N) VecN {
   T v[N];
 };
 
-/// Elements per thread for a vectorised loop over operands of types Ts: 16 bytes of the narrowest
-/// type, at most 32 bytes of the widest (so a thread keeps few registers per operand).
+/// Elements per thread for a vectorised loop over operands of types Ts: 16 bytes of the widest type, so
+/// every operand's access is one instruction of at most 16 bytes and a warp's accesses are contiguous.
+/// (32 bytes of f32 per thread, two 16-byte loads at a 32-byte stride, ran the f32 <-> bf16 casts at half
+/// the copy rate on an H200: bench/RESULTS.md.)
 template <class... Ts>
 constexpr int vec_width() {
-  constexpr size_t lo = std::min({sizeof(Ts)...}), hi = std::max({sizeof(Ts)...});
-  return static_cast<int>(std::min(kVecBytes / lo, 2 * kVecBytes / hi));
+  constexpr size_t hi = std::max({sizeof(Ts)...});
+  return static_cast<int>(kVecBytes / hi);
 }
 
 /// Load N elements from p, which must be aligned to N * sizeof(T) bytes.

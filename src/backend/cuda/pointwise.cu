@@ -6,7 +6,7 @@
 //    same_dense_layout, so a flat loop pairs the elements), the inputs of one dtype TI, the output TI
 //    (or b8 for comparisons, or any dtype for a copy, i.e. a cast), the compute type the natural one
 //    for those dtypes, and every pointer aligned to its vector: a grid-stride loop in which each
-//    thread loads vec_width<TI, TO>() elements per operand with 16-byte accesses, converts to the
+//    thread loads vec_width<TI, TO>() elements per operand (16 bytes of the wider type), converts to the
 //    compute type, applies the functor and stores one vector; the last n % VEC elements go one per
 //    thread. Instantiated per (op, TI) for TI in {f32, 16-bit, i64} (f16 and bf16 share one kernel
 //    that converts per a flag) and per cast pair; f64 and the narrow integers take it for copies only.
