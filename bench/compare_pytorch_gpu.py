@@ -62,6 +62,7 @@ def run_one(a, name, variant, rnd):
         else:
             rec.update(json.loads(line))
             rec["round"] = rnd
+            rec["precision"] = prec  # the variant's name (a tf32 run reports precision fp32)
     except subprocess.TimeoutExpired:
         rec["error"] = "timed out after %d s" % a.timeout
     return rec

@@ -241,11 +241,16 @@ Json run_bench_step(const BenchStepOptions& raw) {
   // spin-waiting, and on a GPU it is the host's time only.
   std::vector<double> cpu_ms;
   cpu_ms.reserve(static_cast<size_t>(o.steps));
+  // On a GPU, the host's time to queue a step (until step() returns, before the end-of-step synchronize):
+  // when it is close to the step's time the step is bound by the host (launches, dispatch), not the device.
+  std::vector<double> enqueue_ms;
+  enqueue_ms.reserve(static_cast<size_t>(o.steps));
   const int64_t syncs0 = cuda_host_syncs();
   for (int64_t i = 0; i < o.steps; ++i) {
     const auto t0 = Clock::now();
     const double c0 = process_cpu_ms();
     loss = w.step();
+    enqueue_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     synchronize(dev);  // GPU kernels run asynchronously: a step ends when its work has
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     cpu_ms.push_back(process_cpu_ms() - c0);
@@ -291,6 +296,7 @@ Json run_bench_step(const BenchStepOptions& raw) {
     // Note [host synchronisation counter]: host waits per timed step, this benchmark's own end-of-step
     // synchronize included (so 1 is the least a step can show).
     j["host_syncs_per_step"] = static_cast<double>(syncs) / static_cast<double>(std::max<int64_t>(o.steps, 1));
+    j["enqueue_median_ms"] = median(enqueue_ms);
   }
   if (o.profile) {
     // Per kernel label, per timed step. "kernel_ms" is their sum; the rest of a step is framework
