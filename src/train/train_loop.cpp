@@ -317,6 +317,7 @@ void TrainLoop::restore_buffers() {
 }
 
 std::string TrainLoop::stop_for_numerical_failure(const std::string& what, const Progress& at, double scale) {
+  MP_ASSERT(parts_.refs.model != nullptr, "stop_for_numerical_failure: the run's checkpoint refs hold no model");
   restore_buffers();
   std::string msg = what;
   // The live weights are the last good ones unless an update overflowed them (Note [stopping on a numerical

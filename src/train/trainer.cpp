@@ -403,6 +403,7 @@ std::string summary_to_json(const RunSummary& s) {
   j["throughput"] = s.throughput;
   j["throughput_unit"] = s.throughput_unit;
   j["diverged"] = s.diverged;
+  j["last_good_file"] = s.last_good_file;
   nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
   for (const EpochStats& e : s.epochs)
     epochs.push_back({{"epoch", e.epoch},

@@ -99,8 +99,10 @@ TEST(Cli, ExitStatusesSayHowARunEnded) {
   r = run("train --precision fp8");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("fp8"), std::string::npos) << r.output;
-  // A learning rate of 1e38 sends the weights, then the loss, to inf/NaN: a numerical failure, said as such.
-  r = run(lm + " --lr 1e38 --clip_grad_norm 0");
+  // A learning rate of 1e38 sends the weights, then the loss, to inf/NaN: a numerical failure, said as such (its
+  // last-good file goes to $TMPDIR: Note [stopping on a numerical failure]).
+  const fs::path tmp = scratch_dir("cli", "exit_statuses");
+  r = run(lm + " --lr 1e38 --clip_grad_norm 0", "TMPDIR=" + tmp.string());
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("numerical failure"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("DIVERGED"), std::string::npos) << r.output;
