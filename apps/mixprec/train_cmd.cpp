@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -64,7 +65,7 @@ void add_train_command(CLI::App& app) {
     install_stop_handlers();  // Note [stopping a training run with a signal]
     const mp::train::RunSummary s = mp::train::train(*c, std::cout);
     const std::string how =
-        s.diverged ? "DIVERGED (loss became inf/NaN)"
+        s.diverged ? "DIVERGED (a loss or gradient became inf/NaN)"
         : s.interrupted
             ? std::string("stopped by ") + ::strsignal(g_signal) + " after " + std::to_string(s.steps) + " steps"
         : s.stopped_early ? "stopped after " + std::to_string(s.steps) + " steps (--stop_after_steps)"
@@ -100,7 +101,11 @@ void add_train_command(CLI::App& app) {
     }
     if (!s.kernel_paths.choices.empty())
       std::printf("  16-bit kernel paths: %s\n", mp::kernel_path_summary(s.kernel_paths).c_str());
-    if (!c->checkpoint_dir.empty()) std::printf("  checkpoint: %s/checkpoint.safetensors\n", c->checkpoint_dir.c_str());
+    const std::string ckpt = (std::filesystem::path(c->checkpoint_dir) / "checkpoint.safetensors").string();
+    std::error_code ec;
+    if (!c->checkpoint_dir.empty() && std::filesystem::exists(ckpt, ec))  // a run that diverged early may have none
+      std::printf("  checkpoint: %s\n", ckpt.c_str());
+    if (!s.last_good_file.empty()) std::printf("  last good state: %s\n", s.last_good_file.c_str());
     if (!c->log.empty()) std::printf("  run log: %s\n", c->log.c_str());
     if (s.stopped_early)
       std::printf(c->checkpoint_dir.empty() ? "  no --checkpoint_dir: nothing was saved to continue from\n"
@@ -109,11 +114,7 @@ void add_train_command(CLI::App& app) {
     std::fflush(stdout);
     if (s.interrupted) exit_code = 128 + g_signal;  // as a shell reports a process ended by the signal
     if (s.diverged) {                               // Note [exit statuses]
-      std::fprintf(stderr,
-                   "mixprec: numerical failure: the loss became inf/NaN at step %lld; lower --lr%s, or add "
-                   "--clip_grad_norm\n",
-                   static_cast<long long>(s.steps),
-                   c->precision == "fp16" ? ", train in bf16 (f32's exponent range: no overflow at 65504)" : "");
+      std::fprintf(stderr, "mixprec: numerical failure: %s\n", s.numerical_failure.c_str());
       exit_code = kExitNumerical;
     }
   });

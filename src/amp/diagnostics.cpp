@@ -16,6 +16,14 @@ bool has_nonfinite(const Tensor& t) {
 
 }  // namespace
 
+bool any_nonfinite(const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> ts;
+  for (const Tensor& t : tensors)
+    if (t.defined() && is_floating(t.dtype()) && t.numel() > 0) ts.push_back(t.detach().contiguous());
+  if (ts.empty()) return false;
+  return backend::unscale_kernel.get(ts.front().device())(ts, 1.0, false);
+}
+
 UnderflowStats underflow_stats(const std::vector<Tensor>& grads, double scale) {
   UnderflowStats s;
   s.scale = scale;

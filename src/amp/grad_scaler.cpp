@@ -127,6 +127,14 @@ bool GradScaler::step(optim::Optimizer& opt) {
   return true;
 }
 
+// Note [giving up on a loss scale]
+// Skipping a step whose gradients hold inf/NaN cures an overflow caused by the scale, not one caused by the
+// model: a skipped step leaves the weights as they were, so when the next batches overflow too, skipping
+// more cannot help. A dynamic scale backs off first and gives up after max_overflows_at_min_scale
+// overflows in a row at min_scale (the gradients are non-finite even unscaled); a static scale never
+// changes and gives up after max_consecutive_skips skipped steps in a row. The default, 20, is generous:
+// 20 overflows in a row at unchanged weights are what a dynamic scale would have answered by shrinking
+// 2^20-fold. Both throw NumericalError (the CLI's exit status 3); 0 turns either off.
 void GradScaler::update() {
   if (!options_.enabled) return;
   MP_CHECK(!per_opt_.empty(),
@@ -135,7 +143,19 @@ void GradScaler::update() {
   bool found_inf = false;
   for (const auto& [opt, st] : per_opt_) found_inf = found_inf || st.found_inf;
   per_opt_.clear();
-  if (!options_.dynamic) return;
+  if (!options_.dynamic) {  // Note [giving up on a loss scale]
+    consecutive_skips_ = found_inf ? consecutive_skips_ + 1 : 0;
+    if (found_inf && options_.max_consecutive_skips != 0 && consecutive_skips_ >= options_.max_consecutive_skips)
+      throw NumericalError(detail::str_cat(
+          "GradScaler: ", consecutive_skips_,
+          " consecutive steps were skipped for inf/NaN gradients at the static "
+          "loss scale ",
+          scale_, " (max_consecutive_skips ", options_.max_consecutive_skips,
+          "): a skipped step leaves "
+          "the weights as they were, so the overflow repeats. Use a smaller static scale, dynamic loss scaling "
+          "(--loss_scale dynamic), or bf16 (f32's exponent range, no loss scaling needed)"));
+    return;
+  }
   if (found_inf) {
     growth_tracker_ = 0;
     if (scale_ <= options_.min_scale) {
@@ -179,6 +199,8 @@ nn::StateDict GradScaler::state_dict() const {
   sd.insert("min_scale", f64(options_.min_scale));
   sd.insert("max_scale", f64(options_.max_scale));
   sd.insert("max_overflows_at_min_scale", i64(options_.max_overflows_at_min_scale));
+  sd.insert("consecutive_skips", i64(consecutive_skips_));
+  sd.insert("max_consecutive_skips", i64(options_.max_consecutive_skips));
   return sd;
 }
 
@@ -206,6 +228,11 @@ void GradScaler::load_state_dict(const nn::StateDict& sd) {
   options_.min_scale = get("min_scale");
   options_.max_scale = get("max_scale");
   options_.max_overflows_at_min_scale = static_cast<int64_t>(get("max_overflows_at_min_scale"));
+  // Absent from state dicts saved before the static scale's limit existed: the counter starts at 0 and the
+  // limit stays this scaler's.
+  consecutive_skips_ = sd.contains("consecutive_skips") ? static_cast<int64_t>(get("consecutive_skips")) : 0;
+  if (sd.contains("max_consecutive_skips"))
+    options_.max_consecutive_skips = static_cast<int64_t>(get("max_consecutive_skips"));
 }
 
 }  // namespace mp::amp

@@ -75,6 +75,7 @@ std::pair<Tensor, nn::LSTMState> WordLM::forward(const Tensor& tokens, const nn:
   } else {
     std::tie(out, next.h) = static_cast<nn::RNN&>(*rnn_).forward(emb, state.h);
   }
+  rnn_->run_forward_hooks(emb, out);  // its forward takes a state, so it runs its hooks itself (the overflow finder)
   out = (*drop_)(out);
   Tensor logits = (*decoder_)(out);
   return {logits.reshape({tokens.size(0) * tokens.size(1), options_.vocab_size}), next};

@@ -62,8 +62,9 @@ void check_non_negative(const char* name, T v) {
   MP_CHECK(v >= 0, "--", name, " must be >= 0, got ", v);
 }
 
-// The dynamic scaler's settings: valid values (named by their flags), and given only where dynamic loss
-// scaling runs (a static --loss_scale N or no scaling at all would silently ignore them).
+// The scaler's settings: valid values (named by their flags), and given only where they act: the dynamic
+// scale's where dynamic loss scaling runs, --max_consecutive_skips where a static scale runs (elsewhere they
+// would be silently ignored).
 void validate_loss_scaling(const TrainConfig& c) {
   MP_CHECK(c.init_scale > 0 && std::isfinite(c.init_scale), "--init_scale must be positive and finite, got ",
            c.init_scale);
@@ -87,8 +88,17 @@ void validate_loss_scaling(const TrainConfig& c) {
         {"--max_scale", c.max_scale != d.max_scale},
         {"--max_overflows_at_min_scale", c.max_overflows_at_min_scale != d.max_overflows_at_min_scale}})
     if (set) given += (given.empty() ? "" : ", ") + std::string(flag);
-  if (given.empty()) return;
+  check_non_negative("max_consecutive_skips", c.max_consecutive_skips);
+  const bool skips_given = c.max_consecutive_skips != d.max_consecutive_skips;
+  if (given.empty() && !skips_given) return;
   const amp::AmpOptions r = amp::resolve(detail::amp_options(c));
+  MP_CHECK(!skips_given || (r.scaler.enabled && !r.scaler.dynamic),
+           "--max_consecutive_skips stops a run whose static loss scale (--loss_scale N) keeps overflowing, but this "
+           "run has ",
+           r.scaler.enabled ? "dynamic loss scaling, which stops by --max_overflows_at_min_scale instead"
+                            : "no loss scaling, which stops at the first inf/NaN loss or gradient",
+           "; drop --max_consecutive_skips");
+  if (given.empty()) return;
   MP_CHECK(r.scaler.enabled && r.scaler.dynamic, given, " set dynamic loss scaling, but this run has ",
            r.scaler.enabled
                ? "a static loss scale (--loss_scale " + c.loss_scale + "); for a scale that starts at " + c.loss_scale +

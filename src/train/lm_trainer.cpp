@@ -155,16 +155,22 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
       const auto t_data = Clock::now();
       data::Batch batch = data::bptt_batch(train_data, b * c.bptt, c.bptt);
       wait += seconds_since(t_data);
-      state = models::WordLM::detach(state);
-      Tensor logits;
-      {
-        ForwardScope scope(o);
-        auto [y, s] = model->forward(batch.input, state);
-        logits = y;
-        state = s;
-      }
-      Tensor loss = cross_entropy(logits.to(DType::f32), batch.target, {.label_smoothing = c.label_smoothing});
-      if (!loop.step(loss, b, static_cast<double>(batch.target.numel()), wait, state_tensors)) break;
+      // the window's loss and the state after it, from its tokens and the state before it
+      const auto forward = [&model, &o, &c, batch, start = models::WordLM::detach(state)] {
+        Tensor logits;
+        nn::LSTMState next;
+        {
+          ForwardScope scope(o);
+          std::tie(logits, next) = model->forward(batch.input, start);
+        }
+        return std::pair{cross_entropy(logits.to(DType::f32), batch.target, {.label_smoothing = c.label_smoothing}),
+                         next};
+      };
+      // Note [stopping on a numerical failure]
+      const std::function<Tensor()> replay = replayable([forward] { return forward().first; });
+      Tensor loss;
+      std::tie(loss, state) = forward();
+      if (!loop.step(loss, b, static_cast<double>(batch.target.numel()), wait, state_tensors, replay)) break;
     }
     if (!loop.end_training(wait)) break;
     const auto t_eval = Clock::now();

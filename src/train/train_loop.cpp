@@ -9,6 +9,11 @@
 #include <ostream>
 #include <set>
 
+#include <unistd.h>
+
+#include "mp/amp/diagnostics.hpp"
+#include "mp/autograd/node.hpp"
+#include "mp/core/philox.hpp"
 #include "mp/memory/allocator.hpp"
 #include "mp/ops/ops.hpp"
 #include "mp/optim/clip_grad.hpp"
@@ -75,6 +80,54 @@ constexpr const char* kKernelPathsKey = "kernel_paths";
 // multiple of N), so the resumed run continues exactly; resuming one with another N is refused unless
 // the position is also a multiple of the new N.
 
+// Note [stopping on a numerical failure]
+// A run stops for a numerical failure in three ways: without loss scaling (bf16, fp32), a step whose loss or
+// gradients hold inf/NaN (RunSummary::diverged; the CLI's exit status 3); with a dynamic scale stuck at its
+// minimum, or a static scale that skipped --max_consecutive_skips steps in a row, the scaler's NumericalError
+// (Note [giving up on a loss scale]). Before it stops, the run
+//   1. writes the last good state: the weights, optimizer state (f32 masters, moments), scaler and schedule
+//      as the failing step found them, at the failing step's position (its global_step the steps before it;
+//      --resume from the file retries that step), under its own name: --checkpoint_dir/last-good.safetensors,
+//      else RUN_LOG.last-good.safetensors beside --log, else a file in the temporary folder; never over
+//      checkpoint.safetensors, which keeps the last periodic checkpoint (a diverged run writes no more of
+//      them). Written atomically, like every checkpoint, without the word LM's hidden state (that of the
+//      failing window is no good): a resumed window starts from zeros;
+//   2. replays the failing step's batches (the same inputs and dropout draws, at the same scale) under the
+//      overflow finder (amp::OverflowFinder) and names the first module whose forward output, or else whose
+//      output gradient, was non-finite.
+// Why the live state is the last good one, without keeping a copy of the weights: with no scaler, one
+// read-only pass over the loss and the gradients (the scaler's found-inf check: one host synchronisation a
+// step, which the loss read needs anyway) runs before the optimizer, so a non-finite step is never applied;
+// with a scaler, such steps are skipped. Only the model's buffers (batch-norm running statistics, a few
+// values per channel) are copied after each applied update, because the failing forward pass has already
+// updated them. One case is left: an update beyond the weights' range (finite gradients times a huge
+// learning rate) makes the weights themselves non-finite, and the next step finds them so; the weights
+// before that update are gone (keeping them would cost a second copy of the weights and optimizer state),
+// so the run names the first non-finite tensor and the newest periodic checkpoint and writes no file.
+constexpr const char* kLastGoodFile = "last-good.safetensors";
+
+// Where the last-good state goes (Note [stopping on a numerical failure]).
+std::string last_good_path(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  if (!c.checkpoint_dir.empty()) return (fs::path(c.checkpoint_dir) / kLastGoodFile).string();
+  if (!c.log.empty()) return fs::path(c.log).replace_extension().string() + "." + kLastGoodFile;
+  static std::atomic<int> runs{0};  // several runs of one process (`mixprec compare`) write several files
+  return (fs::temp_directory_path() /
+          ("mixprec-" + std::to_string(::getpid()) + "-" + std::to_string(++runs) + "-" + kLastGoodFile))
+      .string();
+}
+
+// The overflow finder's answer in one phrase.
+std::string first_nonfinite_text(const amp::OverflowFinder& f) {
+  if (f.first_forward())
+    return "First non-finite: " + *f.first_forward() + ", forward output" +
+           (f.first_backward() ? " (in backward: the gradient at the output of " + *f.first_backward() + ")" : "");
+  if (f.first_backward())
+    return "First non-finite: " + *f.first_backward() + ", gradient of its output (every forward output was finite)";
+  return "First non-finite: no module's forward output or output gradient on replaying the step (the loss "
+         "computation outside the model's modules, or the weights, overflowed)";
+}
+
 // A checkpoint's JSON metadata value; refused as damaged when it does not parse (`what` names it).
 nlohmann::json parse_metadata(const std::string& what, const std::string& text) {
   try {
@@ -92,6 +145,14 @@ std::string hex_double(double v) {
 
 }  // namespace
 
+std::function<Tensor()> replayable(std::function<Tensor()> loss_of) {
+  const PhiloxState rng = default_generator().state();
+  return [rng, f = std::move(loss_of)] {
+    default_generator().set_state(rng.seed, rng.offset);
+    return f();
+  };
+}
+
 TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const Progress& start, int64_t baseline,
                      std::ostream& out, const std::map<std::string, std::string>& resumed)
     : c_(c),
@@ -105,6 +166,7 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
       ckpt_(checkpoint_path(c)),
       meta_{{"config", config_to_json(c)}} {
   if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
+  snapshot_buffers();  // the state the run starts from (resumed or not) is good
   paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);
   adopt_kernel_paths(resumed);
@@ -233,6 +295,80 @@ void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::s
   ckpt_seconds_ += seconds_since(t0);
 }
 
+void TrainLoop::snapshot_buffers() {
+  if (parts_.refs.model == nullptr) return;
+  autograd::NoGradGuard ng;
+  const std::vector<Tensor> live = parts_.refs.model->buffers();
+  if (buffers_.size() != live.size()) {
+    buffers_.clear();
+    for (const Tensor& b : live) buffers_.push_back(b.detach().clone());
+    return;
+  }
+  for (size_t i = 0; i < live.size(); ++i) buffers_[i].copy_(live[i]);
+}
+
+void TrainLoop::restore_buffers() {
+  if (parts_.refs.model == nullptr) return;
+  autograd::NoGradGuard ng;
+  std::vector<Tensor> live = parts_.refs.model->buffers();
+  MP_ASSERT(live.size() == buffers_.size(), "restore_buffers: the model has ", live.size(), " buffers, the copy ",
+            buffers_.size());
+  for (size_t i = 0; i < live.size(); ++i) live[i].copy_(buffers_[i]);
+}
+
+std::string TrainLoop::stop_for_numerical_failure(const std::string& what, const Progress& at, double scale) {
+  MP_ASSERT(parts_.refs.model != nullptr, "stop_for_numerical_failure: the run's checkpoint refs hold no model");
+  restore_buffers();
+  std::string msg = what;
+  // The live weights are the last good ones unless an update overflowed them (Note [stopping on a numerical
+  // failure]); the check runs only here, once.
+  std::string bad;
+  for (const auto& [name, t] : parts_.refs.model->state_dict())
+    if (amp::any_nonfinite({t})) {
+      bad = name;
+      break;
+    }
+  // Replay the step's batches under the overflow finder, the loss scaled as the step scaled it.
+  std::string found = "First non-finite: not looked for (the step's batches cannot be replayed)";
+  if (!micro_replays_.empty() && micro_replays_.front()) {
+    amp::OverflowFinder finder(*parts_.refs.model);
+    try {
+      for (const auto& replay : micro_replays_) {
+        parts_.optimizer.zero_grad();
+        mul(replay().to(DType::f32), scale / static_cast<double>(c_.grad_accum)).backward();
+        if (finder.first_forward() || finder.first_backward()) break;
+      }
+      found = first_nonfinite_text(finder);
+    } catch (const Error& e) {
+      found = std::string("First non-finite: unknown (replaying the step failed: ") + e.what() + ")";
+    }
+    parts_.optimizer.zero_grad();
+    restore_buffers();
+  }
+  msg += ". " + found + ". ";
+  const int64_t failing = at.global_step + 1;
+  if (!bad.empty()) {
+    std::error_code ec;
+    msg += "The weights were already non-finite when step " + std::to_string(failing) + " began (first: '" + bad +
+           "'): an earlier step overflowed them while its loss and gradients were finite (an update beyond the "
+           "weights' range: finite gradients times a huge learning rate), and no finite copy is kept; " +
+           (!ckpt_.empty() && std::filesystem::exists(ckpt_, ec)
+                ? "the newest periodic checkpoint is " + ckpt_
+                : std::string("there is no periodic checkpoint (--checkpoint_dir, --checkpoint_every)")) +
+           "; no last-good file was written";
+    return msg;
+  }
+  const std::string path = last_good_path(c_);
+  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty())
+    std::filesystem::create_directories(dir);
+  save(at, {}, path);
+  sum_.last_good_file = path;
+  msg += "Wrote the last good state (the finite weights step " + std::to_string(failing) +
+         " began from; its update was not applied) to " + path +
+         ": `mixprec eval` evaluates it; copied over checkpoint.safetensors, --resume retries the step from it";
+  return msg;
+}
+
 void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t batches) {
   epoch_ = epoch;
   carry_ = {};
@@ -245,6 +381,7 @@ void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t batches) {
   ema_ = carry_.ema;
   micro_units_ = 0;
   micro_losses_.clear();
+  micro_replays_.clear();
   MP_ASSERT(first % c_.grad_accum == 0 && batches % c_.grad_accum == 0, "begin_epoch: batches ", first, "..", batches,
             " are not whole optimizer steps of ", c_.grad_accum);
   bar_ = std::make_unique<ProgressBar>(out_, "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(c_.epochs),
@@ -253,26 +390,54 @@ void TrainLoop::begin_epoch(int64_t epoch, int64_t first, int64_t batches) {
 }
 
 bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double data_wait,
-                     const std::function<nn::StateDict()>& extra) {
+                     const std::function<nn::StateDict()>& extra, const std::function<Tensor()>& replay) {
   amp::GradScaler& scaler = parts_.scaler;
   const int64_t n = c_.grad_accum;  // Note [gradient accumulation]
   scaler.scale(n == 1 ? loss : mul(loss, 1.0 / static_cast<double>(n))).backward();
-  micro_losses_.push_back(loss.detach());  // read after the step: no device sync before it is queued
+  micro_losses_.push_back(loss.detach());  // with a scaler, read after the step: no device sync before it is queued
+  micro_replays_.push_back(replay);
   micro_units_ += units;
   const auto batches = static_cast<int64_t>(micro_losses_.size());
   if (batches < n) {
     if (batches == 1) amp::accumulate_grads_in_f32(parts_.params);
     return true;
   }
-  if (c_.clip_grad_norm > 0) {
-    scaler.unscale_(parts_.optimizer);
-    optim::clip_grad_norm_(parts_.params, c_.clip_grad_norm);
+  // Note [stopping on a numerical failure]: where this step began, and the scale its gradients carry
+  const Progress began{epoch_, batch + 1 - n, start_.global_step + sum_.steps};
+  const double step_scale = scaler.get_scale();
+  bool stepped = false;
+  if (!scaler.is_enabled()) {  // nothing else looks: check the loss and the gradients before the update
+    std::vector<Tensor> check = micro_losses_;
+    for (const Tensor& p : parts_.params) check.push_back(p.grad());
+    if (amp::any_nonfinite(check)) {
+      const bool loss_bad = amp::any_nonfinite(micro_losses_);
+      const std::string what =
+          std::string(loss_bad ? "the loss" : "the gradients (of a finite loss)") + " became inf/NaN at step " +
+          std::to_string(began.global_step + 1) + " with no loss scaling to skip it; lower --lr" +
+          (c_.clip_grad_norm > 0 ? "" : ", or add --clip_grad_norm") +
+          (c_.precision == "fp16" ? ", or train in bf16 (f32's exponent range: no overflow at 65504)" : "");
+      sum_.numerical_failure = stop_for_numerical_failure(what, began, step_scale);
+      sum_.diverged = true;
+      parts_.optimizer.zero_grad();
+    }
   }
-  const bool stepped = scaler.step(parts_.optimizer);
-  parts_.optimizer.zero_grad();
-  scaler.update();
-  if (stepped) parts_.scheduler.step();  // a skipped step does not advance the schedule
-  if (stepped && parts_.refs.ema != nullptr) parts_.refs.ema->update(*parts_.refs.model, &parts_.optimizer);
+  if (!sum_.diverged) {
+    if (c_.clip_grad_norm > 0) {
+      scaler.unscale_(parts_.optimizer);
+      optim::clip_grad_norm_(parts_.params, c_.clip_grad_norm);
+    }
+    stepped = scaler.step(parts_.optimizer);
+    parts_.optimizer.zero_grad();
+    try {
+      scaler.update();
+    } catch (const NumericalError& e) {  // the scaler gives up (Note [giving up on a loss scale])
+      throw NumericalError(stop_for_numerical_failure(e.what(), began, step_scale));
+    }
+    if (stepped) parts_.scheduler.step();  // a skipped step does not advance the schedule
+    if (stepped && parts_.refs.ema != nullptr) parts_.refs.ema->update(*parts_.refs.model, &parts_.optimizer);
+    if (stepped) snapshot_buffers();
+  }
+  micro_replays_.clear();
 
   double l = 0;  // the mean loss of the step's batches
   for (const Tensor& b : micro_losses_) l += b.item<double>();
@@ -288,7 +453,6 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   sum_.step_losses.push_back(l);
   units_ += units;
   data_wait_ = data_wait;
-  if (!std::isfinite(l) && !scaler.is_enabled()) sum_.diverged = true;
   const int64_t global = start_.global_step + sum_.steps;
   if (log_) {
     const double elapsed = carry_.seconds + seconds_since(t_epoch_) - ckpt_seconds_;
@@ -313,7 +477,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   const bool requested = g_stop_requested.load(std::memory_order_relaxed);
   if (requested) sum_.interrupted = true;
   const bool stop = requested || (c_.stop_after_steps > 0 && sum_.steps >= c_.stop_after_steps);
-  if (!ckpt_.empty() && (stop || (c_.checkpoint_every > 0 && global % c_.checkpoint_every == 0)))
+  if (!ckpt_.empty() && !sum_.diverged && (stop || (c_.checkpoint_every > 0 && global % c_.checkpoint_every == 0)))
     save(here, extra ? extra() : nn::StateDict{});
   if (stop) sum_.stopped_early = true;
   return !stopped();
@@ -324,6 +488,7 @@ bool TrainLoop::end_training(double data_wait) {
     parts_.optimizer.zero_grad();
     micro_units_ = 0;
     micro_losses_.clear();
+    micro_replays_.clear();
   }
   data_wait_ = data_wait;
   const double process_seconds = seconds_since(t_epoch_) - ckpt_seconds_;  // this process's part
@@ -392,6 +557,7 @@ void TrainLoop::end_epoch(const Eval& model, const std::optional<Eval>& ema, dou
     meta_[kBestKey] = nlohmann::ordered_json{{"epoch", es.epoch}, {"metric", hex_double(judged)}}.dump();
   }
   const Progress at{epoch_ + 1, 0, start_.global_step + sum_.steps};
+  if (sum_.diverged) return;  // checkpoint.safetensors keeps the last state before the failure
   if (!ckpt_.empty()) save(at, {});
   if (better && c_.save_best) {
     const std::string path = (std::filesystem::path(c_.checkpoint_dir) / "best.safetensors").string();

@@ -18,6 +18,11 @@
 
 namespace mp::train::detail {
 
+/// A replay of one batch's forward pass and loss for the overflow finder: `loss_of` computes the loss from
+/// inputs it holds; the replay first puts the random generator (dropout) back where it stands now, so call
+/// this before the forward pass that `loss_of` repeats.
+std::function<Tensor()> replayable(std::function<Tensor()> loss_of);
+
 /// The optimizer step with loss scaling, gradient accumulation, clipping and the LR schedule; per-step
 /// records (loss curve, run log, progress bar); periodic and stop-after checkpoints; per-epoch records
 /// and checkpoints; and the summary's totals. Usage per epoch: begin_epoch, step() per batch while it
@@ -46,10 +51,12 @@ class TrainLoop {
   /// Backward of `loss` / grad_accum (scaled). On the last batch of an optimizer step: clip, optimizer
   /// step (skipped on inf/NaN), zero the gradients, scale update, schedule step; then the step's records.
   /// `batch` is the batch index within the epoch, `units` its images or tokens, `data_wait` the epoch's
-  /// data wait so far; `extra` supplies run-specific checkpoint tensors. Returns false when the epoch
-  /// must stop (diverged, or stop_after_steps reached).
+  /// data wait so far; `extra` supplies run-specific checkpoint tensors; `replay` recomputes the batch's loss
+  /// from the same inputs (see replayable()) for the overflow finder should the step fail. Returns false
+  /// when the epoch must stop (diverged, or stop_after_steps reached). Throws NumericalError when the loss
+  /// scaler gives up (Note [stopping on a numerical failure]).
   bool step(const Tensor& loss, int64_t batch, double units, double data_wait,
-            const std::function<nn::StateDict()>& extra = {});
+            const std::function<nn::StateDict()>& extra = {}, const std::function<Tensor()>& replay = {});
   /// Close the epoch's training part; returns whether to evaluate (false when the run stops early).
   bool end_training(double data_wait);
   /// The evaluation of one set of weights: mean loss and accuracy or perplexity.
@@ -66,6 +73,13 @@ class TrainLoop {
 
  private:
   void save(const Progress& p, const nn::StateDict& extra, const std::string& path = {});
+  /// Note [stopping on a numerical failure]: restore the buffers of the last applied update, write the
+  /// last-good checkpoint (position `at`, where the failing step began), replay the step under the overflow
+  /// finder; returns `what` completed with the module found and the checkpoint written (or why none was).
+  std::string stop_for_numerical_failure(const std::string& what, const Progress& at, double scale);
+  /// Copy the model's buffers into buffers_ (after an applied update), or back (restore).
+  void snapshot_buffers();
+  void restore_buffers();
   void check_resumed_config(const std::map<std::string, std::string>& resumed);
   void adopt_kernel_paths(const std::map<std::string, std::string>& resumed);
 
@@ -102,6 +116,10 @@ class TrainLoop {
   // the optimizer step being accumulated: the losses of its batches backpropagated so far, their images
   // or tokens
   std::vector<Tensor> micro_losses_;
+  std::vector<std::function<Tensor()>> micro_replays_;  ///< their replays, for the overflow finder
+  /// The model's buffers (batch-norm running statistics) as the last applied update left them: a failing
+  /// step's forward has already updated them (Note [stopping on a numerical failure]).
+  std::vector<Tensor> buffers_;
   double micro_units_ = 0;
   double loss_sum_ = 0, units_ = 0, total_units_ = 0, ckpt_seconds_ = 0, epoch_seconds_ = 0, data_wait_ = 0;
   LossEma ema_;

@@ -47,8 +47,8 @@ amp::AmpOptions amp_options(const TrainConfig& c) {
   if (!c.master_weights.empty()) o.master_weights = c.master_weights == "true";
   o.stochastic_rounding = c.stochastic_rounding;
   o.rounding_seed = c.seed;
-  // The dynamic scaler's settings (resolve() sets enabled/dynamic, and a static scale's value, from the loss
-  // scale); validate() refuses them where no dynamic scaling runs.
+  // The scaler's settings (resolve() sets enabled/dynamic, and a static scale's value, from the loss scale);
+  // validate() refuses the dynamic scale's where no dynamic scaling runs, the static scale's where none runs.
   o.scaler.init_scale = c.init_scale;
   o.scaler.growth_factor = c.growth_factor;
   o.scaler.backoff_factor = c.backoff_factor;
@@ -57,6 +57,7 @@ amp::AmpOptions amp_options(const TrainConfig& c) {
   o.scaler.min_scale = c.min_scale;
   o.scaler.max_scale = c.max_scale;
   o.scaler.max_overflows_at_min_scale = c.max_overflows_at_min_scale;
+  o.scaler.max_consecutive_skips = c.max_consecutive_skips;
   return o;
 }
 
@@ -285,9 +286,13 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
     for (int64_t b = first; b < batches; ++b) {
       std::optional<data::Batch> batch = loader.next();
       if (!batch) break;
-      Tensor loss = cross_entropy(setup.model(batch->input.to(dev)), batch->target.to(dev),
-                                  {.label_smoothing = c.label_smoothing});
-      if (!loop.step(loss, b, static_cast<double>(batch->target.size(0)), loader.wait_seconds())) break;
+      const Tensor x = batch->input.to(dev), y = batch->target.to(dev);
+      const auto loss_of = [&setup, &c, x, y] {
+        return cross_entropy(setup.model(x), y, {.label_smoothing = c.label_smoothing});
+      };
+      const std::function<Tensor()> replay = replayable(loss_of);  // Note [stopping on a numerical failure]
+      const Tensor loss = loss_of();
+      if (!loop.step(loss, b, static_cast<double>(batch->target.size(0)), loader.wait_seconds(), {}, replay)) break;
     }
     if (!loop.end_training(loader.wait_seconds())) break;
     const auto t_eval = Clock::now();
@@ -398,6 +403,7 @@ std::string summary_to_json(const RunSummary& s) {
   j["throughput"] = s.throughput;
   j["throughput_unit"] = s.throughput_unit;
   j["diverged"] = s.diverged;
+  j["last_good_file"] = s.last_good_file;
   nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
   for (const EpochStats& e : s.epochs)
     epochs.push_back({{"epoch", e.epoch},

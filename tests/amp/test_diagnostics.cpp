@@ -143,6 +143,17 @@ TEST(OverflowFinder, NamesALayerWithAnInfWeight) {
   EXPECT_EQ(*finder.first_forward(), "2 (Linear)");
 }
 
+// any_nonfinite: one pass over tensors of any floating dtype; integer, empty and undefined ones are skipped.
+TEST(AnyNonfinite, FindsInfAndNanInAnyFloatingTensor) {
+  const Tensor ok = from_vector<float>({1.f, -2.f}, {2});
+  EXPECT_FALSE(amp::any_nonfinite({ok, ok.to(DType::bf16), ok.to(DType::f16), Tensor(), zeros({0})}));
+  EXPECT_FALSE(amp::any_nonfinite({}));
+  EXPECT_TRUE(amp::any_nonfinite({ok, from_vector<float>({0.f, static_cast<float>(kInf)}, {2}).to(DType::bf16)}));
+  EXPECT_TRUE(amp::any_nonfinite({from_vector<double>({std::nan("")}, {1}), ok}));
+  EXPECT_TRUE(amp::any_nonfinite({full({3}, 1e5).to(DType::f16)}));  // 1e5 overflows f16: inf
+  EXPECT_FALSE(amp::any_nonfinite({from_vector<int64_t>({1, 2}, {2})}));
+}
+
 TEST(OverflowFinder, NamesTheModuleWhoseOutputGradientOverflowed) {
   // Forward finite, backward not: an f16 network whose second layer has large weights (100) and
   // tiny inputs. With the loss scaled by 1024 the gradient at the output of layer 1 is 1024 (finite in

@@ -402,6 +402,52 @@ TEST(GradScaler, StuckAtMinimumScaleThrowsWithAdvice) {
   for (int k = 0; k < 20; ++k) EXPECT_NO_THROW(train_step(never, opt, toy, kInf));
 }
 
+// Note [giving up on a loss scale]: a static scale stops the run after max_consecutive_skips skipped steps in a
+// row (a clean step resets the count; 0 never stops); the count survives a state dict round trip, and a state
+// dict saved before the limit existed still loads.
+TEST(GradScaler, StaticScaleGivesUpAfterConsecutiveSkips) {
+  Toy toy(10);
+  optim::SGD opt(toy.params(), {.lr = 1e-3});
+  GradScaler scaler({.init_scale = 128.0, .dynamic = false, .max_consecutive_skips = 3});
+  train_step(scaler, opt, toy, kInf);  // 1
+  train_step(scaler, opt, toy, kInf);  // 2
+  train_step(scaler, opt, toy);        // a clean step resets the count
+  train_step(scaler, opt, toy, kInf);  // 1
+  train_step(scaler, opt, toy, kInf);  // 2
+  nn::StateDict sd = scaler.state_dict();
+  EXPECT_EQ(sd.at("consecutive_skips").item<int64_t>(), 2);
+  GradScaler restored({.init_scale = 128.0, .dynamic = false, .max_consecutive_skips = 0});
+  restored.load_state_dict(sd);
+  EXPECT_EQ(restored.options().max_consecutive_skips, 3);
+  for (GradScaler* s : {&scaler, &restored}) {
+    opt.zero_grad();
+    scaled_backward(*s, toy, kInf);
+    EXPECT_FALSE(s->step(opt));
+    try {
+      s->update();  // the third skipped step in a row
+      FAIL() << "expected the static scale to give up";
+    } catch (const NumericalError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("3 consecutive steps were skipped"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("static loss scale 128"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--loss_scale dynamic"), std::string::npos) << msg;
+    }
+  }
+  // A state dict without the entries (saved before they existed) loads: the count starts at 0, the limit stays.
+  sd.erase("consecutive_skips");
+  sd.erase("max_consecutive_skips");
+  GradScaler old({.init_scale = 128.0, .dynamic = false, .max_consecutive_skips = 2});
+  old.load_state_dict(sd);
+  EXPECT_EQ(old.options().max_consecutive_skips, 2);
+  EXPECT_NO_THROW(train_step(old, opt, toy, kInf));
+  EXPECT_THROW(train_step(old, opt, toy, kInf), NumericalError);
+  // 0 never gives up; a dynamic scale ignores the limit (its own is max_overflows_at_min_scale).
+  GradScaler never({.init_scale = 128.0, .dynamic = false, .max_consecutive_skips = 0});
+  for (int k = 0; k < 30; ++k) EXPECT_NO_THROW(train_step(never, opt, toy, kInf));
+  GradScaler dynamic({.init_scale = 1e6, .max_overflows_at_min_scale = 0, .max_consecutive_skips = 1});
+  for (int k = 0; k < 5; ++k) EXPECT_NO_THROW(train_step(dynamic, opt, toy, kInf));
+}
+
 TEST(GradScaler, UnscaleRules) {
   Toy toy(9);
   optim::SGD opt(toy.params(), {.lr = 1e-3});

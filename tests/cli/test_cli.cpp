@@ -11,9 +11,14 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <regex>
 
+#include "mp/amp/diagnostics.hpp"
+#include "mp/train/checkpoint.hpp"
 #include "mp/train/run_log.hpp"
+#include "mp/train/safetensors.hpp"
 #include "test_util.hpp"
+#include "train/trainer_fixtures.hpp"
 
 namespace fs = std::filesystem;
 using mp::test::scratch_dir;
@@ -25,8 +30,9 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(MP_CLI_PATH) + " " + args + " 2>&1";
+// `env`: variable assignments for the command (e.g. "TMPDIR=/x").
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? "" : env + " ") + std::string(MP_CLI_PATH) + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   Result r;
   if (p == nullptr) return r;
@@ -93,13 +99,101 @@ TEST(Cli, ExitStatusesSayHowARunEnded) {
   r = run("train --precision fp8");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("fp8"), std::string::npos) << r.output;
-  // A learning rate of 1e38 sends the weights, then the loss, to inf/NaN: a numerical failure, said as such.
-  r = run(lm + " --lr 1e38 --clip_grad_norm 0");
+  // A learning rate of 1e38 sends the weights, then the loss, to inf/NaN: a numerical failure, said as such (its
+  // last-good file goes to $TMPDIR: Note [stopping on a numerical failure]).
+  const fs::path tmp = scratch_dir("cli", "exit_statuses");
+  r = run(lm + " --lr 1e38 --clip_grad_norm 0", "TMPDIR=" + tmp.string());
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("numerical failure"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("DIVERGED"), std::string::npos) << r.output;
   r = run(lm);
   EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// Note [stopping on a numerical failure]: each way a run fails numerically exits 3 with a message that says what
+// happened, names the first non-finite module (the overflow finder on the failing step) and the last-good
+// checkpoint, written under its own name, which loads and holds finite tensors at the failing step's start.
+TEST(Cli, NumericalFailuresNameTheModuleAndLeaveTheLastGoodState) {
+  const std::string lm = "train --dataset text --data_dir " + corpus().string() +
+                         " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --epochs 1 --quiet";
+  const std::string images = "train --model resnet8 --dataset mnist --data_dir " +
+                             trainer_fixtures::image_data().string() +
+                             " --batch_size 32 --epochs 1 --eval_batch_size 64 --num_workers 0 --quiet";
+  // "First non-finite: layer1.0.bn1 (BatchNorm2d), forward output": a module of the model, by name and type.
+  const std::regex module_named(R"(First non-finite: [A-Za-z0-9_.]+ \([A-Za-z0-9]+\), (forward output|gradient))");
+  // The last-good file: a training checkpoint at the failing step's start whose every tensor is finite.
+  auto expect_last_good = [](const fs::path& file, int64_t failing_step) {
+    ASSERT_TRUE(fs::exists(file)) << file;
+    std::map<std::string, std::string> md;
+    const mp::nn::StateDict model = mp::train::read_model_state(file.string(), &md);
+    EXPECT_EQ(md["format"], mp::train::kCheckpointFormat);
+    EXPECT_EQ(md["global_step"], std::to_string(failing_step - 1)) << file;
+    EXPECT_GT(model.size(), 0u);
+    const mp::train::SafetensorsFile all = mp::train::load_safetensors(file.string());
+    for (const auto& [name, t] : all.tensors) EXPECT_FALSE(mp::amp::any_nonfinite({t})) << file << ": " << name;
+  };
+
+  {  // fp32, no loss scaling: the loss turns NaN (a batch norm's output first); checkpoint.safetensors is the
+     // last periodic checkpoint, untouched, and the batch-norm running statistics are those before the failure
+    const fs::path dir = scratch_dir("cli", "fail_fp32");
+    const Result r = run(images + " --lr 1e20 --checkpoint_every 1 --checkpoint_dir " + dir.string());
+    EXPECT_EQ(r.code, 3) << r.output;
+    EXPECT_CONTAINS(r.output, "numerical failure: the loss became inf/NaN at step 2 with no loss scaling");
+    EXPECT_CONTAINS(r.output, "lower --lr");
+    EXPECT_TRUE(std::regex_search(r.output, module_named)) << r.output;
+    EXPECT_CONTAINS(r.output, "Wrote the last good state");
+    EXPECT_CONTAINS(r.output, (dir / "last-good.safetensors").string());
+    expect_last_good(dir / "last-good.safetensors", 2);
+    std::map<std::string, std::string> md;
+    (void)mp::train::read_safetensors_header((dir / "checkpoint.safetensors").string(), &md);
+    EXPECT_EQ(md["global_step"], "1");  // the periodic checkpoint of step 1, not one after the failure
+  }
+  {  // bf16 O2: the same check runs where no scaler looks; the gradients of a finite loss go first here
+    const fs::path dir = scratch_dir("cli", "fail_bf16");
+    const Result r = run(images + " --precision bf16 --lr 1e10 --checkpoint_dir " + dir.string());
+    EXPECT_EQ(r.code, 3) << r.output;
+    EXPECT_CONTAINS(r.output, "numerical failure: the ");
+    EXPECT_CONTAINS(r.output, "became inf/NaN at step");
+    EXPECT_TRUE(std::regex_search(r.output, module_named)) << r.output;
+    std::smatch step;
+    ASSERT_TRUE(std::regex_search(r.output, step, std::regex("inf/NaN at step ([0-9]+)"))) << r.output;
+    expect_last_good(dir / "last-good.safetensors", std::stoll(step[1]));
+    EXPECT_FALSE(fs::exists(dir / "checkpoint.safetensors"));  // no periodic checkpoint was due before it
+  }
+  {  // fp16, static scale: too many skipped steps in a row; no --checkpoint_dir: the file goes beside --log
+    const fs::path dir = scratch_dir("cli", "fail_static");
+    const Result r =
+        run(lm + " --precision fp16 --loss_scale 1e30 --max_consecutive_skips 3 --log " + (dir / "run.jsonl").string());
+    EXPECT_EQ(r.code, 3) << r.output;
+    EXPECT_CONTAINS(r.output, "3 consecutive steps were skipped for inf/NaN gradients at the static loss scale");
+    EXPECT_CONTAINS(r.output, "First non-finite: decoder (Linear), gradient of its output");
+    EXPECT_CONTAINS(r.output, (dir / "run.last-good.safetensors").string());
+    expect_last_good(dir / "run.last-good.safetensors", 3);
+    EXPECT_EQ(run("eval " + (dir / "run.last-good.safetensors").string()).code, 0);
+  }
+  {  // fp16, dynamic scale stuck at its minimum; neither --checkpoint_dir nor --log: a temporary file, named
+    const fs::path dir = scratch_dir("cli", "fail_dynamic");
+    const Result r = run(lm + " --precision fp16 --init_scale 1e30 --min_scale 1e30 --max_scale 1e30 "
+                              "--max_overflows_at_min_scale 2",
+                         "TMPDIR=" + dir.string());
+    EXPECT_EQ(r.code, 3) << r.output;
+    EXPECT_CONTAINS(r.output, "the loss scale is stuck at its minimum");
+    EXPECT_TRUE(std::regex_search(r.output, module_named)) << r.output;
+    std::smatch file;
+    ASSERT_TRUE(std::regex_search(r.output, file, std::regex("to (/[^ :]+last-good\\.safetensors)"))) << r.output;
+    EXPECT_EQ(fs::path(file[1].str()).parent_path(), dir);
+    expect_last_good(file[1].str(), 2);
+  }
+  {  // an update beyond f32's range makes the weights themselves non-finite: found before the next update,
+     // said as such, and no last-good file (the finite weights are gone)
+    const fs::path dir = scratch_dir("cli", "fail_weights");
+    const Result r = run(lm + " --lr 1e39 --clip_grad_norm 0 --checkpoint_dir " + dir.string());
+    EXPECT_EQ(r.code, 3) << r.output;
+    EXPECT_CONTAINS(r.output, "The weights were already non-finite when step 2 began (first: 'encoder.weight')");
+    EXPECT_CONTAINS(r.output, "First non-finite: encoder (Embedding), forward output");
+    EXPECT_CONTAINS(r.output, "no last-good file was written");
+    EXPECT_FALSE(fs::exists(dir / "last-good.safetensors"));
+  }
 }
 
 // Dynamic loss scaling's settings are flags named as amp::GradScalerOptions' fields; they are refused where no
@@ -120,6 +214,14 @@ TEST(Cli, LossScalerFlags) {
   expect_failure(lm + " --precision bf16 --growth_interval 10", "add --loss_scale dynamic");
   expect_failure(lm + " --precision fp16 --growth_factor 0.5", "--growth_factor must be > 1");
   expect_failure(lm + " --precision fp16 --min_scale 4 --max_scale 2", "0 < min_scale <= max_scale");
+  // The static scale's limit is refused where no static scale runs.
+  expect_failure(lm + " --precision fp16 --max_consecutive_skips 5", "dynamic loss scaling, which stops by");
+  expect_failure(lm + " --precision bf16 --max_consecutive_skips 5", "no loss scaling, which stops at the first");
+  expect_failure(lm + " --precision fp16 --loss_scale 128 --max_consecutive_skips -1",
+                 "--max_consecutive_skips must be >= 0");
+  r = run(lm + " --precision fp16 --loss_scale 128 --max_consecutive_skips 5 --print_config");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["max_consecutive_skips"], 5);
 }
 
 // A warm-up as long as the run leaves the decay nothing: refused naming both flags and the fixes.

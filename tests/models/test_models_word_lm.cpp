@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "mp/amp/diagnostics.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/models/word_lm.hpp"
@@ -199,6 +200,27 @@ TEST(ModelsWordLM, DropoutOnlyWhenTraining) {
   // The RNN's own between-layer dropout is the model's.
   EXPECT_EQ(lm.rnn().options().dropout, 0.5);
   EXPECT_EQ(WordLM({.vocab_size = 5, .embed_size = 4, .hidden_size = 4, .num_layers = 1}).rnn().options().dropout, 0.0);
+}
+
+// A word LM's recurrent layer has a forward of its own signature (a state in and out): it runs its hooks itself,
+// so the finder names it.
+TEST(ModelsWordLM, OverflowFinderNamesTheRecurrentLayer) {
+  manual_seed(3);
+  auto lm = std::make_shared<WordLM>(
+      WordLMOptions{.vocab_size = 10, .embed_size = 4, .hidden_size = 4, .num_layers = 1, .dropout = 0.0});
+  amp::OverflowFinder finder(*lm);
+  const Tensor tokens = from_vector<int64_t>({1, 2, 3, 4}, {2, 2});
+  (void)lm->forward(tokens, {});
+  EXPECT_FALSE(finder.first_forward().has_value());
+  for (auto& [name, p] : lm->named_parameters())
+    if (name.rfind("rnn.", 0) == 0) {
+      autograd::NoGradGuard ng;
+      p.fill_(std::nan(""));
+      break;
+    }
+  (void)lm->forward(tokens, {});
+  ASSERT_TRUE(finder.first_forward().has_value());
+  EXPECT_EQ(finder.first_forward()->rfind("rnn (", 0), 0u) << *finder.first_forward();
 }
 
 TEST(ModelsWordLM, Errors) {

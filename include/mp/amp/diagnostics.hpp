@@ -28,6 +28,10 @@ UnderflowStats underflow_stats(const std::vector<Tensor>& grads, double scale);
 /// (as after scaler.scale(loss).backward() and before unscale_): divides the scale back out.
 UnderflowStats underflow_stats_of_scaled_grads(const std::vector<Tensor>& params, double scale);
 
+/// Whether any element of `tensors` is inf/NaN (undefined, empty and integer tensors are skipped): one read-only
+/// pass over all of them, the loss scaler's check. All on one device.
+bool any_nonfinite(const std::vector<Tensor>& tensors);
+
 /// Watches every module of a model: names the first module whose forward output, and the first whose
 /// output gradient, contained inf/NaN. Hooks are removed when it is destroyed.
 class OverflowFinder {

@@ -21,6 +21,7 @@ struct GradScalerOptions {
   double min_scale = 1.0;                   ///< S never goes below this
   double max_scale = 16777216.0;            ///< S never goes above this (2^24)
   int64_t max_overflows_at_min_scale = 10;  ///< consecutive overflows at min_scale before giving up (0 = never)
+  int64_t max_consecutive_skips = 20;       ///< static scale: consecutive skipped steps before giving up (0 = never)
   bool enabled = true;                      ///< false: scale() is the identity, step() just steps
 };
 
@@ -58,7 +59,8 @@ class GradScaler {
   /// advance the LR schedule (use the return value).
   bool step(optim::Optimizer& opt);
   /// Adjust S after the step: back off on overflow (after `hysteresis` overflows), grow after
-  /// `growth_interval` clean steps. Throws when S is stuck at min_scale (see GradScalerOptions).
+  /// `growth_interval` clean steps. Throws NumericalError when a dynamic S is stuck at min_scale, or a static
+  /// S has skipped max_consecutive_skips steps in a row (Note [giving up on a loss scale]).
   void update();
 
   /// Current S (1 when disabled).
@@ -93,6 +95,7 @@ class GradScaler {
   int64_t growth_tracker_ = 0;
   int64_t hysteresis_tracker_;
   int64_t overflows_at_min_ = 0;
+  int64_t consecutive_skips_ = 0;  ///< static scale: steps skipped in a row
   int64_t skipped_steps_ = 0;
   bool last_skipped_ = false;
   std::unordered_map<const optim::Optimizer*, PerOptimizer> per_opt_;

@@ -55,6 +55,8 @@ struct TrainConfig {
   double min_scale = amp::GradScalerOptions{}.min_scale;               ///< the scale never goes below this
   double max_scale = amp::GradScalerOptions{}.max_scale;               ///< the scale never goes above this
   int64_t max_overflows_at_min_scale = amp::GradScalerOptions{}.max_overflows_at_min_scale;  ///< then stop (0 = never)
+  // ---- static loss scaling (--loss_scale N) ----
+  int64_t max_consecutive_skips = amp::GradScalerOptions{}.max_consecutive_skips;  ///< skips in a row, then stop
   // ---- word LM ----
   int64_t bptt = 35;                   ///< truncated back-propagation window (tokens)
   int64_t embed_size = 200;            ///< word embedding size
@@ -139,6 +141,9 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("max_scale", c.max_scale, "dynamic loss scaling: the scale never goes above this");
   f("max_overflows_at_min_scale", c.max_overflows_at_min_scale,
     "dynamic loss scaling: stop the run after this many consecutive overflows at min_scale (0 = never)");
+  f("max_consecutive_skips", c.max_consecutive_skips,
+    "static loss scaling (--loss_scale N): stop the run after this many consecutive steps skipped for inf/NaN "
+    "gradients (0 = never)");
   f("bptt", c.bptt, "word LM: truncated back-propagation window in tokens");
   f("embed_size", c.embed_size, "word LM: embedding size");
   f("hidden_size", c.hidden_size, "word LM: recurrent state size");
@@ -217,7 +222,12 @@ struct RunSummary {
   std::string throughput_unit;      ///< "img/s" or "tok/s"
   std::vector<EpochStats> epochs;   ///< per epoch run in this process
   std::vector<double> step_losses;  ///< every step's loss, in order (for curves)
-  bool diverged = false;            ///< a loss became NaN/inf (O3 may); training stopped early
+  bool diverged = false;            ///< without loss scaling, a loss or gradient became inf/NaN: training stopped
+                                    ///< before that step's update (with scaling such steps are skipped)
+  std::string numerical_failure;    ///< when diverged: what happened, the first non-finite module, the
+                                    ///< last-good checkpoint and what to try (the CLI's message)
+  std::string last_good_file;       ///< the last-good state written when the run failed numerically (empty:
+                                    ///< none; Note [stopping on a numerical failure] in src/train/train_loop.cpp)
   bool stopped_early = false;       ///< stop_after_steps or request_stop() ended the run (a checkpoint
                                     ///< holds the position when there is a checkpoint directory)
   bool interrupted = false;         ///< request_stop() ended it (the CLI's SIGINT/SIGTERM handler)
