@@ -37,6 +37,8 @@ struct DeviceRecord {
   uint64_t parent = 0;  // 0: none
   int device = 0;
   double child_seconds = 0;
+  int64_t host_start_ns = 0;  // the host's time inside the call: start, and the nested regions' share
+  int64_t host_child_ns = 0;
 };
 
 struct DeviceState {
@@ -148,12 +150,14 @@ uint64_t begin_device(int device) {
   DeviceState& d = device_state();
   const DeviceTimer* timer = d.timer.load();
   if (timer == nullptr) return 0;
+  const int64_t host_start = now_ns();
   void* start = timer->record(device);
   std::lock_guard lock(d.mu);
   const uint64_t id = d.next_id++;
   DeviceRecord& r = d.pending[id];
   r.start = start;
   r.device = device;
+  r.host_start_ns = host_start;
   r.parent = t_open_device.empty() ? 0 : t_open_device.back();
   t_open_device.push_back(id);
   return id;
@@ -164,6 +168,7 @@ void end_device(const char* label, uint64_t id, double bytes) noexcept {
   DeviceState& d = device_state();
   const DeviceTimer* timer = d.timer.load();
   if (!t_open_device.empty() && t_open_device.back() == id) t_open_device.pop_back();
+  int64_t host_self = 0;
   {
     std::lock_guard lock(d.mu);
     auto it = d.pending.find(id);
@@ -176,6 +181,10 @@ void end_device(const char* label, uint64_t id, double bytes) noexcept {
       return;
     }
     it->second.label = label;
+    const int64_t host_total = now_ns() - it->second.host_start_ns;
+    host_self = host_total - it->second.host_child_ns;
+    if (it->second.parent != 0)
+      if (auto p = d.pending.find(it->second.parent); p != d.pending.end()) p->second.host_child_ns += host_total;
   }
   Table& t = table();
   std::lock_guard lock(t.mu);
@@ -183,6 +192,7 @@ void end_device(const char* label, uint64_t id, double bytes) noexcept {
   if (s.name.empty()) s.name = label;
   ++s.calls;
   s.bytes += bytes;
+  s.host_seconds += static_cast<double>(host_self) * 1e-9;
 }
 
 }  // namespace detail

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <thread>
 #include <vector>
 
 #include "backend/registry.hpp"
@@ -146,5 +147,38 @@ TEST(Profiler, DeviceKernelsAreTimedByDeviceTimestampsExclusively) {
   // Device 0.25 + 0.5; the CPU call's host time is tiny (it only adds to a double), never 100 s.
   EXPECT_GE(inner->seconds, 0.75);
   EXPECT_LT(inner->seconds, 0.75 + 0.5);
+  profiler::reset();
+}
+
+// Beside a device kernel's device time, the host's time inside the call (queueing it) is kept, exclusive of
+// nested device calls: the outer kernel sleeps 5 ms itself and 100 ms inside the inner one.
+namespace {
+inline constinit backend::KernelSlot<FakeKernel> sleepy_inner_slot{"sleepy_inner"};
+inline constinit backend::KernelSlot<FakeKernel> sleepy_outer_slot{"sleepy_outer"};
+void sleepy_inner(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
+void sleepy_outer(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  sleepy_inner_slot.get(Device(DeviceType::cuda, 0))(0.1);
+}
+}  // namespace
+
+TEST(Profiler, DeviceKernelsKeepTheHostTimeOfTheirCallsExclusively) {
+  sleepy_inner_slot.set(DeviceType::cuda, &sleepy_inner);
+  sleepy_outer_slot.set(DeviceType::cuda, &sleepy_outer);
+  const profiler::DeviceTimer* prev = profiler::set_device_timer(&kFakeTimer);
+  std::vector<profiler::OpStats> s;
+  {
+    profiler::Session session;
+    sleepy_outer_slot.get(Device(DeviceType::cuda, 0))(0.005);
+    s = profiler::snapshot();
+  }
+  profiler::set_device_timer(prev);
+  const auto* outer = find(s, "sleepy_outer");
+  const auto* inner = find(s, "sleepy_inner");
+  ASSERT_NE(outer, nullptr);
+  ASSERT_NE(inner, nullptr);
+  EXPECT_GE(inner->host_seconds, 0.1);
+  EXPECT_GE(outer->host_seconds, 0.005);
+  EXPECT_LT(outer->host_seconds, 0.08) << "the outer call's host time must exclude the nested call's 100 ms";
   profiler::reset();
 }

@@ -10,7 +10,9 @@
 // called for a CUDA device is therefore timed with two timestamps queued on the device's stream around
 // it (a DeviceTimer: CUDA events, installed by the CUDA backend); snapshot() waits for them and charges
 // each label the device time between its timestamps, exclusive of nested device regions, exactly as host
-// times are exclusive of nested host regions.
+// times are exclusive of nested host regions. The host's own time inside such a call (queueing the work)
+// is kept beside it (OpStats::host_seconds, also exclusive): a step whose host time is close to its wall
+// time is bound by the host, and this says where that time goes.
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -24,6 +26,9 @@ struct OpStats {
   int64_t calls = 0;   ///< number of calls
   double seconds = 0;  ///< exclusive wall time
   double bytes = 0;    ///< sum over calls of the operand tensors' sizes (inputs + outputs)
+  /// Device regions only: the host's exclusive time inside the kernel calls (queueing the work: launches, library
+  /// calls, allocation), beside `seconds`, the device's (Note [device time in the profiler]).
+  double host_seconds = 0;
 };
 
 /// Start (true) or stop (false) recording; does not clear the table.
