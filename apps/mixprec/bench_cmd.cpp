@@ -292,7 +292,10 @@ Json run_bench_step(const BenchStepOptions& raw) {
       if (g.index == dev.index) j["device"] = dev.str() + ": " + g.name;
     // Note [conv layout counters]: a channels-last run whose convolutions fell back to NCHW says so.
     const CudnnConvCounts cc = cudnn_conv_counts();
-    j["cudnn_conv"] = {{"calls", cc.calls}, {"nhwc_calls", cc.nhwc_calls}, {"nchw_fallbacks", cc.nchw_fallbacks}};
+    j["cudnn_conv"] = {{"calls", cc.calls},
+                       {"nhwc_calls", cc.nhwc_calls},
+                       {"nchw_fallbacks", cc.nchw_fallbacks},
+                       {"graph_calls", cc.graph_calls}};
     // Note [host synchronisation counter]: host waits per timed step, this benchmark's own end-of-step
     // synchronize included (so 1 is the least a step can show).
     j["host_syncs_per_step"] = static_cast<double>(syncs) / static_cast<double>(std::max<int64_t>(o.steps, 1));

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -227,6 +228,23 @@ TEST(CudaLinalg, Tf32SwitchChangesOnlyF32Precision) {
 }
 
 // =============================================================================== conv2d
+
+// Note [cuDNN graph convolutions]: ctest runs these conv tests a second time with MP_CUDNN_GRAPH=1
+// (cuda_conv_graph_api in tests/CMakeLists.txt); there this test checks that the graph path really ran (a 16-bit
+// channels-last convolution and its gradients are calls cuDNN's graph engines support), so the other tests'
+// values are the graph path's.
+TEST(CudaConv, GraphApiRunsWhenAskedFor) {
+  MP_SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("MP_CUDNN_GRAPH");
+  if (env == nullptr || std::string(env) != "1") GTEST_SKIP() << "MP_CUDNN_GRAPH is not 1: the legacy path runs";
+  const CudnnConvCounts before = cudnn_conv_counts();
+  const Tensor x = on_dev(normal({4, 16, 8, 8}, 0.0, 1.0, DType::bf16).contiguous(MemoryFormat::channels_last), true);
+  const Tensor w = on_dev(normal({32, 16, 3, 3}, 0.0, 0.1, DType::bf16), true);
+  sum(conv2d(x, w, Tensor(), {.padding = {1, 1}})).backward();
+  const CudnnConvCounts after = cudnn_conv_counts();
+  EXPECT_EQ(after.graph_calls - before.graph_calls, 3) << "forward, data and weight gradients on the graph API ("
+                                                       << (after.calls - before.calls) << " cuDNN calls in all)";
+}
 
 TEST(CudaConv, Conv2dGeometriesAndDtypes) {
   MP_SKIP_WITHOUT_GPU();

@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "backend/conv_kernels.hpp"
+#include "backend/cuda/conv_graph.hpp"
 #include "backend/cuda/cudnn_common.hpp"
 #include "backend/cuda/loops.cuh"
 #include "mp/core/math_mode.hpp"
@@ -77,78 +78,6 @@ namespace {
 
 /// Largest workspace one convolution algorithm may use (larger ones are skipped).
 constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;
-
-enum class ConvDir : int { forward = 0, backward_data = 1, backward_filter = 2 };
-
-const char* dir_name(ConvDir d) {
-  switch (d) {
-    case ConvDir::forward: return "forward";
-    case ConvDir::backward_data: return "backward data";
-    case ConvDir::backward_filter: return "backward weights";
-  }
-  return "?";
-}
-
-using ConvKey = std::array<int64_t, 20>;
-
-struct ConvKeyHash {
-  size_t operator()(const ConvKey& k) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
-// One cuDNN call's problem: a chunk of n samples, x [n, c, h, w], weight [o, c / groups, kh, kw],
-// y [n, o, oh, ow].
-struct ConvProblem {
-  ConvDir dir = ConvDir::forward;
-  DType dtype = DType::f32;
-  bool tf32 = false;
-  bool nhwc = false;  // Note [cuDNN convolution layouts]
-  int64_t n = 0, c = 0, h = 0, w = 0, o = 0, kh = 0, kw = 0, oh = 0, ow = 0;
-  Conv2dGeometry g;
-
-  ConvKey key() const {
-    return {static_cast<int64_t>(dir),
-            static_cast<int64_t>(dtype),
-            tf32 ? 1 : 0,
-            nhwc ? 1 : 0,
-            n,
-            c,
-            h,
-            w,
-            o,
-            kh,
-            kw,
-            oh,
-            ow,
-            g.stride[0],
-            g.stride[1],
-            g.padding[0],
-            g.padding[1],
-            g.dilation[0],
-            g.dilation[1],
-            g.groups};
-  }
-  std::string str() const {
-    return detail::str_cat("conv2d ", dir_name(dir), " ", dtype_name(dtype), tf32 ? " (TF32 allowed)" : "",
-                           nhwc ? " channels-last (NHWC, KRSC filter)" : "", ": input [", n, ", ", c, ", ", h, ", ", w,
-                           "], weight [", o, ", ", c / g.groups, ", ", kh, ", ", kw, "], output [", n, ", ", o, ", ",
-                           oh, ", ", ow, "], stride (", g.stride[0], ", ", g.stride[1], "), padding (", g.padding[0],
-                           ", ", g.padding[1], "), dilation (", g.dilation[0], ", ", g.dilation[1], "), groups ",
-                           g.groups);
-  }
-};
-
-// Device pointers of one call. forward: x, w -> out (y); backward data: w, dy -> out (dx);
-// backward filter: x, dy -> out (dw).
-struct ConvPointers {
-  const void* x = nullptr;
-  const void* w = nullptr;
-  const void* dy = nullptr;
-  void* out = nullptr;
-};
 
 struct AlgoChoice {
   int algo = 0;
@@ -406,6 +335,7 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
 // answering NOT_SUPPORTED): the caller then runs the call in NCHW.
 template <ConvDir D>
 bool run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double beta) {
+  if (run_conv_graph(pr, a, dev, beta)) return true;  // MP_CUDNN_GRAPH=1 (Note [cuDNN graph convolutions])
   CudnnHandle handle(dev.index);
   PlanMap& cache = plan_cache(dev.index);
   const ConvKey key = pr.key();

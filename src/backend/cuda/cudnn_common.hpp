@@ -25,6 +25,8 @@
 //   MP_CUDNN_LOG=1            print to stderr, once per convolution problem, the algorithm, math type,
 //                             workspace and layout cuDNN's plan starts with, or that an NHWC problem
 //                             falls back to NCHW (Note [conv layout counters] in runtime.hpp).
+//   MP_CUDNN_GRAPH=1          run convolutions through the graph API with cached execution plans (Note
+//                             [cuDNN graph convolutions] in conv_graph.cu); default 0 until it has run on a GPU.
 #pragma once
 #if defined(MP_HAVE_CUDNN)
 #if !defined(__CUDACC__)
@@ -98,6 +100,7 @@ struct CudnnOptions {
   bool deterministic = true;  ///< MP_CUDNN_DETERMINISTIC: only algorithms cuDNN reports deterministic
   bool batch_norm = true;     ///< MP_CUDNN_BATCH_NORM: allow cuDNN's batch norm
   bool log = false;           ///< MP_CUDNN_LOG: print each convolution problem's chosen algorithm and layout
+  bool graph = false;         ///< MP_CUDNN_GRAPH: convolutions through the graph API (Note [cuDNN graph convolutions])
 };
 
 /// The process's cuDNN switches.

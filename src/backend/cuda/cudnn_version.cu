@@ -18,18 +18,19 @@
 namespace mp::backend::cuda {
 
 namespace {
-std::atomic<int64_t> g_conv_calls{0}, g_conv_nhwc{0}, g_conv_fallbacks{0};
+std::atomic<int64_t> g_conv_calls{0}, g_conv_nhwc{0}, g_conv_fallbacks{0}, g_conv_graph{0};
 }  // namespace
 
-void count_cudnn_conv_call(bool nhwc, bool fallback) {
+void count_cudnn_conv_call(bool nhwc, bool fallback, bool graph) {
   g_conv_calls.fetch_add(1, std::memory_order_relaxed);
   if (nhwc) g_conv_nhwc.fetch_add(1, std::memory_order_relaxed);
   if (fallback) g_conv_fallbacks.fetch_add(1, std::memory_order_relaxed);
+  if (graph) g_conv_graph.fetch_add(1, std::memory_order_relaxed);
 }
 
 CudnnConvCounts cudnn_conv_counters() {
   return {g_conv_calls.load(std::memory_order_relaxed), g_conv_nhwc.load(std::memory_order_relaxed),
-          g_conv_fallbacks.load(std::memory_order_relaxed)};
+          g_conv_fallbacks.load(std::memory_order_relaxed), g_conv_graph.load(std::memory_order_relaxed)};
 }
 
 #if defined(MP_HAVE_CUDNN)

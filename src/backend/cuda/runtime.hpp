@@ -127,8 +127,8 @@ class DeviceGuard {
 [[noreturn]] void throw_cuda_error(int status, const char* call, const char* file, int line);
 
 /// Count one cuDNN convolution call (Note [conv layout counters]): nhwc when asked for in NHWC, fallback
-/// when that one ran in NCHW instead.
-void count_cudnn_conv_call(bool nhwc, bool fallback);
+/// when that one ran in NCHW instead, graph when it ran through the graph API.
+void count_cudnn_conv_call(bool nhwc, bool fallback, bool graph = false);
 
 /// Which cuDNN runs: the loaded and the compiled version, its CUDA runtime and the folders of its
 /// libraries (Note [one cuDNN install] in cudnn_version.cu), or why there is none.

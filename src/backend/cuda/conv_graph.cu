@@ -1,0 +1,347 @@
+// cuDNN convolutions through the graph (backend) API (see conv_graph.hpp).
+//
+// Note [cuDNN graph convolutions]
+// cuDNN 9's legacy calls (cudnnConvolutionForward / BackwardData / BackwardFilter) cost 150-230 us of host
+// time per call on an H200's host (bench/RESULTS.md: 7.9 of the 14 ms a host-bound 16-bit ResNet-18 step
+// takes to queue), so with MP_CUDNN_GRAPH=1 a problem is described once as a one-operation graph (tensor
+// descriptors with unique ids 1 = x or dx, 2 = w or dw, 3 = y or dy; the convolution descriptor; the
+// operation with its alpha = 1 and beta), cuDNN's heuristics (mode A) rank its engine configurations, and the
+// first usable one is finalised into an execution plan kept for the process; each call then only packs the
+// three pointers and a workspace and executes the plan (cudnnBackendExecute). The rules of the legacy path
+// (Note [cuDNN convolution precision], Note [cuDNN algorithm choice]) hold through the engines' numerical notes:
+// no engine that is non-deterministic (unless MP_CUDNN_DETERMINISTIC=0), that reduces in reduced precision, or,
+// for f32 and f64 data, that uses tensor cores or down-converts its inputs, except f32 with TF32 allowed.
+// Engines that compile kernels at run time go last (finalising one can take a second). Plans needing more
+// than kMaxGraphWorkspace are skipped; a workspace that cannot be allocated moves the call to the next plan;
+// a plan that answers NOT_SUPPORTED when executed is dropped. A problem with no usable engine (f64, say)
+// returns false and runs on the legacy path. MP_CUDNN_BENCHMARK (timed choice) keeps the legacy path.
+#if defined(MP_HAVE_CUDNN)
+#include "backend/cuda/conv_graph.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cudnn_common.hpp"
+
+namespace mp::backend::cuda {
+namespace {
+
+constexpr size_t kMaxGraphWorkspace = size_t{1} << 30;
+
+// One backend descriptor, destroyed with its owner.
+class BackendDesc {
+ public:
+  explicit BackendDesc(cudnnBackendDescriptorType_t type) { MP_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_)); }
+  ~BackendDesc() {
+    if (d_ != nullptr) cudnnBackendDestroyDescriptor(d_);
+  }
+  BackendDesc(BackendDesc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  BackendDesc& operator=(BackendDesc&& o) noexcept {
+    std::swap(d_, o.d_);
+    return *this;
+  }
+  BackendDesc(const BackendDesc&) = delete;
+  BackendDesc& operator=(const BackendDesc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+  // Set attribute `name` to `count` values of `type` at v.
+  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count, const void* v) {
+    MP_CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, count, v));
+  }
+  // Set a descriptor-valued attribute.
+  void set(cudnnBackendAttributeName_t name, const BackendDesc& v) {
+    const cudnnBackendDescriptor_t h = v.get();
+    set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &h);
+  }
+  void set_int64(cudnnBackendAttributeName_t name, int64_t v) { set(name, CUDNN_TYPE_INT64, 1, &v); }
+  void finalize() { MP_CUDNN_CHECK(cudnnBackendFinalize(d_)); }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+
+// A finalised tensor descriptor of dims [a, b, c, d] with the given strides.
+BackendDesc tensor_desc(int64_t uid, cudnnDataType_t dt, const std::array<int64_t, 4>& dims,
+                        const std::array<int64_t, 4>& strides) {
+  BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+  t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+  t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+  t.set_int64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
+  t.set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16);  // cudnn_dense gives 16-byte aligned operands
+  t.finalize();
+  return t;
+}
+
+// Dense strides of [n, c, h, w] in NCHW, or with c innermost (NHWC; for the filter [o, c, kh, kw]: KRSC).
+std::array<int64_t, 4> dense_strides(const std::array<int64_t, 4>& d, bool nhwc) {
+  if (nhwc) return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
+  return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
+}
+
+// A finalised plan and what it needs.
+struct ReadyPlan {
+  BackendDesc plan;
+  int64_t workspace = 0;
+  int64_t engine = -1;  // cuDNN's global engine index (for MP_CUDNN_LOG)
+};
+
+// One problem's graph, its usable engine configurations in preference order and the plans finalised so far.
+struct GraphConv {
+  std::vector<BackendDesc> keep;  // tensors, convolution, operation, graph: alive as long as the plans
+  std::vector<BackendDesc> configs;
+  size_t next = 0;  // the next configuration to finalise
+  std::vector<ReadyPlan> ready;
+  bool logged = false;
+};
+
+// Whether an engine's notes meet Note [cuDNN graph convolutions]'s rules for problem pr; runtime compilation
+// is reported in `compiles`.
+bool engine_usable(const BackendDesc& engine, const ConvProblem& pr, bool& compiles) {
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) != CUDNN_STATUS_SUCCESS)
+    return false;
+  const bool wide = pr.dtype == DType::f32 || pr.dtype == DType::f64;
+  for (int64_t i = 0; i < n; ++i) {
+    switch (notes[i]) {
+      case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
+        if (cudnn_options().deterministic) return false;
+        break;
+      case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION: return false;
+      case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:
+      case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS:
+        if (wide && !(pr.dtype == DType::f32 && pr.tf32)) return false;
+        break;
+      default: break;
+    }
+  }
+  cudnnBackendBehaviorNote_t behavior[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+  int64_t nb = 0;
+  compiles = false;
+  if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                               CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &nb, behavior) == CUDNN_STATUS_SUCCESS)
+    for (int64_t i = 0; i < nb; ++i) compiles = compiles || behavior[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION;
+  return true;
+}
+
+// The graph of problem pr and its ranked usable engine configurations (none: the problem is not supported).
+std::unique_ptr<GraphConv> build_graph(cudnnHandle_t h, const ConvProblem& pr, double beta) {
+  auto gc = std::make_unique<GraphConv>();
+  const cudnnDataType_t dt = cudnn_dtype(pr.dtype, "conv2d");
+  const bool f64 = pr.dtype == DType::f64;
+  const cudnnDataType_t compute = f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  const std::array<int64_t, 4> xd{pr.n, pr.c, pr.h, pr.w}, yd{pr.n, pr.o, pr.oh, pr.ow},
+      wd{pr.o, pr.c / pr.g.groups, pr.kh, pr.kw};
+  BackendDesc x = tensor_desc(kUidX, dt, xd, dense_strides(xd, pr.nhwc));
+  BackendDesc w = tensor_desc(kUidW, dt, wd, dense_strides(wd, pr.nhwc));
+  BackendDesc y = tensor_desc(kUidY, dt, yd, dense_strides(yd, pr.nhwc));
+
+  BackendDesc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const int64_t dil[2] = {pr.g.dilation[0], pr.g.dilation[1]}, str[2] = {pr.g.stride[0], pr.g.stride[1]},
+                pad[2] = {pr.g.padding[0], pr.g.padding[1]};
+  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
+  conv.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  conv.set_int64(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, 2);
+  conv.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
+  conv.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str);
+  conv.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  conv.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  conv.finalize();
+
+  // alpha = 1 and beta in the compute type's width.
+  const float af = 1.0f, bf = static_cast<float>(beta);
+  const double ad = 1.0, bd = beta;
+  const cudnnBackendAttributeType_t st = f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
+  const void* alpha = f64 ? static_cast<const void*>(&ad) : static_cast<const void*>(&af);
+  const void* bet = f64 ? static_cast<const void*>(&bd) : static_cast<const void*>(&bf);
+  std::unique_ptr<BackendDesc> op;
+  switch (pr.dir) {
+    case ConvDir::forward:
+      op = std::make_unique<BackendDesc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, st, 1, alpha);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, st, 1, bet);
+      break;
+    case ConvDir::backward_data:
+      op = std::make_unique<BackendDesc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, st, 1, alpha);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, st, 1, bet);
+      break;
+    case ConvDir::backward_filter:
+      op = std::make_unique<BackendDesc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, st, 1, alpha);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, st, 1, bet);
+      break;
+  }
+  op->finalize();
+
+  BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, *op);
+  // The handle attributes are deprecated in newer cuDNN 9 releases (the handle comes with execution); set where
+  // still taken, their status ignored.
+  (void)cudnnBackendSetAttribute(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+  if (cudnnBackendFinalize(graph.get()) != CUDNN_STATUS_SUCCESS) return gc;  // no configs: not supported
+
+  BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  const cudnnBackendHeurMode_t hm = CUDNN_HEUR_MODE_A;
+  heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &hm);
+  if (cudnnBackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) return gc;
+  int64_t count = 0;
+  MP_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                          &count, nullptr));
+  std::vector<BackendDesc> configs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    raw.push_back(configs.back().get());
+  }
+  int64_t got = 0;
+  if (count > 0)
+    MP_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                            count, &got, raw.data()));
+  std::vector<BackendDesc> later;  // usable engines that compile at run time
+  for (int64_t i = 0; i < std::min(got, count); ++i) {
+    BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    cudnnBackendDescriptor_t eh = engine.get();
+    int64_t ne = 0;
+    if (cudnnBackendGetAttribute(configs[static_cast<size_t>(i)].get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ne, &eh) != CUDNN_STATUS_SUCCESS ||
+        ne != 1)
+      continue;
+    bool compiles = false;
+    if (!engine_usable(engine, pr, compiles)) continue;
+    (compiles ? later : gc->configs).push_back(std::move(configs[static_cast<size_t>(i)]));
+  }
+  for (BackendDesc& c : later) gc->configs.push_back(std::move(c));
+  gc->keep.push_back(std::move(x));
+  gc->keep.push_back(std::move(w));
+  gc->keep.push_back(std::move(y));
+  gc->keep.push_back(std::move(conv));
+  gc->keep.push_back(std::move(*op));
+  gc->keep.push_back(std::move(graph));
+  return gc;
+}
+
+// Finalise the next usable configuration of gc into gc.ready; false when none is left.
+bool finalize_next(cudnnHandle_t h, GraphConv& gc) {
+  while (gc.next < gc.configs.size()) {
+    const BackendDesc& cfg = gc.configs[gc.next++];
+    BackendDesc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    plan.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
+    (void)cudnnBackendSetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    if (cudnnBackendFinalize(plan.get()) != CUDNN_STATUS_SUCCESS) continue;  // this configuration cannot run
+    int64_t ws = 0, n = 0;
+    if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws) !=
+            CUDNN_STATUS_SUCCESS ||
+        ws < 0 || static_cast<size_t>(ws) > kMaxGraphWorkspace)
+      continue;
+    ReadyPlan r{std::move(plan), ws, -1};
+    BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    cudnnBackendDescriptor_t eh = engine.get();
+    int64_t ne = 0;
+    if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ne, &eh) ==
+        CUDNN_STATUS_SUCCESS)
+      cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &ne, &r.engine);
+    gc.ready.push_back(std::move(r));
+    return true;
+  }
+  return false;
+}
+
+using GraphKey = std::pair<ConvKey, int>;  // the problem and whether beta is 0
+using GraphMap = std::map<GraphKey, std::unique_ptr<GraphConv>>;
+
+// The graphs of one device; only touched while that device's CudnnHandle is held (Note [cuDNN handle]).
+GraphMap& graph_cache(int device) {
+  static const std::vector<GraphMap*>* all = [] {
+    auto* v = new std::vector<GraphMap*>();
+    for (int i = 0; i < device_count(); ++i) v->push_back(new GraphMap());
+    return v;
+  }();
+  return *(*all)[static_cast<size_t>(device)];
+}
+
+}  // namespace
+
+bool run_conv_graph(const ConvProblem& pr, const ConvPointers& a, Device dev, double beta) {
+  const CudnnOptions& opt = cudnn_options();
+  if (!opt.graph || opt.benchmark) return false;
+  CudnnHandle handle(dev.index);
+  GraphMap& cache = graph_cache(dev.index);
+  const GraphKey key{pr.key(), beta == 0.0 ? 0 : 1};
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, build_graph(handle.get(), pr, beta)).first;
+  GraphConv& gc = *it->second;
+  // Pointers by unique id: forward x, w -> y; backward data w, dy -> dx; backward filter x, dy -> dw.
+  void* px = const_cast<void*>(a.x);
+  void* pw = const_cast<void*>(a.w);
+  void* py = const_cast<void*>(a.dy);
+  if (pr.dir == ConvDir::forward) py = a.out;
+  if (pr.dir == ConvDir::backward_data) px = a.out;
+  if (pr.dir == ConvDir::backward_filter) pw = a.out;
+  void* ptrs[3] = {px, pw, py};
+  const int64_t uids[3] = {kUidX, kUidW, kUidY};
+  std::exception_ptr oom;
+  for (size_t i = 0;; ++i) {
+    if (i == gc.ready.size() && !finalize_next(handle.get(), gc)) break;
+    const ReadyPlan& r = gc.ready[i];
+    Tensor ws;
+    try {
+      ws = cudnn_workspace(static_cast<size_t>(r.workspace), dev);
+    } catch (const Error&) {
+      oom = std::current_exception();
+      continue;
+    }
+    BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    void* wsp = ws.defined() ? ws.raw_data() : nullptr;
+    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+    pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+    pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wsp);
+    pack.finalize();
+    const cudnnStatus_t s = cudnnBackendExecute(handle.get(), r.plan.get(), pack.get());
+    if (s == CUDNN_STATUS_SUCCESS) {
+      if (opt.log && !gc.logged) {
+        gc.logged = true;
+        std::fprintf(stderr, "mixprec cuDNN graph: %s: engine %lld, workspace %lld bytes (%zu usable configurations)\n",
+                     pr.str().c_str(), static_cast<long long>(r.engine), static_cast<long long>(r.workspace),
+                     gc.configs.size());
+      }
+      count_cudnn_conv_call(pr.nhwc, false, true);
+      return true;
+    }
+    if (!cudnn_not_supported(s)) throw_cudnn_error(s, "cudnnBackendExecute", pr.str(), __FILE__, __LINE__);
+    gc.ready.erase(gc.ready.begin() + static_cast<std::ptrdiff_t>(i));  // never offered again
+    --i;
+  }
+  if (oom) std::rethrow_exception(oom);
+  if (opt.log && !gc.logged) {
+    gc.logged = true;
+    std::fprintf(stderr, "mixprec cuDNN graph: %s: no usable engine, runs on the legacy API\n", pr.str().c_str());
+  }
+  return false;
+}
+
+}  // namespace mp::backend::cuda
+
+#endif  // MP_HAVE_CUDNN
