@@ -32,6 +32,7 @@
 #include "mp/ops/ops.hpp"
 #include "mp/optim/optim.hpp"
 #include "mp/system.hpp"
+#include "mp/train/run_parts.hpp"
 
 namespace mixprec {
 namespace {
@@ -50,10 +51,43 @@ using Json = nlohmann::ordered_json;
 
 bool is_lm(const std::string& model) { return model == "lstm" || model == "gru" || model == "rnn"; }
 
-// The options with defaults filled in; throws mp::Error naming the flag for any invalid value.
 // The --device of a bench configuration (throws naming the flag when it does not parse or exist).
 Device bench_device(const BenchStepOptions& o) { return device_from_flag(o.device, "bench step: --device"); }
 
+// The TrainConfig of a bench configuration: the settings a step shares with `mixprec train` mean the same there
+// (the optimizer, the AMP options and the O1 forward scope come from mp/train/run_parts.hpp, and train's
+// validate() checks them); the benchmark's own defaults, PyTorch's side's: SGD momentum 0.9 without weight decay,
+// AdamW with its default decay, lr 0 = 0.01 for sgd
+// and 1e-3 otherwise, the word LM's gradient norm clipped at 0.25. The dataset only names the task: no data is
+// read.
+train::TrainConfig run_config(const BenchStepOptions& o) {
+  const bool lm = is_lm(o.model);
+  train::TrainConfig c;
+  c.model = o.model;
+  c.dataset = lm ? "kjv" : "fashion-mnist";
+  c.batch_size = o.batch_size;
+  c.optimizer = o.optimizer;
+  c.lr = o.lr != 0 ? o.lr : o.optimizer == "sgd" ? 0.01 : 1e-3;
+  c.momentum = 0.9;
+  c.weight_decay = o.optimizer == "adamw" ? optim::AdamWOptions{}.weight_decay : 0.0;  // torch.optim.AdamW's too
+  c.clip_grad_norm = lm ? 0.25 : 0;
+  c.precision = o.precision;
+  c.opt_level = o.opt_level;
+  c.bptt = o.seq_len;
+  c.embed_size = o.embed_size;
+  c.hidden_size = o.hidden_size;
+  c.num_layers = o.num_layers;
+  c.dropout = o.dropout;
+  c.lstm_impl = o.lstm_impl;
+  c.memory_format = o.memory_format;
+  c.seed = o.seed;
+  c.device = o.device;
+  c.matmul_precision = o.matmul_precision;
+  return c;
+}
+
+// The options with defaults filled in; throws mp::Error naming the flag for any invalid value (the shared
+// settings through train's validate()).
 BenchStepOptions resolved(BenchStepOptions o) {
   MP_CHECK(models::is_image_model(o.model) || is_lm(o.model), "bench step: unknown --model '", o.model,
            "'; expected an image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) or lstm, gru, rnn");
@@ -67,43 +101,20 @@ BenchStepOptions resolved(BenchStepOptions o) {
   if (lm) {
     positive("vocab_size", o.vocab_size);
     positive("seq_len", o.seq_len);
-    positive("embed_size", o.embed_size);
-    positive("hidden_size", o.hidden_size);
-    positive("num_layers", o.num_layers);
-    MP_CHECK(o.dropout >= 0 && o.dropout < 1, "bench step: --dropout must be in [0, 1), got ", o.dropout);
   } else {
     positive("image_size", o.image_size);
     positive("in_channels", o.in_channels);
     positive("num_classes", o.num_classes);
   }
   MP_CHECK(o.warmup >= 0, "bench step: --warmup must be >= 0, got ", o.warmup);
-  MP_CHECK(o.precision == "fp32" || o.precision == "fp16" || o.precision == "bf16", "bench step: unknown --precision '",
-           o.precision, "'; expected fp32, fp16 or bf16");
-  if (o.opt_level.empty()) o.opt_level = o.precision == "fp32" ? "O0" : "O2";
-  MP_CHECK(o.opt_level == "O0" || o.opt_level == "O1" || o.opt_level == "O2" || o.opt_level == "O3",
-           "bench step: unknown --opt_level '", o.opt_level, "'; expected O0, O1, O2 or O3");
-  MP_CHECK((o.precision == "fp32") == (o.opt_level == "O0"), "bench step: --opt_level ", o.opt_level,
-           " does not go with --precision ", o.precision,
-           ": O0 is pure fp32, O1..O3 need fp16 or bf16 (leave --opt_level out for the default)");
-  MP_CHECK(o.optimizer == "sgd" || o.optimizer == "adamw", "bench step: unknown --optimizer '", o.optimizer,
-           "'; expected sgd or adamw");
-  MP_CHECK(o.lr >= 0, "bench step: --lr must be >= 0 (0 = the optimizer's default), got ", o.lr);
-  if (o.lr == 0) o.lr = o.optimizer == "sgd" ? 0.01 : 1e-3;
-  (void)nn::lstm_impl_from_flag(o.lstm_impl, bench_device(o));
-  (void)models::memory_format_from_flag(o.memory_format);
-  (void)float32_matmul_precision_from_string(o.matmul_precision);
+  MP_CHECK(o.optimizer != "adam",
+           "bench step: --optimizer adam is not a benchmark configuration; expected sgd or "
+           "adamw (PyTorch's side has the same two)");
+  train::validate(run_config(o));
+  const train::TrainConfig c = train::with_task_defaults(run_config(o));
+  o.opt_level = c.opt_level;
+  o.lr = c.lr;
   return o;
-}
-
-std::shared_ptr<optim::Optimizer> make_optimizer(const BenchStepOptions& o, std::vector<Tensor> params) {
-  if (o.optimizer == "sgd")
-    return std::make_shared<optim::SGD>(std::move(params), optim::SGDOptions{.lr = o.lr, .momentum = 0.9});
-  return std::make_shared<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = o.lr});
-}
-
-amp::AmpOptions amp_options(const BenchStepOptions& o) {
-  return {.opt_level = amp::opt_level_from_string(o.opt_level),
-          .dtype = o.precision == "fp16" ? DType::f16 : DType::bf16};
 }
 
 // "O2 bf16, loss scale none" / "O0 fp32".
@@ -133,8 +144,9 @@ Workload image_workload(const BenchStepOptions& o) {
   model->to(dev);
   model->train();
   const int64_t num_params = model->num_parameters();
-  std::shared_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
-  auto setup = std::make_shared<amp::AmpSetup>(amp::initialize(model, *opt, amp_options(o)));
+  const train::TrainConfig c = run_config(o);
+  std::shared_ptr<optim::Optimizer> opt = train::make_optimizer(c, model->parameters());
+  auto setup = std::make_shared<amp::AmpSetup>(amp::initialize(model, *opt, train::amp_options(c)));
   const Tensor x = randn({o.batch_size, o.in_channels, o.image_size, o.image_size}).to(dev);
   const Tensor y = randint(0, o.num_classes, {o.batch_size}).to(dev);
   Workload w;
@@ -170,25 +182,26 @@ Workload lm_workload(const BenchStepOptions& o) {
   model->to(dev);
   model->train();
   const int64_t num_params = model->num_parameters();
-  std::shared_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
-  const amp::AmpOptions r = amp::prepare(*model, *opt, amp_options(o));
+  const train::TrainConfig c = run_config(o);
+  std::shared_ptr<optim::Optimizer> opt = train::make_optimizer(c, model->parameters());
+  const amp::AmpOptions r = amp::prepare(*model, *opt, train::amp_options(c));
   auto scaler = std::make_shared<amp::GradScaler>(r.scaler);
   const std::vector<Tensor> params = model->parameters();  // the converted ones (O2/O3)
   const Tensor tokens = randint(0, o.vocab_size, {o.seq_len, o.batch_size}).to(dev);
   const Tensor targets = randint(0, o.vocab_size, {o.seq_len * o.batch_size}).to(dev);
   Workload w;
-  w.step = [model, opt, scaler, params, tokens, targets, r] {
+  const double clip = c.clip_grad_norm;
+  w.step = [model, opt, scaler, params, tokens, targets, r, clip] {
     opt->zero_grad();
     Tensor logits;
     {
-      std::optional<amp::Autocast> guard;  // O1: per-op casting around the forward (as lm_trainer.cpp)
-      if (r.opt_level == amp::OptLevel::O1) guard.emplace(amp::AutocastOptions{.dtype = r.dtype});
+      const train::ForwardScope scope(r);     // O1: per-op casting around the forward
       logits = model->forward(tokens).first;  // zero initial state every step
     }
     Tensor loss = cross_entropy(logits.to(DType::f32), targets);
     scaler->scale(loss).backward();
     scaler->unscale_(*opt);
-    optim::clip_grad_norm_(params, 0.25);
+    optim::clip_grad_norm_(params, clip);
     scaler->step(*opt);
     scaler->update();
     return loss;

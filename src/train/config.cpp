@@ -91,7 +91,7 @@ void validate_loss_scaling(const TrainConfig& c) {
   check_non_negative("max_consecutive_skips", c.max_consecutive_skips);
   const bool skips_given = c.max_consecutive_skips != d.max_consecutive_skips;
   if (given.empty() && !skips_given) return;
-  const amp::AmpOptions r = amp::resolve(detail::amp_options(c));
+  const amp::AmpOptions r = amp::resolve(amp_options(c));
   MP_CHECK(!skips_given || (r.scaler.enabled && !r.scaler.dynamic),
            "--max_consecutive_skips stops a run whose static loss scale (--loss_scale N) keeps overflowing, but this "
            "run has ",

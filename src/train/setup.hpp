@@ -14,6 +14,7 @@
 #include "mp/optim/optimizer.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/run_log.hpp"
+#include "mp/train/run_parts.hpp"
 #include "mp/train/trainer.hpp"
 
 namespace mp::train::detail {
@@ -23,12 +24,6 @@ using Clock = std::chrono::steady_clock;
 /// Seconds since t0.
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-/// The config with every "task default" (-1 / 0) replaced by its value for this task.
-TrainConfig with_task_defaults(const TrainConfig& c);
-/// The amp options the config asks for (not yet resolved).
-amp::AmpOptions amp_options(const TrainConfig& c);
-/// The optimizer of the config over `params`.
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params);
 /// The LR schedule (warm-up + decay) over `steps_per_epoch * epochs` steps.
 std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim::Optimizer& opt,
                                                      int64_t steps_per_epoch);
@@ -36,17 +31,6 @@ std::unique_ptr<optim::WarmupSchedule> make_schedule(const TrainConfig& c, optim
 std::string checkpoint_path(const TrainConfig& c);
 /// Whether progress bars should redraw in place (stdout is a terminal and `out` is std::cout).
 bool out_is_tty(const std::ostream& out);
-
-/// O1: an Autocast region for the forward pass; other levels: nothing.
-class ForwardScope {
- public:
-  explicit ForwardScope(const amp::AmpOptions& o) {
-    if (o.opt_level == amp::OptLevel::O1) guard_.emplace(amp::AutocastOptions{.dtype = o.dtype});
-  }
-
- private:
-  std::optional<amp::Autocast> guard_;
-};
 
 /// Perplexity of a mean loss per token, capped so a diverged run prints a number instead of overflowing.
 inline double perplexity(double loss) { return std::exp(std::min(loss, 700.0)); }

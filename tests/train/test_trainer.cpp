@@ -103,7 +103,7 @@ TEST(Trainer, NormAndBiasParametersCanBeExemptFromWeightDecay) {
   c.decay_norm_and_bias = false;
   auto model = mp::models::create_image_model("resnet8", {.in_channels = 1, .image_size = 12, .num_classes = 4});
   const std::vector<mp::Tensor> params = model->parameters();
-  const auto opt = mp::train::detail::make_optimizer(mp::train::detail::with_task_defaults(c), params);
+  const auto opt = mp::train::make_optimizer(mp::train::with_task_defaults(c), params);
   ASSERT_EQ(opt->num_param_groups(), 2u);
   EXPECT_EQ(opt->group_options(0).at("weight_decay"), 5e-4);
   EXPECT_EQ(opt->group_options(1).at("weight_decay"), 0.0);
@@ -112,8 +112,7 @@ TEST(Trainer, NormAndBiasParametersCanBeExemptFromWeightDecay) {
   EXPECT_EQ(opt->group_params(0).size() + opt->group_params(1).size(), params.size());
   EXPECT_GT(opt->group_params(1).size(), 0u);
   c.decay_norm_and_bias = true;
-  EXPECT_EQ(mp::train::detail::make_optimizer(mp::train::detail::with_task_defaults(c), params)->num_param_groups(),
-            1u);
+  EXPECT_EQ(mp::train::make_optimizer(mp::train::with_task_defaults(c), params)->num_param_groups(), 1u);
   // End to end, in O2 (the optimizer's parameters are replaced by 16-bit ones group by group), through a
   // checkpoint and a resume.
   TrainConfig run = image_config("bf16");

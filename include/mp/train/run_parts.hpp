@@ -1,0 +1,34 @@
+#pragma once
+// The parts of a training run built from its TrainConfig: the task defaults, the optimizer, the AMP
+// options and the forward pass's autocast scope. The image trainer, the word-LM trainer and `mixprec bench
+// step` all build their runs with these, so one flag means one thing everywhere.
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "mp/amp/autocast.hpp"
+#include "mp/amp/initialize.hpp"
+#include "mp/optim/optimizer.hpp"
+#include "mp/train/trainer.hpp"
+
+namespace mp::train {
+
+/// The config with every "task default" (-1 / 0) replaced by its value for this task (image or text).
+TrainConfig with_task_defaults(const TrainConfig& c);
+/// The amp options the config asks for (not yet resolved).
+amp::AmpOptions amp_options(const TrainConfig& c);
+/// The optimizer of the config (after with_task_defaults) over `params`.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params);
+
+/// O1: an Autocast region for the forward pass; other levels: nothing.
+class ForwardScope {
+ public:
+  explicit ForwardScope(const amp::AmpOptions& o) {
+    if (o.opt_level == amp::OptLevel::O1) guard_.emplace(amp::AutocastOptions{.dtype = o.dtype});
+  }
+
+ private:
+  std::optional<amp::Autocast> guard_;
+};
+
+}  // namespace mp::train
