@@ -42,6 +42,7 @@ enum class PointwiseOp : uint8_t {
   maximum,
   minimum,
   add_scaled,  // a + p.scalar0 * b (PyTorch's alpha)
+  axpby,       // p.scalar0 * a + p.scalar1 * b (running averages in one pass)
   eq,
   ne,
   lt,
@@ -188,6 +189,11 @@ struct AddScaledFn {
   MP_HD T operator()(T a, T b) const { return a + alpha * b; }
 };
 template <class T>
+struct AxpbyFn {
+  T sa, sb;
+  MP_HD T operator()(T a, T b) const { return sa * a + sb * b; }
+};
+template <class T>
 struct EqFn {
   MP_HD bool operator()(T a, T b) const { return a == b; }
 };
@@ -300,6 +306,7 @@ void visit_pointwise_functor(PointwiseOp op, const PointwiseParams& p, V&& v) {
     case PointwiseOp::maximum: return v(A2{}, MaximumFn<C>{});
     case PointwiseOp::minimum: return v(A2{}, MinimumFn<C>{});
     case PointwiseOp::add_scaled: return v(A2{}, AddScaledFn<C>{s0});
+    case PointwiseOp::axpby: return v(A2{}, AxpbyFn<C>{s0, s1});
     case PointwiseOp::eq: return v(A2{}, EqFn<C>{});
     case PointwiseOp::ne: return v(A2{}, NeFn<C>{});
     case PointwiseOp::lt: return v(A2{}, LtFn<C>{});

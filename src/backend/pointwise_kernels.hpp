@@ -43,6 +43,7 @@ constexpr const char* pointwise_op_name(PointwiseOp op) {
                                     "maximum",
                                     "minimum",
                                     "add_scaled",
+                                    "axpby",
                                     "eq",
                                     "ne",
                                     "lt",

@@ -350,6 +350,20 @@ Tensor& add_(Tensor& self, const Tensor& other, double alpha) {
   return self;
 }
 
+Tensor& axpby_(Tensor& self, double self_scale, const Tensor& other, double other_scale) {
+  check_same_device(self, other, "axpby_");
+  const Shape shape = broadcast_shapes(self.sizes(), other.sizes(), "axpby_");
+  MP_CHECK(shape == self.sizes(), "axpby_: cannot broadcast ", shape_str(other.sizes()), " into the in-place target ",
+           shape_str(self.sizes()));
+  Tensor o = other.detach().expand(self.sizes());
+  const Tensor ins[2] = {self.detach(), o};
+  const DType compute = compute_type(promote_types(self.dtype(), other.dtype()));
+  backend::pointwise_kernel.get(self.device())(PointwiseOp::axpby, self, std::span<const Tensor>(ins, 2), compute,
+                                               {.scalar0 = self_scale, .scalar1 = other_scale});
+  self.bump_version();
+  return self;
+}
+
 Tensor& mul_(Tensor& self, double s) {
   const Tensor ins[1] = {self.detach()};
   backend::pointwise_kernel.get(self.device())(PointwiseOp::mul_scalar, self, std::span<const Tensor>(ins, 1),

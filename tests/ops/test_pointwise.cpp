@@ -83,3 +83,19 @@ TEST(Pointwise, InPlace) {
   add_(bf, b);  // f32 into bf16, rounded
   EXPECT_EQ(bf.to_vector<float>()[0], 3.0f);
 }
+
+TEST(Pointwise, AxpbyInPlaceIsOnePassRunningAverage) {
+  // self = 0.9 self + 0.1 other (batch norm's running statistics), other broadcast; the version moves.
+  Tensor r = from_vector(std::vector<float>{1, 2, 3, 4}, {4});
+  const Tensor batch = from_vector(std::vector<float>{11, 12, 13, 14}, {4});
+  const uint64_t v0 = r.version();
+  axpby_(r, 0.9, batch, 0.1);
+  const std::vector<float> got = r.to_vector<float>();
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(got[i], 0.9f * (i + 1) + 0.1f * (i + 11), 1e-6f) << i;
+  EXPECT_GT(r.version(), v0);
+  Tensor m = zeros({2, 3});
+  axpby_(m, 1.0, from_vector(std::vector<float>{1, 2, 3}, {3}), 2.0);
+  EXPECT_EQ(m.to_vector<float>(), (std::vector<float>{2, 4, 6, 2, 4, 6}));
+  Tensor small = zeros({4});
+  EXPECT_THROW(axpby_(small, 1.0, zeros({2, 4}), 1.0), Error);  // would need broadcasting self
+}

@@ -61,6 +61,9 @@ Tensor ge(const Tensor& a, const Tensor& b);
 Tensor& add_(Tensor& self, const Tensor& other, double alpha = 1.0);
 /// In place: self *= s.
 Tensor& mul_(Tensor& self, double s);
+/// In place, in one pass: self = self_scale * self + other_scale * other (other broadcast to self's shape),
+/// computed in the promoted type and rounded once (a running average, e.g. batch norm's statistics). No autograd.
+Tensor& axpby_(Tensor& self, double self_scale, const Tensor& other, double other_scale);
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);
