@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/bf16_policy.hpp"
+#include "mp/mp.hpp"
 
 namespace mp::test {
 
@@ -104,6 +105,14 @@ void for_each_bf16_path(Body&& body) {
     body();
   }
 }
+
+/// A random f64 tensor, uniform in [lo, hi], that requires grad: the input of a gradcheck.
+inline Tensor leaf(const Shape& s, double lo = -1.0, double hi = 1.0) {
+  return rand(s, {.dtype = DType::f64}, lo, hi).requires_grad_();
+}
+
+/// EXPECT that a gradcheck passed, printing its message when it did not.
+inline void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
 
 }  // namespace mp::test
 

@@ -1,15 +1,14 @@
 #include <gtest/gtest.h>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using autograd::gradcheck;
 
 namespace {
-Tensor leaf(Shape s, double lo = -1.0, double hi = 1.0) {
-  return rand(s, {.dtype = DType::f64}, lo, hi).requires_grad_();
-}
-void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
+using mp::test::expect_ok;
+using mp::test::leaf;
 using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 }  // namespace
 

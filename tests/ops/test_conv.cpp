@@ -15,9 +15,8 @@ using namespace mp;
 using autograd::gradcheck;
 
 namespace {
-
-Tensor leaf(const Shape& s) { return rand(s, {.dtype = DType::f64}, -1.0, 1.0).requires_grad_(); }
-void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
+using mp::test::expect_ok;
+using mp::test::leaf;
 
 // A naive reference written independently of the library: out[n, o, y, x] = b[o] + sum over the group's
 // channels and the kernel taps. Also returns, per output, the sum of |terms| (for cancellation-proof bounds).

@@ -9,8 +9,8 @@ using namespace mp;
 using autograd::gradcheck;
 
 namespace {
-Tensor leaf(Shape s) { return rand(s, {.dtype = DType::f64}, -1.0, 1.0).requires_grad_(); }
-void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
+using mp::test::expect_ok;
+using mp::test::leaf;
 
 // Naive reference of a 2-D product in double.
 std::vector<double> ref_mm(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k,

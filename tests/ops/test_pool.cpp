@@ -13,13 +13,14 @@
 #include <vector>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using autograd::gradcheck;
 
 namespace {
-
-void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
+using mp::test::expect_ok;
+using mp::test::leaf;
 
 // 0, 1, 2, ... laid out as [1, 1, h, w] (f32, exact).
 Tensor iota(int64_t h, int64_t w) {
@@ -35,8 +36,6 @@ Tensor distinct_leaf(const Shape& s, unsigned seed) {
   std::shuffle(v.begin(), v.end(), std::mt19937(seed));
   return from_vector(v, s).requires_grad_();
 }
-
-Tensor leaf(const Shape& s) { return rand(s, {.dtype = DType::f64}, -1.0, 1.0).requires_grad_(); }
 
 using PoolFn = std::function<Tensor(const Tensor&)>;
 

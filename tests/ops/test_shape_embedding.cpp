@@ -6,14 +6,14 @@
 
 #include "backend/cpu/loops.hpp"
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using autograd::gradcheck;
 
 namespace {
-
-Tensor leaf(const Shape& s) { return rand(s, {.dtype = DType::f64}, -1, 1).requires_grad_(); }
-void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
+using mp::test::expect_ok;
+using mp::test::leaf;
 
 Tensor iota_f64(const Shape& s, double start = 0) {
   return add(arange(shape_numel(s), {.dtype = DType::f64}), start).reshape(s);

@@ -5,18 +5,17 @@
 #include <cmath>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using autograd::gradcheck;
 
 namespace {
+using mp::test::expect_ok;
+// The losses and softmax are checked on inputs in [-2, 2].
+Tensor leaf(const Shape& s, double lo = -2.0, double hi = 2.0) { return mp::test::leaf(s, lo, hi); }
 
 using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
-
-Tensor leaf(const Shape& s, double lo = -2.0, double hi = 2.0) {
-  return rand(s, {.dtype = DType::f64}, lo, hi).requires_grad_();
-}
-void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.sizes(), b.sizes());
