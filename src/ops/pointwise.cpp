@@ -336,32 +336,29 @@ Tensor le(const Tensor& a, const Tensor& b) { return binary_values(PointwiseOp::
 Tensor gt(const Tensor& a, const Tensor& b) { return binary_values(PointwiseOp::gt, a, b, "gt"); }
 Tensor ge(const Tensor& a, const Tensor& b) { return binary_values(PointwiseOp::ge, a, b, "ge"); }
 
-Tensor& add_(Tensor& self, const Tensor& other, double alpha) {
-  check_same_device(self, other, "add_");
-  const Shape shape = broadcast_shapes(self.sizes(), other.sizes(), "add_");
-  MP_CHECK(shape == self.sizes(), "add_: cannot broadcast ", shape_str(other.sizes()), " into the in-place target ",
+namespace {
+// self = op(self, other) in place (other broadcast to self's shape), in the promoted type; no autograd.
+Tensor& binary_in_place(Tensor& self, const Tensor& other, PointwiseOp op, const PointwiseParams& p, const char* name) {
+  check_same_device(self, other, name);
+  const Shape shape = broadcast_shapes(self.sizes(), other.sizes(), name);
+  MP_CHECK(shape == self.sizes(), name, ": cannot broadcast ", shape_str(other.sizes()), " into the in-place target ",
            shape_str(self.sizes()));
   Tensor o = other.detach().expand(self.sizes());
   const Tensor ins[2] = {self.detach(), o};
   const DType compute = compute_type(promote_types(self.dtype(), other.dtype()));
-  backend::pointwise_kernel.get(self.device())(alpha == 1.0 ? PointwiseOp::add : PointwiseOp::add_scaled, self,
-                                               std::span<const Tensor>(ins, 2), compute, {.scalar0 = alpha});
+  backend::pointwise_kernel.get(self.device())(op, self, std::span<const Tensor>(ins, 2), compute, p);
   self.bump_version();
   return self;
 }
+}  // namespace
+
+Tensor& add_(Tensor& self, const Tensor& other, double alpha) {
+  return binary_in_place(self, other, alpha == 1.0 ? PointwiseOp::add : PointwiseOp::add_scaled, {.scalar0 = alpha},
+                         "add_");
+}
 
 Tensor& axpby_(Tensor& self, double self_scale, const Tensor& other, double other_scale) {
-  check_same_device(self, other, "axpby_");
-  const Shape shape = broadcast_shapes(self.sizes(), other.sizes(), "axpby_");
-  MP_CHECK(shape == self.sizes(), "axpby_: cannot broadcast ", shape_str(other.sizes()), " into the in-place target ",
-           shape_str(self.sizes()));
-  Tensor o = other.detach().expand(self.sizes());
-  const Tensor ins[2] = {self.detach(), o};
-  const DType compute = compute_type(promote_types(self.dtype(), other.dtype()));
-  backend::pointwise_kernel.get(self.device())(PointwiseOp::axpby, self, std::span<const Tensor>(ins, 2), compute,
-                                               {.scalar0 = self_scale, .scalar1 = other_scale});
-  self.bump_version();
-  return self;
+  return binary_in_place(self, other, PointwiseOp::axpby, {.scalar0 = self_scale, .scalar1 = other_scale}, "axpby_");
 }
 
 Tensor& mul_(Tensor& self, double s) {

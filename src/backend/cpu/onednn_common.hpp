@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "backend/key_hash.hpp"
 #include "mp/core/dtype.hpp"
 #include "mp/core/error.hpp"
 
@@ -76,19 +77,6 @@ inline size_t md_bytes(const dnnl::memory::desc& md) { return md.get_size(); }
 inline dnnl::memory wrap_memory(const dnnl::memory::desc& md, const void* ptr) {
   return dnnl::memory(md, onednn_engine(), const_cast<void*>(ptr));
 }
-
-/// Hash of a cache key's bytes. Keys must have no padding (all fields int64_t), so equal keys hash equally.
-template <class Key>
-struct KeyHash {
-  static_assert(std::has_unique_object_representations_v<Key>, "cache keys must not contain padding bytes");
-  /// FNV-1a over the object representation.
-  size_t operator()(const Key& key) const noexcept {
-    const auto* p = reinterpret_cast<const unsigned char*>(&key);
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
 
 /// Counters of a primitive cache (for tests and `mixprec info`).
 struct CacheStats {

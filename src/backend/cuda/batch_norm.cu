@@ -52,6 +52,7 @@
 
 #include "backend/cuda/cudnn_common.hpp"
 #include "backend/cuda/loops.cuh"
+#include "backend/key_hash.hpp"
 #include "backend/norm_kernels.hpp"
 #include "backend/pointwise_kernels.hpp"
 
@@ -416,24 +417,11 @@ struct BnPlan {
 
 using BnKey = std::array<int64_t, 4>;
 
-struct BnKeyHash {
-  size_t operator()(const BnKey& k) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
-using BnPlanMap = std::unordered_map<BnKey, std::unique_ptr<BnPlan>, BnKeyHash>;
+using BnPlanMap = std::unordered_map<BnKey, std::unique_ptr<BnPlan>, KeyHash<BnKey>>;
 
 // The plan for x on its device; the caller holds that device's CudnnHandle.
 const BnPlan& bn_plan(const Tensor& x) {
-  static const std::vector<BnPlanMap*>* all = [] {
-    auto* v = new std::vector<BnPlanMap*>();
-    for (int i = 0; i < device_count(); ++i) v->push_back(new BnPlanMap());
-    return v;
-  }();
-  BnPlanMap& cache = *(*all)[static_cast<size_t>(x.device().index)];
+  BnPlanMap& cache = per_device<BnPlanMap>(x.device().index);
   const BnKey key{static_cast<int64_t>(x.dtype()), x.size(0), x.size(1), x.size(2)};
   auto it = cache.find(key);
   if (it == cache.end()) {

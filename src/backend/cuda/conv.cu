@@ -94,18 +94,11 @@ struct ConvPlan {
   std::vector<AlgoChoice> choices;
 };
 
-using PlanMap = std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, ConvKeyHash>;
+using PlanMap = std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, KeyHash<ConvKey>>;
 
 // The plans of one device; only touched while that device's CudnnHandle is held (Note [cuDNN
 // handle]). Never destroyed (Note [leaked runtime state]).
-PlanMap& plan_cache(int device) {
-  static const std::vector<PlanMap*>* all = [] {
-    auto* v = new std::vector<PlanMap*>();
-    for (int i = 0; i < device_count(); ++i) v->push_back(new PlanMap());
-    return v;
-  }();
-  return *(*all)[static_cast<size_t>(device)];
-}
+PlanMap& plan_cache(int device) { return per_device<PlanMap>(device); }
 
 // The math type the descriptor asks for (Note [cuDNN convolution precision]).
 cudnnMathType_t requested_math(const ConvProblem& pr) {

@@ -273,14 +273,7 @@ using GraphKey = std::pair<ConvKey, int>;  // the problem and whether beta is 0
 using GraphMap = std::map<GraphKey, std::unique_ptr<GraphConv>>;
 
 // The graphs of one device; only touched while that device's CudnnHandle is held (Note [cuDNN handle]).
-GraphMap& graph_cache(int device) {
-  static const std::vector<GraphMap*>* all = [] {
-    auto* v = new std::vector<GraphMap*>();
-    for (int i = 0; i < device_count(); ++i) v->push_back(new GraphMap());
-    return v;
-  }();
-  return *(*all)[static_cast<size_t>(device)];
-}
+GraphMap& graph_cache(int device) { return per_device<GraphMap>(device); }
 
 }  // namespace
 

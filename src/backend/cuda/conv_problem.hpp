@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/conv_kernels.hpp"
+#include "backend/key_hash.hpp"
 #include "mp/core/dtype.hpp"
 #include "mp/core/error.hpp"
 
@@ -25,14 +26,6 @@ inline const char* dir_name(ConvDir d) {
 }
 
 using ConvKey = std::array<int64_t, 20>;
-
-struct ConvKeyHash {
-  size_t operator()(const ConvKey& k) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
 
 // One cuDNN call's problem: a chunk of n samples, x [n, c, h, w], weight [o, c / groups, kh, kw],
 // y [n, o, oh, ow].

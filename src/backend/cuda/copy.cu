@@ -58,14 +58,7 @@ void wait_event(cudaEvent_t e) {
 }
 
 // The staging state of each device; never destroyed (Note [leaked runtime state] in runtime.cu).
-Staging& staging(int device) {
-  static const std::vector<Staging*>* all = [] {
-    auto* v = new std::vector<Staging*>();
-    for (int i = 0; i < device_count(); ++i) v->push_back(new Staging());
-    return v;
-  }();
-  return *(*all)[static_cast<size_t>(device)];
-}
+Staging& staging(int device) { return per_device<Staging>(device); }
 
 // Allocate what is missing (a failed earlier attempt may have left part of it). Called with st.mu
 // held and the device current.

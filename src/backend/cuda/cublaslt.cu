@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/key_hash.hpp"
 #include "backend/cuda/cublaslt.hpp"
 #include "backend/cuda/runtime.hpp"
 #include "mp/core/error.hpp"
@@ -189,17 +190,6 @@ using PrefPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t
 // Everything the descriptors, layouts and the heuristic's choice depend on (Note [cuBLASLt plans]).
 using PlanKey = std::array<int64_t, 23>;
 
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& k) const {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
-    for (int64_t v : k) {
-      h ^= static_cast<uint64_t>(v);
-      h *= 1099511628211ull;
-    }
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
-};
-
 PlanKey make_key(const GemmArgs& a, cublasComputeType_t compute) {
   const bool batched = a.batch > 1;
   const void* c = a.c != nullptr ? a.c : a.d;
@@ -333,18 +323,13 @@ struct DeviceContext {
   // Guards the plan map and the statistics, and serialises the use of the handle and of the shared
   // descriptors (gemm() writes each call's bias pointer into its plan's descriptor before cublasLtMatmul).
   std::mutex mu;
-  std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans;
+  std::unordered_map<PlanKey, std::unique_ptr<Plan>, KeyHash<PlanKey>> plans;
   GemmCacheStats stats;
 };
 
 DeviceContext& context(int device) {
-  static const std::vector<DeviceContext*>* all = [] {
-    auto* v = new std::vector<DeviceContext*>();
-    for (int i = 0; i < device_count(); ++i) v->push_back(new DeviceContext());
-    return v;
-  }();
   check_device(Device(DeviceType::cuda, device), "gemm");
-  DeviceContext& ctx = *(*all)[static_cast<size_t>(device)];
+  DeviceContext& ctx = per_device<DeviceContext>(device);
   std::call_once(ctx.init_once, [&] {
     DeviceGuard g(Device(DeviceType::cuda, device), "gemm");
     cublasLtHandle_t h = nullptr;

@@ -50,13 +50,8 @@ struct HandleState {
 };
 
 HandleState& handle_state(int device) {
-  static const std::vector<HandleState*>* all = [] {
-    auto* v = new std::vector<HandleState*>();
-    for (int i = 0; i < device_count(); ++i) v->push_back(new HandleState());
-    return v;
-  }();
   check_device(Device(DeviceType::cuda, device), "cudnn");
-  return *(*all)[static_cast<size_t>(device)];
+  return per_device<HandleState>(device);
 }
 
 bool env_flag(const char* name, bool fallback) {

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "backend/cuda/cudnn_common.hpp"
+#include "backend/key_hash.hpp"
 #include "backend/cuda/loops.cuh"
 #include "backend/rnn_library_kernels.hpp"
 #include "mp/core/math_mode.hpp"
@@ -128,14 +129,6 @@ struct RnnProblem {
   }
 };
 
-struct KeyHash {
-  size_t operator()(const std::array<int64_t, 7>& k) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
 struct RnnPlan {
   DropoutDescriptor dropout;
   RnnDescriptor rnn;
@@ -147,18 +140,11 @@ struct RnnPlan {
   Tensor seq_lengths;         // [B] int32 on the device, every entry T
 };
 
-using PlanMap = std::unordered_map<std::array<int64_t, 7>, std::unique_ptr<RnnPlan>, KeyHash>;
+using PlanMap = std::unordered_map<std::array<int64_t, 7>, std::unique_ptr<RnnPlan>, KeyHash<std::array<int64_t, 7>>>;
 
 // The plans of one device; only touched while that device's CudnnHandle is held (Note [cuDNN handle]).
 // Never destroyed (Note [leaked runtime state]).
-PlanMap& plan_cache(int device) {
-  static const std::vector<PlanMap*>* all = [] {
-    auto* v = new std::vector<PlanMap*>();
-    for (int i = 0; i < device_count(); ++i) v->push_back(new PlanMap());
-    return v;
-  }();
-  return *(*all)[static_cast<size_t>(device)];
-}
+PlanMap& plan_cache(int device) { return per_device<PlanMap>(device); }
 
 cudnnMathType_t math_type(const RnnProblem& pr) {
   if (pr.dtype != DType::f32) return CUDNN_TENSOR_OP_MATH;

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "mp/core/device.hpp"
 #include "mp/system.hpp"
@@ -37,6 +38,20 @@ std::string no_device_reason();
 /// Throws mp::Error naming `op` unless d is a CUDA device that exists (says why there is none, or
 /// how many there are when the index is out of range).
 void check_device(Device d, const char* op);
+
+/// The T of `device` (0 <= device < device_count()): one per device, default-constructed with the others on
+/// first use and never destroyed (Note [leaked runtime state] in runtime.cu). For the per-device caches,
+/// buffers and handles of the CUDA sources.
+template <class T>
+T& per_device(int device) {
+  static const std::vector<T*>* all = [] {
+    auto* v = new std::vector<T*>();
+    for (int i = 0; i < device_count(); ++i) v->push_back(new T());
+    return v;
+  }();
+  check_device(Device(DeviceType::cuda, device), "per-device state");
+  return *(*all)[static_cast<size_t>(device)];
+}
 
 /// Note [sync check]: MP_CUDA_SYNC_CHECK=1 makes the CUDA backend wait for the device after every kernel
 /// launch and every cuBLASLt / cuDNN call, and throw naming that launch or call (its source file, line
