@@ -6,7 +6,7 @@ set -euo pipefail
 # Debian's torch runs its f32 matmuls on the reference libblas3, ~50x slower: a straw man).
 # python3-pip: installs the oneDNN wheels (Debian 12 ships oneDNN 2.6 only; mixprec uses 3.2).
 pkgs=(build-essential cmake python3-pip libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
-      nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox)
+      nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox libopenmpi-dev openmpi-bin)
 if [ "${1:-}" = "--bench" ]; then
   # python3-venv: scripts/setup-bench-venv.sh (run last) makes .venv-bench/ with PyPI's newest torch, the
   # PyTorch that bench/compare_pytorch.sh compares with; Debian's python3-torch 1.13 is its extra column.

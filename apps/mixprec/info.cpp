@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "mp/dist/process_group.hpp"
 #include "mp/kernel_paths.hpp"
 #include "mp/system.hpp"
 #include "mp/train/checkpoint.hpp"
@@ -73,6 +74,8 @@ void add_info_command(CLI::App& app) {
       const mp::PrecisionAdvice a = mp::gpu_precision_advice(g);
       std::printf("    advised precision: %s — %s\n", mp::dtype_name(a.dtype), a.reason.c_str());
     }
+    std::printf("Processes: %s%s\n", mp::dist::world().describe().c_str(),
+                mp::dist::built_with_mpi() ? " (built with MPI: mpirun -np N runs N ranks)" : " (built without MPI)");
   });
 }
 

@@ -1,0 +1,48 @@
+#pragma once
+// The processes of a data-parallel run and the collectives it needs (issue 26): one process per rank,
+// started by `mpirun -np N` (OpenMPI; Slurm's srun likewise), or the single process of an ordinary run.
+//
+// Note [process groups]
+// world() is the group of every process of the run: MPI's COMM_WORLD when the process was started by an MPI
+// launcher (its environment says so: OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK) and mixprec was built with
+// MPI, else a group of one whose collectives do nothing (so a single process needs no MPI and behaves exactly
+// as before). MPI is initialised on first use (MPI_THREAD_FUNNELED: only the thread that called world() talks
+// to MPI; OpenMP threads run kernels) and finalised at exit. Collectives take CPU tensors (a CUDA tensor is
+// refused until NCCL lands); every rank must call the same collectives in the same order with tensors of the
+// same shapes and dtypes, or MPI deadlocks or errs, so the callers check their configs agree first.
+#include <span>
+#include <string>
+
+#include "mp/tensor/tensor.hpp"
+
+namespace mp::dist {
+
+/// A group of processes that take part in collectives together.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  /// This process's index in the group, 0 <= rank() < size().
+  virtual int rank() const = 0;
+  /// The number of processes.
+  virtual int size() const = 0;
+  /// What backs the group: "single process" or "MPI (OpenMPI 4.1.4)".
+  virtual std::string describe() const = 0;
+  /// In place on every rank: each tensor becomes the mean of its values over the ranks. Floating tensors,
+  /// contiguous, on the CPU; summed in f32 (f64 for f64 tensors) whatever their dtype, in one message for all
+  /// of them, then divided by size() and rounded once to the tensor's dtype.
+  virtual void all_reduce_mean(std::span<const Tensor> tensors) = 0;
+  /// In place: every rank's tensors get the values of rank `root`'s (any dtype, contiguous, on the CPU).
+  virtual void broadcast(std::span<const Tensor> tensors, int root) = 0;
+  /// Returns when every rank has called it.
+  virtual void barrier() = 0;
+};
+
+/// Whether this process was started by an MPI launcher (Note [process groups]).
+bool launched_by_mpi();
+/// Whether this build of mixprec can join an MPI run.
+bool built_with_mpi();
+/// Every process of the run (Note [process groups]). Throws mp::Error when an MPI launcher started the
+/// process but this build has no MPI, naming the fix.
+ProcessGroup& world();
+
+}  // namespace mp::dist

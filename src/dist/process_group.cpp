@@ -1,0 +1,167 @@
+// The process groups of data-parallel runs (include/mp/dist/process_group.hpp): MPI's COMM_WORLD or a single
+// process.
+#include "mp/dist/process_group.hpp"
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#if defined(MP_HAVE_MPI)
+#include <mpi.h>
+#endif
+
+#include "mp/core/error.hpp"
+#include "mp/ops/ops.hpp"
+
+namespace mp::dist {
+namespace {
+
+// CPU, contiguous, and (for reductions) floating: what the collectives take.
+void check_operand(const Tensor& t, const char* op, bool floating) {
+  MP_CHECK(t.device().is_cpu(), "dist::", op, ": expected CPU tensors, got one on ", t.device().str(),
+           "; move it to the CPU first (collectives of device tensors come with NCCL)");
+  MP_CHECK(t.is_contiguous(), "dist::", op, ": expected contiguous tensors, got ", t.describe());
+  MP_CHECK(!floating || is_floating(t.dtype()), "dist::", op, ": expected floating tensors, got ", t.describe());
+}
+
+class SingleProcess final : public ProcessGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string describe() const override { return "single process"; }
+  void all_reduce_mean(std::span<const Tensor> ts) override {
+    for (const Tensor& t : ts) check_operand(t, "all_reduce_mean", true);
+  }
+  void broadcast(std::span<const Tensor> ts, int root) override {
+    MP_CHECK(root == 0, "dist::broadcast: root ", root, " is not a rank of a single process (0)");
+    for (const Tensor& t : ts) check_operand(t, "broadcast", false);
+  }
+  void barrier() override {}
+};
+
+#if defined(MP_HAVE_MPI)
+
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  MP_FAIL("MPI: ", call, " failed: ", std::string(text, static_cast<size_t>(len)));
+}
+
+// MPI_Finalize at exit, after every user of the group is gone.
+struct MpiFinalizer {
+  ~MpiFinalizer() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+};
+
+class MpiWorld final : public ProcessGroup {
+ public:
+  MpiWorld() {
+    int provided = 0;
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors become mp::Error, not an abort
+    check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(version, &len);
+    std::string v(version, static_cast<size_t>(len));
+    if (const size_t cut = v.find_first_of(",\n"); cut != std::string::npos) v.resize(cut);
+    library_ = v;
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string describe() const override { return "MPI (" + library_ + "), " + std::to_string(size_) + " ranks"; }
+
+  void all_reduce_mean(std::span<const Tensor> ts) override {
+    // One message per accumulation type: every tensor widened into one buffer, summed, divided, rounded back.
+    for (const Tensor& t : ts) check_operand(t, "all_reduce_mean", true);
+    for (const bool wide : {false, true}) {
+      const DType acc = wide ? DType::f64 : DType::f32;
+      std::vector<Tensor> group;
+      int64_t n = 0;
+      for (const Tensor& t : ts)
+        if ((t.dtype() == DType::f64) == wide) {
+          group.push_back(t);
+          n += t.numel();
+        }
+      if (n == 0) continue;
+      Tensor buf = empty({n}, {.dtype = acc});
+      int64_t off = 0;
+      for (const Tensor& t : group) {
+        buf.narrow(0, off, t.numel()).copy_(t.reshape({t.numel()}));
+        off += t.numel();
+      }
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf.raw_data(), static_cast<int>(n), wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
+                              MPI_COMM_WORLD),
+                "MPI_Allreduce");
+      mul_(buf, 1.0 / static_cast<double>(size_));
+      off = 0;
+      for (const Tensor& t : group) {
+        Tensor dst = t.reshape({t.numel()});
+        dst.copy_(buf.narrow(0, off, t.numel()));
+        off += t.numel();
+      }
+    }
+  }
+
+  void broadcast(std::span<const Tensor> ts, int root) override {
+    MP_CHECK(root >= 0 && root < size_, "dist::broadcast: root ", root, " is not a rank (0..", size_ - 1, ")");
+    for (const Tensor& t : ts) {
+      check_operand(t, "broadcast", false);
+      const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+      MP_CHECK(bytes <= INT32_MAX, "dist::broadcast: a tensor of ", bytes, " bytes is beyond one MPI message (2^31)");
+      check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+    }
+  }
+
+  void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+ private:
+  int rank_ = 0, size_ = 1;
+  std::string library_;
+};
+
+#endif  // MP_HAVE_MPI
+
+}  // namespace
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+bool built_with_mpi() {
+#if defined(MP_HAVE_MPI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+ProcessGroup& world() {
+  static std::unique_ptr<ProcessGroup> group;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!launched_by_mpi()) {
+      group = std::make_unique<SingleProcess>();
+      return;
+    }
+#if defined(MP_HAVE_MPI)
+    static MpiFinalizer finalizer;  // MPI_Finalize at exit (MpiWorld's destructor makes no MPI call)
+    group = std::make_unique<MpiWorld>();
+#else
+    MP_FAIL("this process was started by an MPI launcher (mpirun, srun), but this build of mixprec has no MPI; "
+            "install libopenmpi-dev (scripts/setup.sh does) and rebuild, or run without the launcher");
+#endif
+  });
+  return *group;
+}
+
+}  // namespace mp::dist
