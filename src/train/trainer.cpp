@@ -13,6 +13,7 @@
 #include "mp/core/math_mode.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/data/data.hpp"
+#include "mp/dist/process_group.hpp"
 #include "mp/memory/allocator.hpp"
 #include "mp/models/registry.hpp"
 #include "mp/nn/batch_norm.hpp"
@@ -268,6 +269,11 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
 
 RunSummary train(const TrainConfig& config, std::ostream& out) {
   validate(config);
+  // Until training is data-parallel (issue 26), N ranks would run N copies of one run into the same files.
+  const dist::ProcessGroup& ranks = dist::world();
+  MP_CHECK(ranks.size() == 1, "this process is rank ", ranks.rank(), " of ", ranks.size(), " (", ranks.describe(),
+           "), but training is not data-parallel yet: every rank would train the same model into the same files; "
+           "run one process (without mpirun)");
   const TrainConfig c = with_task_defaults(config);
   set_float32_matmul_precision(float32_matmul_precision_from_string(c.matmul_precision));
   return is_text_task(c) ? detail::train_text(c, out) : detail::train_images(c, out);
