@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DMP_WERROR=ON
 
-.PHONY: setup configure build run test test-sanitize bench bench-suites clean
+.PHONY: setup configure build run test test-sanitize fuzz bench bench-suites clean
 
 setup:
 	./scripts/setup.sh
@@ -38,6 +38,18 @@ test-sanitize: setup
 	# detect_leaks=0: the runtime state and kernel caches are leaked on purpose (freed by the OS at exit).
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j $(JOBS) --timeout 900 -L '$(SAN_LABELS)'
 
+# The fuzz tier (CI runs it after test-sanitize): a libFuzzer target per reader of outside bytes, under ASan and
+# UBSan, FUZZ_SECONDS each, two at once (fuzz/run.sh). Built with clang in its own folder from the readers'
+# sources only, not the whole library (Note [fuzz targets] in fuzz/CMakeLists.txt).
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 45
+fuzz:
+	./scripts/setup.sh --fuzz
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMP_WERROR=ON \
+	  -DMP_CUDA=OFF -DMP_BUILD_TESTS=OFF -DMP_BUILD_BENCH=OFF -DMP_BUILD_APPS=OFF -DMP_FUZZ=ON
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
+	./fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 bench: build
 	./scripts/setup.sh --bench
 	./bench/run_all.sh $(BUILD)
@@ -51,4 +63,4 @@ bench-suites: build
 	./bench/compare_pytorch.sh $(BUILD) --quick
 
 clean:
-	rm -rf $(BUILD) $(RUN_BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(RUN_BUILD) $(SAN_BUILD) $(FUZZ_BUILD)

@@ -11,8 +11,11 @@ if [ "${1:-}" = "--bench" ]; then
   # python3-venv: scripts/setup-bench-venv.sh (run last) makes .venv-bench/ with PyPI's newest torch, the
   # PyTorch that bench/compare_pytorch.sh compares with; Debian's python3-torch 1.13 is its extra column.
   pkgs+=(python3-torch libopenblas0-openmp python3-venv)
+elif [ "${1:-}" = "--fuzz" ]; then
+  # `make fuzz`: clang and its runtimes (libFuzzer, ASan, UBSan); fuzz/CMakeLists.txt.
+  pkgs+=(clang-14 libclang-rt-14-dev)
 elif [ -n "${1:-}" ]; then
-  echo "setup.sh: unknown option '$1'; expected nothing or --bench" >&2
+  echo "setup.sh: unknown option '$1'; expected nothing, --bench or --fuzz" >&2
   exit 2
 fi
 missing=()

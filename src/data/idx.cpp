@@ -108,9 +108,10 @@ ImageData read_idx(const std::string& images_path, const std::string& labels_pat
            "file has ",
            img.size(), " bytes", size_note(img_gz));
   const uint64_t n = be32(img.data() + 4), h = be32(img.data() + 8), w = be32(img.data() + 12);
-  uint64_t expected = 0;
-  MP_CHECK(!__builtin_mul_overflow(n, h * w, &expected) && expected <= static_cast<uint64_t>(INT64_MAX),
-           "read_idx: ", images_path, ": corrupt header: ", n, " images of ", h, "x", w, " overflows");
+  MP_CHECK(shape_fits({static_cast<int64_t>(n), 1, static_cast<int64_t>(h), static_cast<int64_t>(w)}, 1),
+           "read_idx: ", images_path, ": corrupt header: ", n, " images of ", h, "x", w,
+           " do not fit in 64 bits (a size product, zeros counted as 1, beyond 2^63); not a valid IDX image file");
+  const uint64_t expected = n * h * w;
   const uint64_t have = img.size() - 16;
   MP_CHECK(have >= expected, "read_idx: ", images_path, ": truncated: header says ", n, " images of ", h, "x", w, " = ",
            expected, " bytes, file has ", have, size_note(img_gz), "; re-download the file");

@@ -13,6 +13,8 @@ namespace mp {
 
 Tensor empty(const Shape& shape, TensorOptions opt) {
   for (int64_t s : shape) MP_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+  MP_CHECK(shape_fits(shape, dtype_size(opt.dtype)), "empty: shape ", shape_str(shape), " of ", dtype_name(opt.dtype),
+           " has strides or bytes beyond 64 bits; expected a shape whose size product (zeros counted as 1) fits");
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(opt.dtype);
   auto st = std::make_shared<Storage>();
   st->data = memory::DataPtr(opt.device, bytes);

@@ -25,6 +25,15 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+bool shape_fits(const Shape& s, size_t element_size) {
+  int64_t extent = 1, numel = 1, bytes = 0;
+  for (int64_t v : s) {
+    if (v < 0 || __builtin_mul_overflow(extent, std::max<int64_t>(v, 1), &extent)) return false;
+    numel *= v;  // numel <= extent
+  }
+  return !__builtin_mul_overflow(numel, static_cast<int64_t>(element_size), &bytes);
+}
+
 Shape contiguous_strides(const Shape& s) {
   Shape st(s.size());
   int64_t acc = 1;

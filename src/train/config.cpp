@@ -1,5 +1,4 @@
-// TrainConfig: JSON form, validation, labels.
-#include <nlohmann/json.hpp>
+// TrainConfig: validation and labels (its JSON form: config_json.cpp).
 #include <cmath>
 #include <set>
 #include <type_traits>
@@ -14,38 +13,6 @@
 #include "setup.hpp"
 
 namespace mp::train {
-
-std::string config_to_json(const TrainConfig& config) {
-  TrainConfig c = config;
-  nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  visit_fields(c, [&](const char* name, auto& field, const char*) { j[name] = field; });
-  return j.dump();
-}
-
-TrainConfig config_from_json(const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) { MP_FAIL("training config: not valid JSON (", e.what(), ")"); }
-  MP_CHECK(j.is_object(), "training config: expected a JSON object, got ", j.type_name());
-  TrainConfig c;
-  std::set<std::string> known;
-  visit_fields(c, [&](const char* name, auto& field, const char*) {
-    known.insert(name);
-    auto it = j.find(name);
-    if (it == j.end()) return;
-    using T = std::remove_reference_t<decltype(field)>;
-    try {
-      field = it->template get<T>();
-    } catch (const std::exception& e) {
-      MP_FAIL("training config: field '", name, "' has the wrong type (", it->type_name(), "): ", e.what());
-    }
-  });
-  for (auto it = j.begin(); it != j.end(); ++it)
-    MP_CHECK(known.count(it.key()) != 0, "training config: unknown field '", it.key(),
-             "'; the file may come from a newer mixprec");
-  return c;
-}
 
 bool is_text_task(const TrainConfig& c) { return c.dataset == "kjv" || c.dataset == "text"; }
 

@@ -118,7 +118,8 @@ void RunLog::open(bool append) {
 
 void RunLog::write(const std::vector<std::pair<std::string, LogValue>>& fields) {
   Json rec = Json::object();
-  for (const auto& [key, value] : fields) {
+  for (const auto& field : fields) {
+    const std::string& key = field.first;  // not a structured binding: clang 14 cannot capture one (fuzz/)
     std::visit(
         [&](const auto& v) {
           using V = std::decay_t<decltype(v)>;
@@ -131,7 +132,7 @@ void RunLog::write(const std::vector<std::pair<std::string, LogValue>>& fields) 
             rec[key] = v;
           }
         },
-        value);
+        field.second);
   }
   const std::string line = rec.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   out_.write(line.data(), static_cast<std::streamsize>(line.size()));

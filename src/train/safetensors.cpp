@@ -119,18 +119,16 @@ TensorInfo parse_entry(const std::string& ctx, const std::string& name, const Js
             "'; mixprec reads F64, F32, F16, BF16, I64, I32, U8 and BOOL (convert the file with Python first)");
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) fail(ctx, where + ": missing or non-array \"shape\"");
-  int64_t numel = 1;
   for (const Json& d : *sh) {
     int64_t s;
     if (!get_index(d, &s))
       fail(ctx, where + ": shape " + sh->dump() + " has a negative, non-integer or too large size");
     info.shape.push_back(s);
-    if (__builtin_mul_overflow(numel, s, &numel))
-      fail(ctx, where + ": shape " + sh->dump() + " has more elements than fit in 64 bits");
   }
-  int64_t need;
-  if (__builtin_mul_overflow(numel, static_cast<int64_t>(dtype_size(info.dtype)), &need))
-    fail(ctx, where + ": shape " + sh->dump() + " needs more bytes than fit in 64 bits");
+  if (!shape_fits(info.shape, dtype_size(info.dtype)))
+    fail(ctx, where + ": shape " + sh->dump() + " has strides or bytes beyond 64 bits (its sizes' product, zeros " +
+                  "counted as 1, must fit)");
+  const int64_t need = shape_numel(info.shape) * static_cast<int64_t>(dtype_size(info.dtype));
   auto off = v.find("data_offsets");
   int64_t begin = 0, end = 0;
   if (off == v.end() || !off->is_array() || off->size() != 2 || !get_index((*off)[0], &begin) ||

@@ -203,6 +203,14 @@ TEST_F(DataFiles, IdxErrorsNameTheFileAndTheProblem) {
   EXPECT_CONTAINS(m, path("lab-bad-magic"));
   EXPECT_CONTAINS(m, "expected magic 0x00000801 (u8, 1 dim), got 0x12345678");
 
+  // No image, but images of 2^32-1 x 2^32-1: strides beyond 64 bits (found by fuzz/fuzz_idx: a signed overflow in
+  // empty()'s strides; was accepted).
+  write_file(path("huge"), idx_images(0, 0xFFFFFFFF, 0xFFFFFFFF, {}));
+  write_file(path("lab0"), idx_labels(0, {}));
+  m = error_of([&] { read_idx(path("huge"), path("lab0")); });
+  EXPECT_CONTAINS(m, path("huge"));
+  EXPECT_CONTAINS(m, "0 images of 4294967295x4294967295 do not fit in 64 bits");
+
   // Truncated label file.
   write_file(path("lab-short"), idx_labels(5, Bytes(lab.begin(), lab.end() - 2)));
   m = error_of([&] { read_idx(path("img"), path("lab-short")); });

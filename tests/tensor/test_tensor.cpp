@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 
@@ -183,4 +184,18 @@ TEST(Tensor, EmptyTensorsAreContiguousAndViewable) {
   const Tensor q = matmul(zeros({2, 5, 0}).to(DType::bf16), zeros({2, 0, 3}).to(DType::bf16));
   EXPECT_EQ(q.sizes(), (Shape{2, 5, 3}));
   for (float v : q.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+}
+
+// A shape's strides count a 0 as 1, so a tensor without elements can still have strides beyond int64 (found by the
+// fuzz targets of the file readers: a signed overflow in empty()).
+TEST(Tensor, EmptyRefusesShapesWhoseStridesOrBytesOverflow) {
+  constexpr int64_t k62 = int64_t{1} << 62;
+  EXPECT_TRUE(shape_fits({}, 8));
+  EXPECT_TRUE(shape_fits({0, k62, 1}, 4));
+  EXPECT_TRUE(shape_fits({k62}, 1));
+  EXPECT_FALSE(shape_fits({0, k62, 2}, 1));  // the outer stride is 2^63
+  EXPECT_FALSE(shape_fits({k62}, 2));        // 2^63 bytes
+  EXPECT_FALSE(shape_fits({-1}, 1));
+  mp::test::expect_error([&] { (void)empty({0, k62, 4}); }, {"empty: shape [0, 4611686018427387904, 4]", "64 bits"});
+  EXPECT_EQ(empty({0, k62, 1}).numel(), 0);
 }

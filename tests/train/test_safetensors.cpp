@@ -209,6 +209,10 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingFileAndTensor) {
   expect_refused(dir, "overflow_shape",
                  make_file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", eight),
                  {"tensor 'a'", "64 bits"});
+  // No element, but a stride of 2^64 (found by fuzz/fuzz_safetensors: a signed overflow in empty()'s strides).
+  expect_refused(dir, "zero_dim_huge_strides",
+                 make_file(R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})", ""),
+                 {"tensor 'a'", "beyond 64 bits"});
   // 10^12 floats claimed by a tiny file: refused before any allocation (4 TB would crash the test).
   expect_refused(dir, "huge_claim",
                  make_file(R"({"a":{"dtype":"F32","shape":[1000000000000],"data_offsets":[0,4000000000000]}})", eight),

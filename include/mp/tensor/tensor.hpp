@@ -21,6 +21,11 @@ std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
 /// Row-major contiguous strides of a shape.
 Shape contiguous_strides(const Shape& s);
+/// Whether a tensor of shape `s` with `element_size`-byte elements can be made: no negative size, and its strides
+/// (in any memory format: products of sizes, a 0 counted as 1) and its byte count fit in int64. empty() refuses
+/// other shapes; a reader of a file checks it first, to refuse naming the file (a shape [0, 2^62, 4] holds no
+/// element but has a stride of 2^64).
+bool shape_fits(const Shape& s, size_t element_size);
 
 /// Memory layout of a dense tensor, as PyTorch's torch.memory_format. Logical dims never change: a
 /// channels-last activation is still indexed [N, C, H, W]; only the strides say where elements live.
