@@ -274,7 +274,7 @@ TEST(Cli, ARunDescribedInAFileWithFlagsOverIt) {
   std::ofstream(dir / "typo.json") << R"({"epoch": 3})";
   expect_failure("train --config " + (dir / "typo.json").string(), "unknown field 'epoch'");
   std::ofstream(dir / "type.json") << R"({"epochs": "three"})";
-  expect_failure("train --config " + (dir / "type.json").string(), "'epochs' has the wrong type");
+  expect_failure("train --config " + (dir / "type.json").string(), "field 'epochs' expected an integer");
   std::ofstream(dir / "value.json") << R"({"precision": "fp8"})";
   expect_failure("train --config " + (dir / "value.json").string() + " --print_config", "fp8");
   std::ofstream(dir / "broken.json") << "{";
