@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -113,6 +116,27 @@ inline Tensor leaf(const Shape& s, double lo = -1.0, double hi = 1.0) {
 
 /// EXPECT that a gradcheck passed, printing its message when it did not.
 inline void expect_ok(const autograd::GradcheckResult& r) { EXPECT_TRUE(r.ok) << r.message; }
+
+/// t itself, now requiring grad (a leaf of the caller's values).
+inline Tensor requires_grad(Tensor t) {
+  t.requires_grad_(true);
+  return t;
+}
+
+/// Whether a and b have one dtype, one shape and the same bytes.
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.raw_data(), y.raw_data(), static_cast<size_t>(x.numel()) * x.element_size()) == 0;
+}
+
+/// The largest |a - ref| / |ref| over the elements.
+inline double max_rel_diff(const Tensor& a, const Tensor& ref) {
+  const auto x = a.to_vector<double>(), y = ref.to_vector<double>();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]) / std::abs(y[i]));
+  return m;
+}
 
 }  // namespace mp::test
 

@@ -19,16 +19,13 @@
 #include <vector>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 
 namespace {
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), static_cast<size_t>(x.numel()) * x.element_size()) == 0;
-}
+using mp::test::bitwise_equal;
 
 // A 16-bit parameter of n elements, all 1.0.
 Tensor ones_param(int64_t n, DType dt) {

@@ -12,17 +12,14 @@
 #include <vector>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using amp::OptLevel;
 
 namespace {
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), static_cast<size_t>(x.numel()) * x.element_size()) == 0;
-}
+using mp::test::bitwise_equal;
 
 // Conv2d-BatchNorm2d-ReLU-MaxPool-Conv-BN-ReLU-AdaptiveAvgPool-Flatten-Linear, `w` channels.
 std::shared_ptr<nn::Sequential> make_cnn(int64_t w) {

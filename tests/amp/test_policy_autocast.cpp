@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using amp::Autocast;
@@ -38,11 +39,7 @@ double max_abs(const Tensor& a) {
   return m;
 }
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), static_cast<size_t>(x.numel()) * x.element_size()) == 0;
-}
+using mp::test::bitwise_equal;
 
 }  // namespace
 
