@@ -52,7 +52,7 @@ TrainConfig config_from_json(const std::string& text) {
     using T = std::remove_reference_t<decltype(field)>;
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       // nlohmann converts a float to an integer field with a cast: 2.5 would be 2 and 1e300 undefined behaviour.
-      MP_CHECK(fits_integer<T>(*it), "training config: field '", name, "' expected a whole number from ",
+      MP_CHECK(fits_integer<T>(*it), "training config: field '", name, "' expected an integer from ",
                std::numeric_limits<T>::min(), " to ", std::numeric_limits<T>::max(), ", got ", json_excerpt(*it));
     }
     try {
