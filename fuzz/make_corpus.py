@@ -49,6 +49,9 @@ put("fuzz_safetensors", "zero_size_dim", safetensors([("z", "F32", [0, 4], b""),
 put("fuzz_safetensors", "truncated_data", safetensors([("w", "F32", [2, 3], f32)], data=f32[:20]))
 # A shape without elements whose strides overflow int64 (refused; was undefined behaviour in empty()).
 put("fuzz_safetensors", "zero_dim_huge_strides", safetensors([("z", "F32", [0, 2 ** 62, 4], b"")]))
+# Nesting deeper than a header's 3 levels (refused as the parser descends: Note [quoting untrusted JSON]).
+deep = b'{"__metadata__":{"k":' + b"[" * 40 + b"]" * 40 + b"}}"
+put("fuzz_safetensors", "deep_nesting", struct.pack("<Q", len(deep)) + deep)
 put("fuzz_safetensors", "offsets_overlap",
     struct.pack("<Q", 88) + b'{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
                               b'"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}'.ljust(88) + b"abc")
@@ -109,6 +112,7 @@ put("fuzz_config", "wrong_type", '{"epochs": "two"}')
 put("fuzz_config", "unknown_field", '{"epochs": 2, "epoch": 3}')
 put("fuzz_config", "float_for_int", '{"epochs": 2.5, "batch_size": 1e3}')
 put("fuzz_config", "huge_float_for_int", '{"epochs": 1e300}')
+put("fuzz_config", "deep_nesting", '{"epochs": ' + "[" * 40 + "]" * 40 + "}")
 put("fuzz_config", "int_beyond_int32", '{"num_workers": 4294967296, "seed": 18446744073709551615}')
 
 # ---- the kernel-path cache (identity as in fuzz_kernel_path_cache.cpp) ----
@@ -117,4 +121,5 @@ paths = {"matmul bf16 64x64x64": {"path": "onednn", "ms": {"onednn": 0.12, "pack
          "conv bf16 1x3x8x8": {"path": "im2col", "ms": {"im2col": 0.5}}}
 put("fuzz_kernel_path_cache", "two_entries", json.dumps({"machine": identity, "paths": paths}, indent=1))
 put("fuzz_kernel_path_cache", "foreign_machine", json.dumps({"machine": dict(identity, threads=8), "paths": paths}))
+put("fuzz_kernel_path_cache", "deep_machine", json.dumps({"machine": {"format": [[[[[[[[1]]]]]]]]}, "paths": {}}))
 put("fuzz_kernel_path_cache", "entry_without_ms", json.dumps({"machine": identity, "paths": {"k": {"path": "x"}}}))

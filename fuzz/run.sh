@@ -13,6 +13,10 @@ seconds=${2:-45}
 src=$(cd "$(dirname "$0")" && pwd)
 out=$build/fuzz-run
 mkdir -p "$out"
+# The targets write each input to a file (the readers take paths) and the safetensors and kernel-path targets save
+# files too (fsync'd: atomic_write_file): on tmpfs that is ten times as many inputs per second as on a disk.
+scratch=$(mktemp -d /dev/shm/mixprec-fuzz.XXXXXX 2>/dev/null || mktemp -d "$out/tmp.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
 # The JSON readers get the JSON dictionary.
 json_targets=" fuzz_safetensors fuzz_run_log fuzz_config fuzz_kernel_path_cache "
 
@@ -22,7 +26,7 @@ run_one() {
   mkdir -p "$out/corpus/$t"
   rm -f "$out/$t".crash-* "$out/$t".timeout-* "$out/$t".oom-* "$out/$t".leak-*
   # detect_leaks=0: the runtime state and kernel caches are leaked on purpose (freed by the OS at exit).
-  if ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 TMPDIR="$out" \
+  if ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 TMPDIR="$scratch" \
      "$build/fuzz/$t" "$out/corpus/$t" "$src/corpus/$t" "${dict[@]}" -max_total_time="$seconds" -timeout=10 \
      -rss_limit_mb=2048 -artifact_prefix="$out/$t." -print_final_stats=1 >"$out/$t.log" 2>&1; then
     echo "fuzz: $t: $(grep -m1 '^Done' "$out/$t.log" || echo done), no finding"
@@ -33,7 +37,7 @@ run_one() {
   fi
 }
 export -f run_one
-export build out src seconds json_targets
+export build out src seconds json_targets scratch
 
 targets=$(cd "$src" && ls fuzz_*.cpp | sed 's/\.cpp$//')
 for t in $targets; do

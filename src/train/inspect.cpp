@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_excerpt.hpp"
 #include "mp/kernel_paths.hpp"
 #include "mp/core/error.hpp"
 #include "mp/train/checkpoint.hpp"
@@ -100,7 +101,7 @@ std::string describe_safetensors_file(const std::string& path) {
         const nlohmann::json j = nlohmann::json::parse(b->second, nullptr, /*allow_exceptions=*/false);
         if (j.is_object() && j.contains("epoch") && j.contains("metric") && j["metric"].is_string()) {
           const double m = std::strtod(j["metric"].get<std::string>().c_str(), nullptr);
-          out << "  best: epoch " << j["epoch"].dump() << ", "
+          out << "  best: epoch " << json_excerpt(j["epoch"]) << ", "
               << (is_text_task(cfg) ? "valid perplexity " + g(m) : "test accuracy " + g(100 * m) + "%")
               << (cfg.ema_decay > 0 ? " (weight averages)" : "") << "\n";
         }

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "mp/autograd/node.hpp"
+#include "core/json_excerpt.hpp"
 #include "mp/core/atomic_file.hpp"
 
 namespace mp::train {
@@ -26,6 +27,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 constexpr const char* kMetadataKey = "__metadata__";
+constexpr int kMaxDepth = 32;  // of a header's JSON, generously (read_header)
 
 /// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF).
 bool valid_utf8(std::string_view s) {
@@ -122,24 +124,25 @@ TensorInfo parse_entry(const std::string& ctx, const std::string& name, const Js
   for (const Json& d : *sh) {
     int64_t s;
     if (!get_index(d, &s))
-      fail(ctx, where + ": shape " + sh->dump() + " has a negative, non-integer or too large size");
+      fail(ctx, where + ": shape " + json_excerpt(*sh) + " has a negative, non-integer or too large size");
     info.shape.push_back(s);
   }
   if (!shape_fits(info.shape, dtype_size(info.dtype)))
-    fail(ctx, where + ": shape " + sh->dump() + " has strides or bytes beyond 64 bits (its sizes' product, zeros " +
-                  "counted as 1, must fit)");
+    fail(ctx, where + ": shape " + json_excerpt(*sh) +
+                  " has strides or bytes beyond 64 bits (its sizes' product, zeros " + "counted as 1, must fit)");
   const int64_t need = shape_numel(info.shape) * static_cast<int64_t>(dtype_size(info.dtype));
   auto off = v.find("data_offsets");
   int64_t begin = 0, end = 0;
   if (off == v.end() || !off->is_array() || off->size() != 2 || !get_index((*off)[0], &begin) ||
       !get_index((*off)[1], &end))
     fail(ctx, where + ": \"data_offsets\" must be [begin, end] with non-negative integers");
-  if (end < begin) fail(ctx, where + ": data_offsets " + off->dump() + " end before they begin");
+  if (end < begin) fail(ctx, where + ": data_offsets " + json_excerpt(*off) + " end before they begin");
   if (end - begin != need)
-    fail(ctx, where + ": data_offsets " + off->dump() + " span " + std::to_string(end - begin) + " bytes but dtype " +
-                  dt->get<std::string>() + " with shape " + shape_str(info.shape) + " needs " + std::to_string(need));
+    fail(ctx, where + ": data_offsets " + json_excerpt(*off) + " span " + std::to_string(end - begin) +
+                  " bytes but dtype " + dt->get<std::string>() + " with shape " + shape_str(info.shape) + " needs " +
+                  std::to_string(need));
   if (end > data_size)
-    fail(ctx, where + ": data_offsets " + off->dump() + " go past the end of the data area (" +
+    fail(ctx, where + ": data_offsets " + json_excerpt(*off) + " go past the end of the data area (" +
                   std::to_string(data_size) + " bytes; the file is truncated?)");
   info.offset = begin;
   info.nbytes = need;
@@ -185,6 +188,11 @@ Header read_header(const char* op, const std::string& file, std::ifstream& f) {
   std::string dup;
   int dup_depth = 0;
   auto cb = [&](int depth, Json::parse_event_t ev, Json& parsed) {
+    // A header nests 3 deep ({name: {"shape": [...]}}); nlohmann's parser with a callback copies values recursively,
+    // so a deeper one is refused before it is built (Note [quoting untrusted JSON] in core/json_excerpt.hpp).
+    if ((ev == Json::parse_event_t::object_start || ev == Json::parse_event_t::array_start) && depth >= kMaxDepth)
+      fail(ctx, "the header nests arrays or objects deeper than " + std::to_string(kMaxDepth) +
+                    " levels (a safetensors header nests 3)");
     if (ev == Json::parse_event_t::object_start) {
       open.emplace_back();
     } else if (ev == Json::parse_event_t::object_end) {

@@ -137,6 +137,18 @@ TEST(KernelPaths, CorruptOrForeignCacheFilesAreIgnoredAndRewritten) {
   }
 }
 
+// A foreign identity nested a million arrays deep is ignored like any other, and quoted one level deep (Note [quoting
+// untrusted JSON]: a 2 MB input, beyond the fuzz targets' 4 KB: comparing and quoting it by dump() overflowed the
+// stack).
+TEST(KernelPaths, ADeeplyNestedForeignIdentityIsIgnored) {
+  const MeasureScope scope("deep");
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  { std::ofstream(scope.file()) << R"({"machine": {"format": )" + deep + R"(}, "paths": {}})"; }
+  std::string why;
+  EXPECT_TRUE(mp::backend::cpu::load_path_cache(scope.file(), mp::backend::cpu::path_cache_identity(), why).empty());
+  EXPECT_NE(why.find(R"(another machine or software stack ({"format":[...]}))"), std::string::npos) << why;
+}
+
 TEST(KernelPaths, ConcurrentWritersLoseNoEntry) {
   const MeasureScope scope("concurrent");
   const std::string identity = mp::backend::cpu::path_cache_identity(), file = scope.file();

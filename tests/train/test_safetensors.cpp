@@ -213,6 +213,17 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingFileAndTensor) {
   expect_refused(dir, "zero_dim_huge_strides",
                  make_file(R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})", ""),
                  {"tensor 'a'", "beyond 64 bits"});
+  // A header nested a million arrays deep is refused as the parser descends, and a nested value is quoted one level
+  // deep (Note [quoting untrusted JSON]; a 2 MB input, beyond the fuzz targets' 4 KB: parsing it with a callback
+  // overflowed the stack).
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  expect_refused(dir, "deep_shape",
+                 make_file(R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", ""),
+                 {"nests arrays or objects deeper than 32 levels"});
+  const std::string deep40 = std::string(40, '[') + std::string(40, ']');
+  expect_refused(dir, "deep_metadata", make_file(R"({"__metadata__":{"k":)" + deep40 + "}}", ""), {"deeper than 32"});
+  expect_refused(dir, "nested_shape", make_file(R"({"a":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})", eight),
+                 {"tensor 'a'", "shape [[...]] has a negative, non-integer"});
   // 10^12 floats claimed by a tiny file: refused before any allocation (4 TB would crash the test).
   expect_refused(dir, "huge_claim",
                  make_file(R"({"a":{"dtype":"F32","shape":[1000000000000],"data_offsets":[0,4000000000000]}})", eight),

@@ -176,7 +176,8 @@ void visit_fields(TrainConfig& c, F&& f) {
 
 /// The config as a JSON object string (what checkpoints store under metadata "config").
 std::string config_to_json(const TrainConfig& c);
-/// Parse config_to_json's output (unknown keys are refused naming them; absent keys keep defaults).
+/// Parse config_to_json's output (unknown keys are refused naming them; absent keys keep defaults; an integer field
+/// takes a whole number in its range, 2 or 2.0, and refuses 2.5).
 TrainConfig config_from_json(const std::string& json);
 /// Throws naming the field, what was expected and what was got, for any invalid value.
 void validate(const TrainConfig& c);

@@ -15,6 +15,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sstream>
 
+#include "core/json_excerpt.hpp"
 #include "mp/core/atomic_file.hpp"
 #include "mp/core/cpu_features.hpp"
 #include "mp/core/error.hpp"
@@ -104,8 +105,8 @@ PathTable load_path_cache(const std::string& file, const std::string& identity, 
   ss << in.rdbuf();
   try {
     const nlohmann::json j = nlohmann::json::parse(ss.str());
-    if (j.at("machine").dump() != nlohmann::json::parse(identity).dump()) {
-      why = "it was measured on another machine or software stack (" + j.at("machine").dump() + ")";
+    if (j.at("machine") != nlohmann::json::parse(identity)) {  // not dump(): Note [quoting untrusted JSON]
+      why = "it was measured on another machine or software stack (" + json_excerpt(j.at("machine"), 200) + ")";
       return {};
     }
     return parse_entries(j.at("paths"));
