@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Install what mixprec needs: Debian packages, then oneDNN 3.2 from PyPI into .deps/onednn
-# (scripts/install-onednn.sh). Idempotent: skips what is already present.
+# (scripts/install-onednn.sh) and the tests' Python safetensors into .deps/python
+# (scripts/install-python-test-deps.sh). Idempotent: skips what is already present.
 set -euo pipefail
 # --bench adds what the side-by-side benchmarks need: Debian's PyTorch and OpenBLAS (without it,
 # Debian's torch runs its f32 matmuls on the reference libblas3, ~50x slower: a straw man).
-# python3-pip: installs the oneDNN wheels (Debian 12 ships oneDNN 2.6 only; mixprec uses 3.2).
+# python3-pip: installs the oneDNN wheels (Debian 12 ships oneDNN 2.6 only; mixprec uses 3.2) and Python's
+# safetensors. python3-torch: Debian's PyTorch 1.13 (CPU), the other side of the PyTorch interchange tests
+# (tests/python/interop.py) and the benchmarks' extra column; not PyPI's torch, whose CUDA wheels are gigabytes.
 pkgs=(build-essential cmake python3-pip libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
-      nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox libopenmpi-dev openmpi-bin)
+      nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox libopenmpi-dev openmpi-bin
+      python3-torch)
 if [ "${1:-}" = "--bench" ]; then
   # python3-venv: scripts/setup-bench-venv.sh (run last) makes .venv-bench/ with PyPI's newest torch, the
   # PyTorch that bench/compare_pytorch.sh compares with; Debian's python3-torch 1.13 is its extra column.
-  pkgs+=(python3-torch libopenblas0-openmp python3-venv)
+  pkgs+=(libopenblas0-openmp python3-venv)
 elif [ "${1:-}" = "--fuzz" ]; then
   # `make fuzz`: clang and its runtimes (libFuzzer, ASan, UBSan); fuzz/CMakeLists.txt.
   pkgs+=(clang-14 libclang-rt-14-dev)
@@ -30,6 +34,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 "$(dirname "$0")/install-onednn.sh"
+"$(dirname "$0")/install-python-test-deps.sh"  # Python's safetensors into .deps/python
 if [ "${1:-}" = "--bench" ]; then
   "$(dirname "$0")/setup-bench-venv.sh"
 fi

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -138,7 +140,53 @@ inline double max_rel_diff(const Tensor& a, const Tensor& ref) {
   return m;
 }
 
+// Note [tests that need Python]
+// The PyTorch interchange tests run Debian's python3 (MP_TEST_PYTHON, /usr/bin/python3 by default: the
+// interpreter python3-torch installs for) with the project-local .deps/python on PYTHONPATH (Python's
+// safetensors; scripts/setup.sh installs both). Without them a test skips, saying what to install; under
+// MP_TESTS_REQUIRE_PYTHON=1, which `make test` (so CI) sets, it fails instead: CI cannot pass by skipping the
+// interchange it is meant to check (as MP_CUDA_TESTS_REQUIRE_GPU does for gpu-check). The environment variable
+// MP_TEST_PYTHON overrides the interpreter (ctest python_tests_fail_when_required points it at nothing).
+
+/// The shell command that runs the tests' Python: PYTHONPATH=<.deps/python> <interpreter>.
+inline std::string python_command() {
+  const char* env = std::getenv("MP_TEST_PYTHON");
+  const std::string py = env != nullptr && *env != '\0' ? env : MP_TEST_PYTHON;
+  return "PYTHONPATH='" MP_TEST_PYTHONPATH "' '" + py + "'";
+}
+
+/// Why `import <modules>` fails in python_command() (its last line of output), or "" when it works.
+inline std::string python_missing(const std::string& modules) {
+  const std::string cmd = python_command() + " -c 'import " + modules + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return "cannot run " + cmd;
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  if (::pclose(p) == 0) return "";
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  const size_t nl = out.rfind('\n');
+  return (nl == std::string::npos ? out : out.substr(nl + 1)) + " (" + python_command() + ")";
+}
+
+/// Whether the tests must fail rather than skip without their Python (MP_TESTS_REQUIRE_PYTHON=1).
+inline bool python_required() {
+  const char* e = std::getenv("MP_TESTS_REQUIRE_PYTHON");
+  return e != nullptr && std::string(e) == "1";
+}
+
 }  // namespace mp::test
+
+/// Skip the test when `import <modules>` fails in the tests' Python (fail instead under
+/// MP_TESTS_REQUIRE_PYTHON=1), naming the error and what installs them (Note [tests that need Python]).
+#define MP_SKIP_OR_FAIL_WITHOUT_PYTHON(modules)                                                                \
+  if (const std::string mp_py_missing = ::mp::test::python_missing(modules); !mp_py_missing.empty()) {         \
+    if (::mp::test::python_required())                                                                         \
+      GTEST_FAIL() << "MP_TESTS_REQUIRE_PYTHON=1 but `import " << (modules) << "` fails: " << mp_py_missing    \
+                   << "; run scripts/setup.sh (Debian's python3-torch, Python's safetensors in .deps/python)"; \
+    GTEST_SKIP() << "`import " << (modules) << "` fails: " << mp_py_missing                                    \
+                 << "; scripts/setup.sh installs Debian's python3-torch and Python's safetensors";             \
+  }
 
 /// Expect the string `haystack` to contain `needle` (each argument evaluated once).
 #define EXPECT_CONTAINS(haystack, needle) EXPECT_PRED_FORMAT2(::mp::test::contains_format, haystack, needle)

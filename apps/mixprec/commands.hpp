@@ -22,12 +22,14 @@ void add_info_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 /// `mixprec train`: one training run (image classifier or word LM) in any precision.
 void add_train_command(CLI::App& app);
-/// `mixprec eval CHECKPOINT`: accuracy or perplexity of a checkpoint.
+/// `mixprec eval FILE`: accuracy or perplexity of a checkpoint or (with --model) a bare state dict.
 void add_eval_command(CLI::App& app);
 /// `mixprec compare`: the same job at several precisions / opt levels, with a table, JSON and plots.
 void add_compare_command(CLI::App& app);
 /// `mixprec convert IN OUT --dtype D`: a safetensors file's floating tensors to another dtype.
 void add_convert_command(CLI::App& app);
+/// `mixprec export FILE OUT [--dtype D]`: a checkpoint's model (or a bare file) as PyTorch's bare state dict.
+void add_export_command(CLI::App& app);
 /// `mixprec plot LOG...`: loss and metric curves of JSONL run logs as PNG charts.
 void add_plot_command(CLI::App& app);
 /// `mixprec bench step`: time training steps of one configuration, printed as JSON.

@@ -109,8 +109,10 @@ void add_train_command(CLI::App& app) {
     if (!c->log.empty()) std::printf("  run log: %s\n", c->log.c_str());
     if (s.stopped_early)
       std::printf(c->checkpoint_dir.empty() ? "  no --checkpoint_dir: nothing was saved to continue from\n"
-                                            : "  the checkpoint holds the position: run the same command with --resume "
-                                              "to continue\n");
+                  : c->init_from.empty()    ? "  the checkpoint holds the position: run the same command with "
+                                              "--resume to continue\n"
+                                            : "  the checkpoint holds the position: run the same command with "
+                                              "--resume and without --init_from to continue\n");
     std::fflush(stdout);
     if (s.interrupted) exit_code = 128 + g_signal;  // as a shell reports a process ended by the signal
     if (s.diverged) {                               // Note [exit statuses]
@@ -121,7 +123,9 @@ void add_train_command(CLI::App& app) {
 }
 
 void add_eval_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("eval", "Evaluate a checkpoint written by `mixprec train` (accuracy or perplexity)");
+  auto* cmd = app.add_subcommand("eval",
+                                 "Evaluate a checkpoint written by `mixprec train`, or a bare state dict (PyTorch's "
+                                 "or `mixprec export`'s) with --model (accuracy or perplexity)");
   struct Args {
     std::string path, split = "test";
     mp::train::TrainConfig overrides;
@@ -129,7 +133,16 @@ void add_eval_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   a->overrides.precision.clear();
-  cmd->add_option("checkpoint", a->path, "checkpoint.safetensors written by mixprec train")->required();
+  a->overrides.model.clear();  // empty: as the file's config says
+  a->overrides.dataset.clear();
+  cmd->add_option("checkpoint", a->path,
+                  "checkpoint.safetensors written by mixprec train, or a bare state dict (then --model is needed)")
+      ->required();
+  cmd->add_option("--model", a->overrides.model,
+                  "the model of a bare state dict (a file without a training config, e.g. PyTorch's): resnet8, mlp, "
+                  "...; torch names (mixprec export, README)");
+  cmd->add_option("--dataset", a->overrides.dataset,
+                  "evaluate on this dataset (default: the one it was trained on; fashion-mnist for a bare state dict)");
   cmd->add_option("--split", a->split, "test, or valid (text corpora)")->capture_default_str();
   cmd->add_option("--data_dir", a->overrides.data_dir, "dataset folder or file (default: the one it was trained on)");
   cmd->add_option("--precision", a->overrides.precision, "evaluate in fp32, fp16 or bf16 (default: as trained)");

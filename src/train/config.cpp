@@ -172,6 +172,11 @@ void validate(const TrainConfig& c) {
            "best.safetensors into)");
   MP_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint_dir (the folder holding ",
            "checkpoint.safetensors)");
+  MP_CHECK(!c.resume || c.init_from.empty(), "--init_from '", c.init_from, "' and --resume were both given: --resume ",
+           "continues the run in --checkpoint_dir from its own weights, --init_from starts a new run from other ",
+           "weights; drop --init_from to continue the run, or --resume to start a new one");
+  MP_CHECK(!c.init_from_partial || !c.init_from.empty(), "--init_from_partial needs --init_from FILE (the weights ",
+           "to load part of)");
 }
 
 Device run_device(const TrainConfig& c) { return device_from_flag(c.device, "--device"); }

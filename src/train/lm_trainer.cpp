@@ -93,6 +93,7 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
   manual_seed(c.seed);
   std::shared_ptr<models::WordLM> model = make_lm(c, corpus.vocab.size());
   model->to(dev);  // initialised on the host (the same weights on every device), then moved
+  apply_init_from(c, *model, out);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   const amp::AmpOptions o = amp::prepare(*model, *opt, amp_options(c));
   amp::GradScaler scaler(o.scaler);
@@ -195,6 +196,7 @@ EvalResult evaluate_text(const TrainConfig& c, const nn::StateDict& weights, con
   const amp::AmpOptions o = convert_for_eval(c, *model);
   const Device dev = run_device(c);
   model->to(dev);
+  check_weights_fit(c, *model, weights);
   model->load_state_dict(weights, /*strict=*/true);
   const Tensor source = data::batchify(split == "valid" ? corpus.valid : corpus.test, kEvalStreams).to(dev);
   const TextEval ev = evaluate_lm(*model, o, source, c.bptt);

@@ -58,5 +58,10 @@ EvalResult evaluate_text(const TrainConfig& c, const nn::StateDict& weights, con
 /// Convert a freshly built f32 model for evaluation at the config's opt level (O2/O3: 16-bit, batch
 /// norm f32 for O2) and return the resolved amp options.
 amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model);
+/// Throws listing the differences (StateDictDiff::describe) when `weights` do not fit `model` by name and shape.
+void check_weights_fit(const TrainConfig& c, const nn::Module& model, const nn::StateDict& weights);
+/// --init_from: load the file's weights into the freshly built (f32, on its device) model before the optimizer and
+/// the opt level see it, so masters and averages start from them; says what was loaded on `out` (trainer.cpp).
+void apply_init_from(const TrainConfig& c, nn::Module& model, std::ostream& out);
 
 }  // namespace mp::train::detail

@@ -19,6 +19,7 @@
 #include "mp/nn/batch_norm.hpp"
 #include "mp/ops/ops.hpp"
 #include "mp/optim/optim.hpp"
+#include "mp/train/interop.hpp"
 #include "mp/train/progress.hpp"
 #include "train/setup.hpp"
 #include "train/train_loop.hpp"
@@ -64,6 +65,18 @@ amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model) {
       model.to(o.dtype);
   }
   return o;
+}
+
+void check_weights_fit(const TrainConfig& c, const nn::Module& model, const nn::StateDict& weights) {
+  const StateDictDiff d = diff_state_dict(model, weights);
+  MP_CHECK(d.empty(), "eval: the weights do not fit --model ", c.model, " for --dataset ", c.dataset, ":", d.describe(),
+           "\nname the model (and dataset) the weights were saved for with --model and --dataset");
+}
+
+void apply_init_from(const TrainConfig& c, nn::Module& model, std::ostream& out) {
+  if (c.init_from.empty()) return;
+  const InitFromReport r = init_from_file(model, c.init_from, c.init_from_partial);
+  if (!c.quiet || !r.diff.empty()) out << r.describe(c.init_from) << "\n";
 }
 
 }  // namespace detail
@@ -166,6 +179,7 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
                                            .num_classes = sets.classes,
                                            .memory_format = models::memory_format_from_flag(c.memory_format)});
   model->to(dev);  // initialised on the host (the same weights on every device), then moved
+  apply_init_from(c, *model, out);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
   amp::GradScaler& scaler = setup.scaler;
@@ -255,6 +269,7 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
                                            .memory_format = models::memory_format_from_flag(c.memory_format)});
   const amp::AmpOptions o = convert_for_eval(c, *model);
   model->to(run_device(c));
+  check_weights_fit(c, *model, weights);
   model->load_state_dict(weights, /*strict=*/true);
   amp::AmpModel m(model, o);
   const ImageEval ev = evaluate_images_with(m, sets.test, c);
@@ -284,10 +299,20 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   std::map<std::string, std::string> md;
   nn::StateDict weights = read_model_state(path, &md, ema);
   auto it = md.find("config");
-  MP_CHECK(it != md.end(), "eval: '", path, "' has no training config in its metadata (metadata key 'config'); ",
-           "evaluate checkpoints written by `mixprec train`");
-  TrainConfig c = config_from_json(it->second);
+  const std::string model_flag = overrides != nullptr ? overrides->model : "";
+  TrainConfig c;
+  if (it != md.end()) {  // a checkpoint, or a file `mixprec export` wrote from one: its run names the model
+    c = config_from_json(it->second);
+    MP_CHECK(model_flag.empty() || model_flag == c.model, "eval: --model ", model_flag, " but '", path,
+             "' was trained as ", c.model, " (its metadata 'config' says so); drop --model");
+  } else {  // a bare state dict (PyTorch's, or weights without a run): the flags name the model
+    MP_CHECK(!model_flag.empty(), "eval: '", path, "' is a bare state dict (no training config in its metadata, ",
+             "key 'config'), so the model is unknown; name it with --model NAME (and --dataset, default ", c.dataset,
+             "), e.g. `mixprec eval --model resnet8 ", path, "`");
+    c.model = model_flag;
+  }
   if (overrides != nullptr) {
+    if (!overrides->dataset.empty()) c.dataset = overrides->dataset;
     if (!overrides->data_dir.empty()) c.data_dir = overrides->data_dir;
     const bool other_precision = !overrides->precision.empty() && overrides->precision != c.precision;
     if (other_precision || (!overrides->opt_level.empty() && overrides->opt_level != c.opt_level)) {

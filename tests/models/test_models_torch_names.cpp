@@ -3,11 +3,12 @@
 // every state-dict value, an input and the outputs (training and eval mode), so the script can check
 // that PyTorch computes the same function from the same weights.
 //
+// NamesForThePyTorchCheck writes the file (to MP_NAMES_OUT when set, else a scratch folder) and runs the check
+// with Debian's python3-torch (Note [tests that need Python] in tests/test_util.hpp: it fails, not skips, under
+// `make test` when torch is missing). By hand:
+//
 //   MP_NAMES_OUT=/tmp/mp_names.txt build/tests/test_models_torch_names
 //   /usr/bin/python3 bench/pytorch/check_names.py /tmp/mp_names.txt
-//
-// Without MP_NAMES_OUT the dump is skipped (building the full-size models takes tens of seconds), but the
-// writer itself is exercised on a tiny model so it cannot rot.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "mp/core/philox.hpp"
 #include "mp/models/models.hpp"
 #include "mp/ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 using namespace mp::models;
@@ -113,8 +115,11 @@ TEST(ModelsTorchNames, WriterFormat) {
 }
 
 TEST(ModelsTorchNames, NamesForThePyTorchCheck) {
-  const char* path = std::getenv("MP_NAMES_OUT");
-  if (path == nullptr || *path == '\0') GTEST_SKIP() << "set MP_NAMES_OUT=<file> to write the names for check_names.py";
+  MP_SKIP_OR_FAIL_WITHOUT_PYTHON("torch");
+  const char* env = std::getenv("MP_NAMES_OUT");
+  const std::string path = env != nullptr && *env != '\0'
+                               ? std::string(env)
+                               : (mp::test::scratch_dir("models", "torch_names") / "names.txt").string();
   std::ofstream os(path);
   ASSERT_TRUE(os) << "cannot write " << path;
   manual_seed(2024);
@@ -153,4 +158,14 @@ TEST(ModelsTorchNames, NamesForThePyTorchCheck) {
   }
   os.close();
   ASSERT_TRUE(os.good());
+  // PyTorch builds each twin, compares names and shapes in order, and for the tiny models loads the values
+  // strictly and compares the outputs (its exit status is 1 when anything differs).
+  const std::string cmd =
+      mp::test::python_command() + " " MP_SOURCE_DIR "/bench/pytorch/check_names.py '" + path + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr) << cmd;
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  EXPECT_EQ(::pclose(p), 0) << cmd << "\n" << out;
 }

@@ -269,8 +269,7 @@ TEST(Safetensors, BoolBytesAreNormalised) {
 }
 
 TEST(Safetensors, InteroperatesWithPythonReference) {
-  if (std::system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "Python's safetensors (pip install safetensors numpy) is not installed";
+  MP_SKIP_OR_FAIL_WITHOUT_PYTHON("safetensors.numpy, numpy");  // Note [tests that need Python]
   const fs::path dir = scratch_dir("safetensors", "python");
   // Python writes, we read.
   const fs::path py_file = dir / "py.safetensors";
@@ -284,7 +283,7 @@ TEST(Safetensors, InteroperatesWithPythonReference) {
               "           'u8': np.array([0, 255], dtype=np.uint8), 'b': np.array([True, False]),\n"
               "           'empty': np.zeros((0, 2), dtype=np.float32), 'scalar': np.array(2.5, dtype=np.float32)},\n"
               "          sys.argv[1], metadata={'who': 'python'})\n");
-  ASSERT_EQ(std::system(("python3 " + script.string() + " " + py_file.string()).c_str()), 0);
+  ASSERT_EQ(std::system((mp::test::python_command() + " " + script.string() + " " + py_file.string()).c_str()), 0);
   const auto f = load_safetensors(py_file.string());
   EXPECT_EQ(f.metadata.at("who"), "python");
   EXPECT_EQ(f.tensors.at("f32").to_vector<float>(), (std::vector<float>{0, 0.25, 0.5, 0.75, 1, 1.25}));
@@ -324,7 +323,7 @@ TEST(Safetensors, InteroperatesWithPythonReference) {
               "assert d['f64'].tolist() == [1e-300]\n"
               "assert d['empty'].shape == (3, 0) and d['empty'].dtype == np.int32\n"
               "with safe_open(sys.argv[1], 'numpy') as f: assert f.metadata() == {'who': 'mixprec'}\n");
-  EXPECT_EQ(std::system(("python3 " + check.string() + " " + our_file.string()).c_str()), 0)
+  EXPECT_EQ(std::system((mp::test::python_command() + " " + check.string() + " " + our_file.string()).c_str()), 0)
       << "Python's safetensors could not read our file";
 }
 

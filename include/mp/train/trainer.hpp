@@ -77,6 +77,8 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;              ///< also checkpoint every N steps (0 = at each epoch end only)
   bool save_best = false;                    ///< also keep best.safetensors: the epoch with the best evaluation
   bool resume = false;                       ///< continue from checkpoint_dir/checkpoint.safetensors
+  std::string init_from;                     ///< start from these weights: a state dict or checkpoint (empty = none)
+  bool init_from_partial = false;            ///< init_from: load the tensors whose name and shape match, not all
   int64_t stop_after_steps = 0;              ///< end this process after N steps, checkpointing there (0 = never)
   std::string log;                           ///< JSONL run log path (empty = none)
   std::string label;                         ///< name of the run in tables (default: precision and opt level)
@@ -167,6 +169,13 @@ void visit_fields(TrainConfig& c, F&& f) {
     "also write checkpoint_dir/best.safetensors (a full checkpoint) at each epoch end whose evaluation is the "
     "best so far: highest test accuracy or lowest valid perplexity");
   f("resume", c.resume, "continue from checkpoint_dir/checkpoint.safetensors");
+  f("init_from", c.init_from,
+    "start from the weights of this safetensors file instead of a random initialisation: a bare state dict (what "
+    "PyTorch's save_file(model.state_dict()) writes, torch names) or a checkpoint's model; every name and shape "
+    "must match the model (a fresh run: optimizer, scaler and schedule start anew; not with --resume)");
+  f("init_from_partial", c.init_from_partial,
+    "with --init_from: load only the tensors whose name and shape match the model and say what was left out "
+    "(e.g. a classifier head for another number of classes)");
   f("stop_after_steps", c.stop_after_steps,
     "end the run after N steps of this process, checkpointing there (time-limited jobs; continue with --resume)");
   f("log", c.log, "JSONL run log path (one record per step and per epoch)");
@@ -257,10 +266,11 @@ struct EvalResult {
   double seconds = 0;       ///< wall time
 };
 
-/// Load a checkpoint written by train() (its config tells the model and dataset) and evaluate it on the
-/// dataset's test split (`split` = "test" or "valid"; images have only test). `overrides` may change
-/// data_dir, precision, opt_level, eval_batch_size. `ema`: evaluate the checkpoint's weight averages
-/// (--ema_decay) instead of the model's weights.
+/// Load a checkpoint written by train() (its config tells the model and dataset) or a bare state dict (PyTorch's,
+/// or `mixprec export`'s; overrides->model names its model, overrides->dataset its dataset) and evaluate it on
+/// the dataset's test split (`split` = "test" or "valid"; images have only test). `overrides` may change
+/// dataset, data_dir, precision, opt_level, eval_batch_size (an empty model / dataset / precision: as the file
+/// says). `ema`: evaluate the checkpoint's weight averages (--ema_decay) instead of the model's weights.
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& split, const TrainConfig* overrides,
                                std::ostream& out, bool ema = false);
 
