@@ -15,6 +15,8 @@ Variants, alternating the two frameworks (order reversed on every other round) s
 ResNet-18 runs in --memory_format (default channels_last) in BOTH frameworks: mixprec's default on every
 device and PyTorch's fastest layout for AMP on tensor cores (model and input .to(channels_last)); pass
 contiguous to compare NCHW with NCHW (PyTorch's out-of-the-box layout).
+Both frameworks pick convolution engines by timing them (bench_step.py sets cudnn.benchmark; mixprec runs with
+MP_CUDNN_BENCHMARK=1, Note [cuDNN switches]).
 Every run is its own process (`mixprec bench step --device D` and bench/pytorch/bench_step.py --device D);
 a cell is the median over rounds of each run's median step time. Prints a markdown table with the issue's
 ratios (mixprec fp32 / mixprec f16 and bf16: target >= 2; PyTorch AMP / mixprec: target > 1) and writes
@@ -54,8 +56,9 @@ def run_one(a, name, variant, rnd):
     else:
         cmd = [a.python, os.path.join(HERE, "pytorch", "bench_step.py")] + common
     rec = {"bench": name, "framework": fw, "precision": prec, "opt_level": level, "round": rnd}
+    env = dict(os.environ, MP_CUDNN_BENCHMARK="1") if fw == "mixprec" else None  # as PyTorch's cudnn.benchmark
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
         line = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
         if p.returncode != 0 or not line.startswith("{"):
             rec["error"] = (p.stderr.strip() or p.stdout.strip() or "exit %d" % p.returncode)[-600:]

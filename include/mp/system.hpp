@@ -35,7 +35,7 @@ struct SystemInfo {
 
 /// cuDNN convolution calls of this process (Note [conv layout counters]): all of them, those asked for in
 /// channels-last (NHWC), those of the latter that ran in NCHW because cuDNN had no NHWC algorithm, and those
-/// that ran through cuDNN's graph API (MP_CUDNN_GRAPH=1). All zero without the CUDA backend or cuDNN.
+/// that ran through cuDNN's graph API (the default; MP_CUDNN_GRAPH=0 turns it off). All zero without the CUDA backend or cuDNN.
 struct CudnnConvCounts {
   int64_t calls = 0;
   int64_t nhwc_calls = 0;

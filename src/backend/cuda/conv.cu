@@ -328,7 +328,7 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
 // answering NOT_SUPPORTED): the caller then runs the call in NCHW.
 template <ConvDir D>
 bool run_conv(const ConvProblem& pr, const ConvPointers& a, Device dev, double beta) {
-  if (run_conv_graph(pr, a, dev, beta)) return true;  // MP_CUDNN_GRAPH=1 (Note [cuDNN graph convolutions])
+  if (run_conv_graph(pr, a, dev, beta)) return true;  // the default (Note [cuDNN graph convolutions])
   CudnnHandle handle(dev.index);
   PlanMap& cache = plan_cache(dev.index);
   const ConvKey key = pr.key();

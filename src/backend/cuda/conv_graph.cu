@@ -3,7 +3,8 @@
 // Note [cuDNN graph convolutions]
 // cuDNN 9's legacy calls (cudnnConvolutionForward / BackwardData / BackwardFilter) cost 150-230 us of host
 // time per call on an H200's host (bench/RESULTS.md: 7.9 of the 14 ms a host-bound 16-bit ResNet-18 step
-// takes to queue), so with MP_CUDNN_GRAPH=1 a problem is described once as a one-operation graph (tensor
+// takes to queue; on the graph API the same step queued in 5.3 ms and ran 2.3x faster), so by default (MP_CUDNN_GRAPH=0
+// restores the legacy calls) a problem is described once as a one-operation graph (tensor
 // descriptors with unique ids 1 = x or dx, 2 = w or dw, 3 = y or dy; the convolution descriptor; the
 // operation with its alpha = 1 and beta), cuDNN's heuristics (mode A) rank its engine configurations, and the
 // first usable one is finalised into an execution plan kept for the process; each call then only packs the
@@ -14,7 +15,10 @@
 // Engines that compile kernels at run time go last (finalising one can take a second). Plans needing more
 // than kMaxGraphWorkspace are skipped; a workspace that cannot be allocated moves the call to the next plan;
 // a plan that answers NOT_SUPPORTED when executed is dropped. A problem with no usable engine (f64, say)
-// returns false and runs on the legacy path. MP_CUDNN_BENCHMARK (timed choice) keeps the legacy path.
+// returns false and runs on the legacy path. With MP_CUDNN_BENCHMARK=1 the first call of a problem instead
+// finalises up to kMaxTimedPlans usable configurations (those that compile at run time only when nothing else
+// runs) and times each (one warm-up, then the mean of kTimedRuns executions, into a scratch output so the
+// caller's tensors are only written by the chosen plan); the fastest goes first, as with cudnn.benchmark.
 #if defined(MP_HAVE_CUDNN)
 #include "backend/cuda/conv_graph.hpp"
 
@@ -32,6 +36,8 @@ namespace mp::backend::cuda {
 namespace {
 
 constexpr size_t kMaxGraphWorkspace = size_t{1} << 30;
+constexpr size_t kMaxTimedPlans = 8;  // MP_CUDNN_BENCHMARK: configurations timed per problem
+constexpr int kTimedRuns = 3;
 
 // One backend descriptor, destroyed with its owner.
 class BackendDesc {
@@ -96,8 +102,10 @@ struct ReadyPlan {
 struct GraphConv {
   std::vector<BackendDesc> keep;  // tensors, convolution, operation, graph: alive as long as the plans
   std::vector<BackendDesc> configs;
-  size_t next = 0;  // the next configuration to finalise
+  size_t next = 0;       // the next configuration to finalise
+  size_t compiling = 0;  // how many of configs (the last ones) compile kernels at run time
   std::vector<ReadyPlan> ready;
+  bool timed = false;  // MP_CUDNN_BENCHMARK: ready is ordered by measured time
   bool logged = false;
 };
 
@@ -233,6 +241,7 @@ std::unique_ptr<GraphConv> build_graph(cudnnHandle_t h, const ConvProblem& pr, d
     if (!engine_usable(engine, pr, compiles)) continue;
     (compiles ? later : gc->configs).push_back(std::move(configs[static_cast<size_t>(i)]));
   }
+  gc->compiling = later.size();
   for (BackendDesc& c : later) gc->configs.push_back(std::move(c));
   gc->keep.push_back(std::move(x));
   gc->keep.push_back(std::move(w));
@@ -275,11 +284,76 @@ using GraphMap = std::map<GraphKey, std::unique_ptr<GraphConv>>;
 // The graphs of one device; only touched while that device's CudnnHandle is held (Note [cuDNN handle]).
 GraphMap& graph_cache(int device) { return per_device<GraphMap>(device); }
 
+// Execute plan r on the three pointers (by unique id: x, w, y) with a workspace of its size; throws the
+// workspace allocation's error.
+cudnnStatus_t execute(cudnnHandle_t h, const ReadyPlan& r, void* const (&ptrs)[3], Device dev) {
+  static constexpr int64_t uids[3] = {kUidX, kUidW, kUidY};
+  const Tensor ws = cudnn_workspace(static_cast<size_t>(r.workspace), dev);
+  void* wsp = ws.defined() ? ws.raw_data() : nullptr;
+  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wsp);
+  pack.finalize();
+  return cudnnBackendExecute(h, r.plan.get(), pack.get());
+}
+
+// Elements of the tensor problem pr writes (y, dx or dw).
+int64_t output_numel(const ConvProblem& pr) {
+  switch (pr.dir) {
+    case ConvDir::forward: return pr.n * pr.o * pr.oh * pr.ow;
+    case ConvDir::backward_data: return pr.n * pr.c * pr.h * pr.w;
+    case ConvDir::backward_filter: return pr.o * (pr.c / pr.g.groups) * pr.kh * pr.kw;
+  }
+  return 0;
+}
+
+// MP_CUDNN_BENCHMARK (Note [cuDNN graph convolutions]): finalise up to kMaxTimedPlans configurations, time each
+// into a scratch output and order gc.ready fastest first; plans that fail to run are dropped.
+void time_plans(cudnnHandle_t h, GraphConv& gc, const ConvProblem& pr, void* const (&ptrs)[3], int out_uid,
+                Device dev) {
+  const size_t plain = gc.configs.size() - gc.compiling;
+  while (gc.ready.size() < kMaxTimedPlans && gc.next < plain && finalize_next(h, gc)) {}
+  if (gc.ready.empty()) finalize_next(h, gc);  // only engines that compile at run time: the first that finalises
+  const Tensor scratch =
+      mp::empty({output_numel(pr) * static_cast<int64_t>(dtype_size(pr.dtype))}, {.dtype = DType::u8, .device = dev});
+  const cudaStream_t stream = current_stream(dev.index);
+  MP_CUDA_CHECK(cudaMemsetAsync(scratch.raw_data(), 0, static_cast<size_t>(scratch.numel()), stream));
+  void* p[3] = {ptrs[0], ptrs[1], ptrs[2]};
+  p[out_uid - 1] = scratch.raw_data();
+  std::vector<std::pair<float, size_t>> times;  // ms per execution, index into gc.ready
+  for (size_t i = 0; i < gc.ready.size(); ++i) {
+    try {
+      if (execute(h, gc.ready[i], p, dev) != CUDNN_STATUS_SUCCESS) continue;  // warm-up; dropped when it fails
+      TimingEvent start, stop;
+      MP_CUDA_CHECK(cudaEventRecord(start.e, stream));
+      for (int r = 0; r < kTimedRuns; ++r) MP_CUDNN_CHECK_CTX(execute(h, gc.ready[i], p, dev), pr.str());
+      MP_CUDA_CHECK(cudaEventRecord(stop.e, stream));
+      MP_CUDA_CHECK(cudaEventSynchronize(stop.e));
+      float ms = 0.0f;
+      MP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
+      times.emplace_back(ms / kTimedRuns, i);
+    } catch (const Error&) {  // the workspace does not fit: not a candidate
+    }
+  }
+  std::stable_sort(times.begin(), times.end());
+  std::vector<ReadyPlan> ordered;
+  for (const auto& [ms, i] : times) ordered.push_back(std::move(gc.ready[i]));
+  if (cudnn_options().log)
+    for (size_t k = 0; k < times.size(); ++k)
+      std::fprintf(stderr, "mixprec cuDNN graph timing: %s: engine %lld, %.4f ms%s\n", pr.str().c_str(),
+                   static_cast<long long>(ordered[k].engine), static_cast<double>(times[k].first),
+                   k == 0 ? " (chosen)" : "");
+  gc.ready = std::move(ordered);
+  gc.next = gc.configs.size();  // the timed plans are the candidates: no untimed one is added later
+  gc.timed = true;
+}
+
 }  // namespace
 
 bool run_conv_graph(const ConvProblem& pr, const ConvPointers& a, Device dev, double beta) {
   const CudnnOptions& opt = cudnn_options();
-  if (!opt.graph || opt.benchmark) return false;
+  if (!opt.graph) return false;
   CudnnHandle handle(dev.index);
   GraphMap& cache = graph_cache(dev.index);
   const GraphKey key{pr.key(), beta == 0.0 ? 0 : 1};
@@ -287,32 +361,21 @@ bool run_conv_graph(const ConvProblem& pr, const ConvPointers& a, Device dev, do
   if (it == cache.end()) it = cache.emplace(key, build_graph(handle.get(), pr, beta)).first;
   GraphConv& gc = *it->second;
   // Pointers by unique id: forward x, w -> y; backward data w, dy -> dx; backward filter x, dy -> dw.
-  void* px = const_cast<void*>(a.x);
-  void* pw = const_cast<void*>(a.w);
-  void* py = const_cast<void*>(a.dy);
-  if (pr.dir == ConvDir::forward) py = a.out;
-  if (pr.dir == ConvDir::backward_data) px = a.out;
-  if (pr.dir == ConvDir::backward_filter) pw = a.out;
-  void* ptrs[3] = {px, pw, py};
-  const int64_t uids[3] = {kUidX, kUidW, kUidY};
+  void* ptrs[3] = {const_cast<void*>(a.x), const_cast<void*>(a.w), const_cast<void*>(a.dy)};
+  const int out_uid = pr.dir == ConvDir::forward ? kUidY : pr.dir == ConvDir::backward_data ? kUidX : kUidW;
+  ptrs[out_uid - 1] = a.out;
+  if (opt.benchmark && !gc.timed) time_plans(handle.get(), gc, pr, ptrs, out_uid, dev);
   std::exception_ptr oom;
   for (size_t i = 0;; ++i) {
     if (i == gc.ready.size() && !finalize_next(handle.get(), gc)) break;
     const ReadyPlan& r = gc.ready[i];
-    Tensor ws;
+    cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
     try {
-      ws = cudnn_workspace(static_cast<size_t>(r.workspace), dev);
-    } catch (const Error&) {
+      s = execute(handle.get(), r, ptrs, dev);
+    } catch (const Error&) {  // its workspace cannot be allocated: the next plan
       oom = std::current_exception();
       continue;
     }
-    BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-    void* wsp = ws.defined() ? ws.raw_data() : nullptr;
-    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
-    pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
-    pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wsp);
-    pack.finalize();
-    const cudnnStatus_t s = cudnnBackendExecute(handle.get(), r.plan.get(), pack.get());
     if (s == CUDNN_STATUS_SUCCESS) {
       if (opt.log && !gc.logged) {
         gc.logged = true;

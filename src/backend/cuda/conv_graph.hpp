@@ -9,7 +9,7 @@ namespace mp::backend::cuda {
 
 /// Runs one convolution problem (y = conv(x, w) forward, dx backward data, dw backward filter, as the legacy
 /// path does; beta = 1 adds to the output) through cuDNN's graph API, Note [cuDNN graph convolutions]. Returns
-/// false, having written nothing, when the problem is not for this path (MP_CUDNN_GRAPH off, the timing mode on)
+/// false, having written nothing, when the problem is not for this path (MP_CUDNN_GRAPH=0)
 /// or no engine that meets the precision and determinism rules supports it: the caller then runs the legacy
 /// path. Throws on other cuDNN errors.
 bool run_conv_graph(const ConvProblem& pr, const ConvPointers& a, Device dev, double beta);

@@ -389,17 +389,6 @@ void fill_uniform(const Tensor& t, uint64_t seed) {
   });
 }
 
-// Destroys a CUDA event at scope exit.
-struct Event {
-  cudaEvent_t e = nullptr;
-  Event() { MP_CUDA_CHECK(cudaEventCreate(&e)); }
-  ~Event() {
-    if (e != nullptr && cudaEventDestroy(e) != cudaSuccess) (void)cudaGetLastError();
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-};
-
 }  // namespace
 
 // ---- public API -----------------------------------------------------------------------------------
@@ -492,7 +481,7 @@ double time_gemm_tflops(DType dtype, int64_t m, int64_t n, int64_t k, int iters,
   gemm(g);  // warm-up: builds the plan, loads the kernel
   gemm(g);
   const cudaStream_t stream = current_stream(device);
-  Event start, stop;
+  TimingEvent start, stop;
   MP_CUDA_CHECK(cudaEventRecord(start.e, stream));
   for (int i = 0; i < iters; ++i) gemm(g);
   MP_CUDA_CHECK(cudaEventRecord(stop.e, stream));

@@ -227,7 +227,7 @@ const CudnnOptions& cudnn_options() {
     o.deterministic = env_flag("MP_CUDNN_DETERMINISTIC", true);
     o.batch_norm = env_flag("MP_CUDNN_BATCH_NORM", true);
     o.log = env_flag("MP_CUDNN_LOG", false);
-    o.graph = env_flag("MP_CUDNN_GRAPH", false);
+    o.graph = env_flag("MP_CUDNN_GRAPH", true);
     return o;
   }();
   return opts;

@@ -15,9 +15,10 @@
 // handles are never destroyed (Note [leaked runtime state] in runtime.cu).
 //
 // Note [cuDNN switches]: environment variables read once per process.
-//   MP_CUDNN_BENCHMARK=1      pick convolution algorithms by timing them (cudnnFind*AlgorithmEx) on
-//                             the first call of each shape, like torch.backends.cudnn.benchmark;
-//                             default 0: cuDNN's heuristics (cudnnGet*Algorithm_v7), fixed by shape.
+//   MP_CUDNN_BENCHMARK=1      pick convolution engines by timing them on the first call of each shape,
+//                             like torch.backends.cudnn.benchmark (graph path: Note [cuDNN graph
+//                             convolutions]; legacy path: cudnnFind*AlgorithmEx); default 0: cuDNN's
+//                             heuristics, fixed by shape.
 //   MP_CUDNN_DETERMINISTIC=0  allow algorithms that cuDNN reports as non-deterministic (atomics);
 //                             default 1. See Note [cuDNN algorithm choice] in conv.cu.
 //   MP_CUDNN_BATCH_NORM=0     run batch norm on mixprec's own kernels only (for comparisons and
@@ -25,8 +26,8 @@
 //   MP_CUDNN_LOG=1            print to stderr, once per convolution problem, the algorithm, math type,
 //                             workspace and layout cuDNN's plan starts with, or that an NHWC problem
 //                             falls back to NCHW (Note [conv layout counters] in runtime.hpp).
-//   MP_CUDNN_GRAPH=1          run convolutions through the graph API with cached execution plans (Note
-//                             [cuDNN graph convolutions] in conv_graph.cu); default 0 until it has run on a GPU.
+//   MP_CUDNN_GRAPH=0          run convolutions through cuDNN's legacy calls; default 1: the graph API with
+//                             cached execution plans (Note [cuDNN graph convolutions] in conv_graph.cu).
 #pragma once
 #if defined(MP_HAVE_CUDNN)
 #if !defined(__CUDACC__)
@@ -100,7 +101,7 @@ struct CudnnOptions {
   bool deterministic = true;  ///< MP_CUDNN_DETERMINISTIC: only algorithms cuDNN reports deterministic
   bool batch_norm = true;     ///< MP_CUDNN_BATCH_NORM: allow cuDNN's batch norm
   bool log = false;           ///< MP_CUDNN_LOG: print each convolution problem's chosen algorithm and layout
-  bool graph = false;         ///< MP_CUDNN_GRAPH: convolutions through the graph API (Note [cuDNN graph convolutions])
+  bool graph = true;          ///< MP_CUDNN_GRAPH: convolutions through the graph API (Note [cuDNN graph convolutions])
 };
 
 /// The process's cuDNN switches.

@@ -208,5 +208,16 @@ void defer_device_check(int device, const void* word, std::function<void(unsigne
 /// Run and clear the pending checks of `device` (its stream idle); throws the first failing op's error.
 void run_deferred_checks(int device);
 
+/// A CUDA event with timing, destroyed at scope exit (for measuring work on a stream).
+struct TimingEvent {
+  cudaEvent_t e = nullptr;
+  TimingEvent() { MP_CUDA_CHECK(cudaEventCreate(&e)); }
+  ~TimingEvent() {
+    if (e != nullptr && cudaEventDestroy(e) != cudaSuccess) (void)cudaGetLastError();
+  }
+  TimingEvent(const TimingEvent&) = delete;
+  TimingEvent& operator=(const TimingEvent&) = delete;
+};
+
 }  // namespace mp::backend::cuda
 #endif
