@@ -206,6 +206,7 @@ TEST(Trainer, KeepBatchnormFp32AndMasterWeightsChooseTheWeightsDtypes) {
     // to its level: fp32 has none)
     TrainConfig fp32;
     fp32.precision = "fp32";
+    fp32.model = c.model;  // an override names the checkpoint's model or none (evaluate_checkpoint refuses another)
     const mp::train::EvalResult f = mp::train::evaluate_checkpoint(
         (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string(), "test", &fp32, sink);
     EXPECT_GT(f.metric, 0.25) << k.label;  // 4 classes: better than chance
