@@ -52,6 +52,8 @@ namespace detail {
 template <class Options>
 void AdamBase<Options>::step() {
   autograd::NoGradGuard ng;
+  std::vector<backend::AdamStepItem> items;
+  std::vector<Tensor> params;
   size_t t = 0;  // p's index in parameters()
   for (const auto& group : this->groups_) {
     const Options& o = group.options;
@@ -60,25 +62,28 @@ void AdamBase<Options>::step() {
       const Tensor g = this->grad_for_step(p, this->name_);
       if (!g.defined()) continue;
       ParamState& st = this->state_for(p);
-      const Tensor m = this->state_buffer(st, p, "exp_avg");
-      const Tensor v = this->state_buffer(st, p, "exp_avg_sq");
-      const Tensor vmax = o.amsgrad ? this->state_buffer(st, p, "max_exp_avg_sq") : Tensor();
-      const Tensor master = this->master_for_step(st, p);
+      backend::AdamStepItem it{.param = this->update_target(p),
+                               .grad = g,
+                               .exp_avg = this->state_buffer(st, p, "exp_avg"),
+                               .exp_avg_sq = this->state_buffer(st, p, "exp_avg_sq")};
+      if (o.amsgrad) it.max_exp_avg_sq = this->state_buffer(st, p, "max_exp_avg_sq");
+      it.master = this->master_for_step(st, p);
       ++st.step;
-      const backend::AdamStepParams hp{.lr = o.lr,
-                                       .beta1 = o.betas[0],
-                                       .beta2 = o.betas[1],
-                                       .eps = o.eps,
-                                       .weight_decay = o.weight_decay,
-                                       .decoupled_weight_decay = decoupled_,
-                                       .amsgrad = o.amsgrad,
-                                       .step = st.step,
-                                       .grad_scale_inv = this->grad_scale_inv(),
-                                       .rounding = this->rounding_for(st.step, index)};
-      this->update_in_place(
-          p, [&](const Tensor& w) { backend::adam_step_kernel.get(w.device())(w, master, g, m, v, vmax, hp); });
+      it.p = {.lr = o.lr,
+              .beta1 = o.betas[0],
+              .beta2 = o.betas[1],
+              .eps = o.eps,
+              .weight_decay = o.weight_decay,
+              .decoupled_weight_decay = decoupled_,
+              .amsgrad = o.amsgrad,
+              .step = st.step,
+              .grad_scale_inv = this->grad_scale_inv(),
+              .rounding = this->rounding_for(st.step, index)};
+      items.push_back(std::move(it));
+      params.push_back(p);
     }
   }
+  this->update_all(items, params, backend::adam_step_kernel);
 }
 
 template class AdamBase<AdamOptions>;

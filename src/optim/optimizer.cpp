@@ -87,16 +87,13 @@ Tensor Optimizer::grad_for_step(const Tensor& p, const char* optimizer) {
   return g.contiguous();
 }
 
-void Optimizer::update_in_place(const Tensor& p, const std::function<void(const Tensor&)>& update) {
-  if (p.is_contiguous()) {
-    update(p);
-    p.bump_version();
-    return;
+Tensor Optimizer::update_target(const Tensor& p) { return p.is_contiguous() ? p : p.detach().clone(); }
+
+void Optimizer::write_back(const Tensor& p, const Tensor& target) {
+  if (target.raw_data() != p.raw_data()) {
+    Tensor dst = p.detach();
+    dst.copy_(target);
   }
-  Tensor work = p.detach().clone();
-  update(work);
-  Tensor dst = p.detach();
-  dst.copy_(work);
   p.bump_version();
 }
 

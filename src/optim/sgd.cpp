@@ -34,6 +34,8 @@ void validate_options(const SGDOptions& o) {
 
 void SGD::step() {
   autograd::NoGradGuard ng;
+  std::vector<backend::SgdStepItem> items;
+  std::vector<Tensor> params;
   size_t t = 0;  // p's index in parameters()
   for (const auto& group : groups_) {
     const SGDOptions& o = group.options;
@@ -42,20 +44,23 @@ void SGD::step() {
       const Tensor g = grad_for_step(p, "SGD");
       if (!g.defined()) continue;
       ParamState& st = state_for(p);
-      backend::SgdStepParams hp{.lr = o.lr,
-                                .momentum = o.momentum,
-                                .dampening = o.dampening,
-                                .weight_decay = o.weight_decay,
-                                .nesterov = o.nesterov,
-                                .grad_scale_inv = grad_scale_inv()};
-      Tensor buf;
-      if (o.momentum != 0.0) buf = state_buffer(st, p, "momentum_buffer", &hp.first_step);
-      const Tensor master = master_for_step(st, p);
+      backend::SgdStepItem it{.param = update_target(p),
+                              .grad = g,
+                              .p = {.lr = o.lr,
+                                    .momentum = o.momentum,
+                                    .dampening = o.dampening,
+                                    .weight_decay = o.weight_decay,
+                                    .nesterov = o.nesterov,
+                                    .grad_scale_inv = grad_scale_inv()}};
+      if (o.momentum != 0.0) it.momentum_buffer = state_buffer(st, p, "momentum_buffer", &it.p.first_step);
+      it.master = master_for_step(st, p);
       ++st.step;
-      hp.rounding = rounding_for(st.step, index);
-      update_in_place(p, [&](const Tensor& w) { backend::sgd_step_kernel.get(w.device())(w, master, g, buf, hp); });
+      it.p.rounding = rounding_for(st.step, index);
+      items.push_back(std::move(it));
+      params.push_back(p);
     }
   }
+  update_all(items, params, backend::sgd_step_kernel);
 }
 
 }  // namespace mp::optim

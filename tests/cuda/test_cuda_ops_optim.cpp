@@ -184,6 +184,64 @@ TEST(CudaOptim, AdamAndAdamWStepsMatchTheCpu) {
   }
 }
 
+// One step updates every parameter in one launch per (parameter dtype, gradient dtype) pair (Note [CUDA
+// multi-tensor launch]): a mixed list as O2 leaves it (16-bit weights with f32 masters and f32 gradients beside
+// f32 batch-norm parameters), a 16-bit parameter of several chunks, an empty one, an f64 one and a transposed
+// (non-contiguous) one, which is updated through a contiguous copy written back.
+TEST(CudaOptim, MixedParametersInOneStepMatchTheCpu) {
+  MP_SKIP_WITHOUT_GPU();
+  struct P {
+    Shape shape;
+    DType dt, gdt;
+    bool transposed;
+  };
+  const std::vector<P> ps = {{{33, 65}, DType::bf16, DType::f32, false},
+                             {{1037}, DType::f32, DType::f32, false},
+                             {{(int64_t{1} << 15) + 5}, DType::f16, DType::f16, false},
+                             {{0}, DType::bf16, DType::bf16, false},
+                             {{7}, DType::f64, DType::f64, false},
+                             {{19, 23}, DType::f32, DType::f32, true},
+                             {{64}, DType::f32, DType::f32, false}};
+  for (bool adam : {false, true}) {
+    const std::string what = std::string(adam ? "AdamW" : "SGD momentum") + ", mixed parameters, f32 masters";
+    guarded(what, [&] {
+      Twins t;
+      for (const P& p : ps) {
+        const Tensor v = uniform(p.shape, -1, 1, p.dt);
+        if (!p.transposed) {
+          t.cpu.push_back(cpu_leaf(v, true));
+          t.dev.push_back(on_dev(v, true));
+          continue;
+        }
+        Tensor c = cpu_leaf(v).t(), d = on_dev(v).t();  // leaves whose storage is column-major
+        t.cpu.push_back(c.requires_grad_(true));
+        t.dev.push_back(d.requires_grad_(true));
+      }
+      std::unique_ptr<optim::Optimizer> copt, dopt;
+      if (adam) {
+        copt = std::make_unique<optim::AdamW>(t.cpu, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+        dopt = std::make_unique<optim::AdamW>(t.dev, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+      } else {
+        copt = std::make_unique<optim::SGD>(t.cpu, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+        dopt = std::make_unique<optim::SGD>(t.dev, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+      }
+      copt->set_master_weights(true);
+      dopt->set_master_weights(true);
+      for (int step = 1; step <= 2; ++step) {
+        for (size_t i = 0; i < ps.size(); ++i) {
+          const Tensor g = uniform(t.cpu[i].sizes(), -1, 1, DType::f64).to(ps[i].gdt);
+          t.cpu[i].set_grad(cpu_leaf(g));
+          t.dev[i].set_grad(on_dev(g));
+        }
+        copt->step();
+        dopt->step();
+        EXPECT_FALSE(t.dev[5].is_contiguous()) << what << ": the transposed parameter keeps its layout";
+        compare_state(what + " step " + std::to_string(step), *copt, *dopt, t, true, step);
+      }
+    });
+  }
+}
+
 // Note [stochastic rounding]: 16-bit parameters without masters, rounded with the same random words per
 // element on both devices (SGD and Adam; the vector path and the element-wise tail). The f32 values
 // before rounding may differ by the FMA contraction's few f32 ulps (see above), which moves the

@@ -137,9 +137,26 @@ class Optimizer {
   void check_new_param(const Tensor& p, const char* optimizer) const;
   /// The gradient of p ready for a kernel (contiguous, p's shape), or undefined to skip p.
   static Tensor grad_for_step(const Tensor& p, const char* optimizer);
-  /// Run `update` on p's data as a contiguous tensor (p itself when contiguous, else a copy that is
-  /// written back), then bump p's version.
-  static void update_in_place(const Tensor& p, const std::function<void(const Tensor&)>& update);
+  /// The tensor a fused update writes for p: p itself when contiguous, else a contiguous copy of it that
+  /// write_back puts into p.
+  static Tensor update_target(const Tensor& p);
+  /// After the update: copy `target` into p when it is a copy, and bump p's version.
+  static void write_back(const Tensor& p, const Tensor& target);
+  /// Run a fused-update kernel slot over items (each with .param = update_target(params[i])), one call per
+  /// device (a multi-tensor launch on a GPU), then write_back every parameter.
+  template <class Item, class Slot>
+  static void update_all(const std::vector<Item>& items, const std::vector<Tensor>& params, const Slot& slot) {
+    std::vector<Item> on;
+    for (size_t i = 0; i < items.size();) {
+      const Device d = items[i].param.device();
+      on.clear();
+      size_t j = i;
+      while (j < items.size() && items[j].param.device() == d) on.push_back(items[j++]);
+      slot.get(d)(on);
+      i = j;
+    }
+    for (size_t i = 0; i < items.size(); ++i) write_back(params[i], items[i].param);
+  }
 
  private:
   std::unordered_map<const TensorImpl*, ParamState> state_;

@@ -173,21 +173,28 @@ void check_operands(const Tensor& param, const Tensor& grad, const char* op) {
             ": expected contiguous param and grad of one size, got ", param.describe(), " and ", grad.describe());
 }
 
-void sgd_step_cpu(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& momentum_buffer,
-                  const SgdStepParams& p) {
-  check_operands(param, grad, "sgd_step");
-  if (param.dtype() == DType::f64) return sgd_step_impl<double>(param, master, grad, momentum_buffer, p);
-  MP_CHECK(is_floating(param.dtype()), "sgd_step: expected a floating parameter, got ", param.describe());
-  sgd_step_impl<float>(param, master, grad, momentum_buffer, p);
+void sgd_step_cpu(std::span<const SgdStepItem> items) {
+  for (const SgdStepItem& it : items) {
+    check_operands(it.param, it.grad, "sgd_step");
+    if (it.param.dtype() == DType::f64) {
+      sgd_step_impl<double>(it.param, it.master, it.grad, it.momentum_buffer, it.p);
+      continue;
+    }
+    MP_CHECK(is_floating(it.param.dtype()), "sgd_step: expected a floating parameter, got ", it.param.describe());
+    sgd_step_impl<float>(it.param, it.master, it.grad, it.momentum_buffer, it.p);
+  }
 }
 
-void adam_step_cpu(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
-                   const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq, const AdamStepParams& p) {
-  check_operands(param, grad, "adam_step");
-  if (param.dtype() == DType::f64)
-    return adam_step_impl<double>(param, master, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, p);
-  MP_CHECK(is_floating(param.dtype()), "adam_step: expected a floating parameter, got ", param.describe());
-  adam_step_impl<float>(param, master, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, p);
+void adam_step_cpu(std::span<const AdamStepItem> items) {
+  for (const AdamStepItem& it : items) {
+    check_operands(it.param, it.grad, "adam_step");
+    if (it.param.dtype() == DType::f64) {
+      adam_step_impl<double>(it.param, it.master, it.grad, it.exp_avg, it.exp_avg_sq, it.max_exp_avg_sq, it.p);
+      continue;
+    }
+    MP_CHECK(is_floating(it.param.dtype()), "adam_step: expected a floating parameter, got ", it.param.describe());
+    adam_step_impl<float>(it.param, it.master, it.grad, it.exp_avg, it.exp_avg_sq, it.max_exp_avg_sq, it.p);
+  }
 }
 
 }  // namespace

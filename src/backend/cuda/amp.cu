@@ -16,12 +16,10 @@
 #include "backend/amp_kernels.hpp"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/loops.cuh"
+#include "backend/cuda/multi_tensor.cuh"
 
 namespace mp::backend::cuda {
 namespace {
-
-// Elements per chunk (a multiple of every vector width, so chunk starts keep the tensor's alignment).
-inline constexpr int64_t kChunk = 16384;
 
 struct TensorEntry {
   char* ptr;
@@ -48,26 +46,13 @@ ChunkTable make_table(std::span<const Tensor> ts, const char* op) {
              " is ", t.describe());
     if (t.numel() == 0) continue;
     entries.push_back({static_cast<char*>(t.raw_data()), t.numel(), nchunks, t.dtype()});
-    nchunks += (t.numel() + kChunk - 1) / kChunk;
+    nchunks += chunks_of(t.numel());
   }
   ChunkTable table;
   table.ntensors = static_cast<int>(entries.size());
   table.nchunks = nchunks;
   if (nchunks > 0) table.device_table = upload(entries.data(), entries.size() * sizeof(TensorEntry), ts[0].device());
   return table;
-}
-
-// The entry of chunk c: the last entry whose first chunk is <= c.
-__device__ MP_FORCE_INLINE TensorEntry find_entry(const TensorEntry* table, int ntensors, int64_t c) {
-  int lo = 0, hi = ntensors - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (table[mid].first_chunk <= c)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return table[lo];
 }
 
 // Unscale the len elements at p (a chunk) for thread threadIdx.x of the block: v * inv in compute
@@ -106,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) unscale_kernel_impl(const TensorEntr
                                                                 float inv_f, double inv_d, bool write, int* found_inf) {
   bool finite = true;
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
-    const TensorEntry e = find_entry(table, ntensors, c);
+    const TensorEntry e = table[find_chunk_entry(table, ntensors, c)];
     const int64_t start = (c - e.first_chunk) * kChunk, len = min(kChunk, e.numel - start);
     switch (e.dtype) {
       case DType::f64:
@@ -190,7 +175,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Counts smem[kWarpSize];
   Counts n{0, 0, 0, 0};
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
-    const TensorEntry e = find_entry(table, ntensors, c);
+    const TensorEntry e = table[find_chunk_entry(table, ntensors, c)];
     const int64_t start = (c - e.first_chunk) * kChunk, len = min(kChunk, e.numel - start);
     switch (e.dtype) {
       case DType::f64: underflow_chunk(reinterpret_cast<const double*>(e.ptr) + start, len, scale, n); break;
