@@ -15,8 +15,9 @@
 // Engines that compile kernels at run time go last (finalising one can take a second). Plans needing more
 // than kMaxGraphWorkspace are skipped; a workspace that cannot be allocated moves the call to the next plan;
 // a plan that answers NOT_SUPPORTED when executed is dropped. A problem with no usable engine (f64, say)
-// returns false and runs on the legacy path. With MP_CUDNN_BENCHMARK=1 the first call of a problem instead
-// finalises up to kMaxTimedPlans usable configurations (those that compile at run time only when nothing else
+// returns false and runs on the legacy path. With MP_CUDNN_BENCHMARK=1 the candidates are mode A's best, then
+// the engines heuristic mode B and the fallback list add, and the first call of a problem finalises up to
+// kMaxTimedPlans usable ones (those that compile at run time only when nothing else
 // runs) and times each (one warm-up, then the mean of kTimedRuns executions, into a scratch output so the
 // caller's tensors are only written by the chosen plan); the fastest goes first, as with cudnn.benchmark.
 #if defined(MP_HAVE_CUDNN)
@@ -36,12 +37,16 @@ namespace mp::backend::cuda {
 namespace {
 
 constexpr size_t kMaxGraphWorkspace = size_t{1} << 30;
-constexpr size_t kMaxTimedPlans = 8;  // MP_CUDNN_BENCHMARK: configurations timed per problem
+// MP_CUDNN_BENCHMARK: configurations timed per problem (PyTorch's cudnn.benchmark_limit is 10 too), of them at
+// most kTimedFromA from heuristic mode A.
+constexpr size_t kMaxTimedPlans = 10;
+constexpr size_t kTimedFromA = 6;
 constexpr int kTimedRuns = 3;
 
 // One backend descriptor, destroyed with its owner.
 class BackendDesc {
  public:
+  BackendDesc() = default;  // none
   explicit BackendDesc(cudnnBackendDescriptorType_t type) { MP_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_)); }
   ~BackendDesc() {
     if (d_ != nullptr) cudnnBackendDestroyDescriptor(d_);
@@ -140,6 +145,46 @@ bool engine_usable(const BackendDesc& engine, const ConvProblem& pr, bool& compi
   return true;
 }
 
+// The engine of configuration cfg (an empty descriptor when cuDNN does not say) and its global index.
+BackendDesc engine_of(const BackendDesc& cfg, int64_t* index) {
+  BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t eh = engine.get();
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eh) !=
+          CUDNN_STATUS_SUCCESS ||
+      n != 1)
+    return BackendDesc();
+  if (index != nullptr && cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
+                                                   &n, index) != CUDNN_STATUS_SUCCESS)
+    *index = -1;
+  return engine;
+}
+
+// The engine configurations heuristic `mode` ranks for a finalised operation graph (none when it fails).
+std::vector<BackendDesc> heuristic_configs(const BackendDesc& graph, cudnnBackendHeurMode_t mode) {
+  std::vector<BackendDesc> configs;
+  BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (cudnnBackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) return configs;
+  int64_t count = 0;
+  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                               nullptr) != CUDNN_STATUS_SUCCESS ||
+      count <= 0)
+    return configs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    raw.push_back(configs.back().get());
+  }
+  int64_t got = 0;
+  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                               raw.data()) != CUDNN_STATUS_SUCCESS)
+    got = 0;
+  configs.resize(static_cast<size_t>(std::clamp<int64_t>(got, 0, count)));
+  return configs;
+}
+
 // The graph of problem pr and its ranked usable engine configurations (none: the problem is not supported).
 std::unique_ptr<GraphConv> build_graph(cudnnHandle_t h, const ConvProblem& pr, double beta) {
   auto gc = std::make_unique<GraphConv>();
@@ -210,37 +255,32 @@ std::unique_ptr<GraphConv> build_graph(cudnnHandle_t h, const ConvProblem& pr, d
   (void)cudnnBackendSetAttribute(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
   if (cudnnBackendFinalize(graph.get()) != CUDNN_STATUS_SUCCESS) return gc;  // no configs: not supported
 
-  BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  const cudnnBackendHeurMode_t hm = CUDNN_HEUR_MODE_A;
-  heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
-  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &hm);
-  if (cudnnBackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) return gc;
-  int64_t count = 0;
-  MP_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                          &count, nullptr));
-  std::vector<BackendDesc> configs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int64_t i = 0; i < count; ++i) {
-    configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    raw.push_back(configs.back().get());
+  // Candidates: heuristic mode A's ranking; when timing, also mode B's and the fallback list's engines that A
+  // does not rank (Note [cuDNN graph convolutions]), A's best first so the timed set mixes the three.
+  std::vector<BackendDesc> plain, later;  // usable configurations; those that compile kernels at run time
+  std::vector<int64_t> seen;              // engines already taken (global index)
+  std::vector<std::vector<BackendDesc>> by_mode;
+  for (const cudnnBackendHeurMode_t mode :
+       cudnn_options().benchmark ? std::vector{CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_B, CUDNN_HEUR_MODE_FALLBACK}
+                                 : std::vector{CUDNN_HEUR_MODE_A}) {
+    by_mode.emplace_back();
+    for (BackendDesc& cfg : heuristic_configs(graph, mode)) {
+      bool compiles = false;
+      int64_t index = -1;
+      const BackendDesc engine = engine_of(cfg, &index);
+      if (engine.get() == nullptr || !engine_usable(engine, pr, compiles)) continue;
+      const bool first_mode = by_mode.size() == 1;  // A keeps an engine's several configurations
+      if (!first_mode && std::find(seen.begin(), seen.end(), index) != seen.end()) continue;
+      seen.push_back(index);
+      (compiles ? later : by_mode.back()).push_back(std::move(cfg));
+    }
   }
-  int64_t got = 0;
-  if (count > 0)
-    MP_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                            count, &got, raw.data()));
-  std::vector<BackendDesc> later;  // usable engines that compile at run time
-  for (int64_t i = 0; i < std::min(got, count); ++i) {
-    BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    cudnnBackendDescriptor_t eh = engine.get();
-    int64_t ne = 0;
-    if (cudnnBackendGetAttribute(configs[static_cast<size_t>(i)].get(), CUDNN_ATTR_ENGINECFG_ENGINE,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ne, &eh) != CUDNN_STATUS_SUCCESS ||
-        ne != 1)
-      continue;
-    bool compiles = false;
-    if (!engine_usable(engine, pr, compiles)) continue;
-    (compiles ? later : gc->configs).push_back(std::move(configs[static_cast<size_t>(i)]));
-  }
+  // A's first kTimedFromA, then the others' new engines, then the rest of A.
+  const size_t head = std::min(by_mode[0].size(), by_mode.size() > 1 ? kTimedFromA : by_mode[0].size());
+  for (size_t i = 0; i < head; ++i) gc->configs.push_back(std::move(by_mode[0][i]));
+  for (size_t m = 1; m < by_mode.size(); ++m)
+    for (BackendDesc& c : by_mode[m]) gc->configs.push_back(std::move(c));
+  for (size_t i = head; i < by_mode[0].size(); ++i) gc->configs.push_back(std::move(by_mode[0][i]));
   gc->compiling = later.size();
   for (BackendDesc& c : later) gc->configs.push_back(std::move(c));
   gc->keep.push_back(std::move(x));
@@ -266,12 +306,7 @@ bool finalize_next(cudnnHandle_t h, GraphConv& gc) {
         ws < 0 || static_cast<size_t>(ws) > kMaxGraphWorkspace)
       continue;
     ReadyPlan r{std::move(plan), ws, -1};
-    BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    cudnnBackendDescriptor_t eh = engine.get();
-    int64_t ne = 0;
-    if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ne, &eh) ==
-        CUDNN_STATUS_SUCCESS)
-      cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &ne, &r.engine);
+    (void)engine_of(cfg, &r.engine);
     gc.ready.push_back(std::move(r));
     return true;
   }
