@@ -165,7 +165,8 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
       dev_(run_device(c)),
       ckpt_(checkpoint_path(c)),
       meta_{{"config", config_to_json(c)}} {
-  if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
+  if (!ckpt_.empty() && writes()) std::filesystem::create_directories(c.checkpoint_dir);
+  if (parts_.dp != nullptr) parts_.dp->agree_on_found_inf(parts_.scaler);  // Note [data-parallel training] 4
   snapshot_buffers();  // the state the run starts from (resumed or not) is good
   paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);
@@ -275,6 +276,7 @@ void TrainLoop::adopt_kernel_paths(const std::map<std::string, std::string>& res
 }
 
 void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::string& path) {
+  if (!writes()) return;  // Note [data-parallel training] 6: rank 0 writes
   const auto t0 = Clock::now();
   std::map<std::string, std::string> md = meta_;
   if (const KernelPathRecord r = kernel_path_record(); !r.choices.empty())
@@ -359,7 +361,7 @@ std::string TrainLoop::stop_for_numerical_failure(const std::string& what, const
     return msg;
   }
   const std::string path = last_good_path(c_);
-  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty())
+  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty() && writes())
     std::filesystem::create_directories(dir);
   save(at, {}, path);
   sum_.last_good_file = path;
@@ -402,15 +404,25 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     if (batches == 1) amp::accumulate_grads_in_f32(parts_.params);
     return true;
   }
+  // Note [data-parallel training] 4: the ranks agree on the step's loss, inf/NaN and stop requests and average the
+  // gradients, once per optimizer step
+  std::optional<DataParallel::StepAgreement> agreed;
+  if (data_parallel()) {
+    double local = 0;
+    for (const Tensor& b : micro_losses_) local += b.item<double>();
+    agreed =
+        parts_.dp->average_gradients(parts_.params, local / static_cast<double>(n), amp::any_nonfinite(micro_losses_),
+                                     g_stop_requested.load(std::memory_order_relaxed));
+  }
   // Note [stopping on a numerical failure]: where this step began, and the scale its gradients carry
   const Progress began{epoch_, batch + 1 - n, start_.global_step + sum_.steps};
   const double step_scale = scaler.get_scale();
   bool stepped = false;
   if (!scaler.is_enabled()) {  // nothing else looks: check the loss and the gradients before the update
-    std::vector<Tensor> check = micro_losses_;
+    std::vector<Tensor> check = agreed ? std::vector<Tensor>{} : micro_losses_;
     for (const Tensor& p : parts_.params) check.push_back(p.grad());
-    if (amp::any_nonfinite(check)) {
-      const bool loss_bad = amp::any_nonfinite(micro_losses_);
+    if ((agreed && agreed->loss_nonfinite) || amp::any_nonfinite(check)) {
+      const bool loss_bad = agreed ? agreed->loss_nonfinite : amp::any_nonfinite(micro_losses_);
       const std::string what =
           std::string(loss_bad ? "the loss" : "the gradients (of a finite loss)") + " became inf/NaN at step " +
           std::to_string(began.global_step + 1) + " with no loss scaling to skip it; lower --lr" +
@@ -439,10 +451,14 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   }
   micro_replays_.clear();
 
-  double l = 0;  // the mean loss of the step's batches
-  for (const Tensor& b : micro_losses_) l += b.item<double>();
-  l /= static_cast<double>(n);
-  units = micro_units_;
+  double l = 0;  // the mean loss of the step's batches (of every rank's)
+  if (agreed) {
+    l = agreed->loss;
+  } else {
+    for (const Tensor& b : micro_losses_) l += b.item<double>();
+    l /= static_cast<double>(n);
+  }
+  units = micro_units_ * (agreed ? parts_.dp->size() : 1);  // every rank's part of the global batches
   micro_units_ = 0;
   micro_losses_.clear();
   ++sum_.steps;
@@ -474,7 +490,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     bar_->update(done_, units_, fields);
   }
   const Progress here{epoch_, batch + 1, global};
-  const bool requested = g_stop_requested.load(std::memory_order_relaxed);
+  const bool requested = agreed ? agreed->stop : g_stop_requested.load(std::memory_order_relaxed);
   if (requested) sum_.interrupted = true;
   const bool stop = requested || (c_.stop_after_steps > 0 && sum_.steps >= c_.stop_after_steps);
   if (!ckpt_.empty() && !sum_.diverged && (stop || (c_.checkpoint_every > 0 && global % c_.checkpoint_every == 0)))
