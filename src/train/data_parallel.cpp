@@ -35,8 +35,10 @@
 //      and from a single process's, and a resume on the same N continues them exactly. Runs with dropout or batch
 //      norm therefore match a single process statistically, not number for number.
 //   6. Output. Rank 0 alone prints, writes the run log, progress bar, checkpoints and last-good files; the others
-//      print only their errors. Evaluation: every rank evaluates the whole test set (the same weights) and rank 0
-//      reports it; sharding it is next.
+//      print only their errors. Evaluation of images is sharded: rank 0's batch-norm statistics are broadcast (the
+//      model evaluated is the one rank 0 saves), each rank evaluates a contiguous Nth of the test set and the loss
+//      sums and correct counts are summed over the ranks, so the metrics are the whole test set's. The word LM's
+//      validation carries its hidden state through the text, so every rank evaluates all of it and rank 0 reports.
 //   7. Failures. An error that every rank meets together (a config mismatch, a numerical failure agreed in 4) is
 //      thrown on every rank; a rank that fails alone ends the whole run (the CLI calls ProcessGroup::abort), since
 //      the others may be waiting for it in a collective.
@@ -147,6 +149,22 @@ void DataParallel::broadcast_model(const nn::Module& model) const {
   std::vector<Tensor> ts = model.parameters();
   for (const Tensor& b : model.buffers()) ts.push_back(b);
   world_.broadcast(ts, 0);
+}
+
+void DataParallel::broadcast_buffers(const nn::Module& model) const {
+  if (!active()) return;
+  autograd::NoGradGuard ng;
+  world_.broadcast(model.buffers(), 0);
+}
+
+std::vector<double> DataParallel::sum(const std::vector<double>& values) const {
+  if (!active() || values.empty()) return values;
+  const Tensor t = from_vector<double>(values, {static_cast<int64_t>(values.size())});
+  const Tensor ts[1] = {t};
+  world_.all_reduce_mean(ts);
+  std::vector<double> out = t.to_vector<double>();
+  for (double& v : out) v *= size();
+  return out;
 }
 
 void DataParallel::broadcast_state(const CheckpointRefs& refs) const {

@@ -2,6 +2,7 @@
 // The data-parallel side of a training run (Note [data-parallel training] in data_parallel.cpp): what the ranks of
 // `mpirun -np N mixprec train` agree on and exchange. Every member does nothing for a single process.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mp/amp/grad_scaler.hpp"
@@ -32,6 +33,12 @@ class DataParallel {
   void check_same_run(const std::string& what, const std::string& description) const;
   /// Rank 0's parameters and buffers into every rank's `model`.
   void broadcast_model(const nn::Module& model) const;
+  /// Rank 0's buffers (batch-norm running statistics: per rank while training) into every rank's `model`.
+  void broadcast_buffers(const nn::Module& model) const;
+  /// Every rank's `values` summed, on every rank (f64; integers below 2^53 / N stay exact up to rounding by N).
+  std::vector<double> sum(const std::vector<double>& values) const;
+  /// The part [begin, end) of `n` items that this rank takes when they are shared out in contiguous ranges.
+  std::pair<int64_t, int64_t> share(int64_t n) const { return {n * rank() / size(), n * (rank() + 1) / size()}; }
   /// Rank 0's state of a resumed run on every rank: the model and the optimizer's state (masters, moments).
   void broadcast_state(const CheckpointRefs& refs) const;
   /// The size of what broadcast_state() sends, for check_same_run(): "tensors/values" of model and optimizer.

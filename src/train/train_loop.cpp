@@ -65,6 +65,10 @@ constexpr const char* kBestKey = "best";
 // run (the determinism contract of Note [kernel paths chosen by measurement] in src/backend/cpu/kernel_paths.cpp).
 constexpr const char* kKernelPathsKey = "kernel_paths";
 
+// The ranks of the data-parallel run that wrote a checkpoint (absent: one process), so that a resume compares global
+// batches, ranks x --batch_size, rather than --batch_size (Note [data-parallel training] 2).
+constexpr const char* kWorldSizeKey = "world_size";
+
 // Note [gradient accumulation]
 // With --grad_accum N an optimizer step takes N consecutive batches: each batch's loss is divided by N
 // and backpropagated (scaled, when loss scaling is on), the gradients add up, and after the N-th batch
@@ -250,8 +254,25 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
   std::string changed;
+  int64_t saved_ranks = 1;  // the global batch is what the data order depends on (Note [data-parallel batches])
+  if (const auto w = resumed.find(kWorldSizeKey); w != resumed.end()) {
+    const char* text = w->second.c_str();
+    char* end = nullptr;
+    saved_ranks = std::strtoll(text, &end, 10);
+    MP_CHECK(!w->second.empty() && *end == '\0' && saved_ranks >= 1, "checkpoint '", ckpt_, "': metadata '",
+             kWorldSizeKey, "' should be a rank count, got '", w->second, "'; the file is damaged");
+  }
+  const int64_t ranks = data_parallel() ? parts_.dp->size() : 1;
+  if (saved_ranks != 1 || ranks != 1) {
+    const int64_t was_global = saved->batch_size * saved_ranks, now_global = c_.batch_size * ranks;
+    if (was_global != now_global)
+      changed += "global batch (ranks x --batch_size) " + std::to_string(saved_ranks) + " x " +
+                 std::to_string(saved->batch_size) + " -> " + std::to_string(ranks) + " x " +
+                 std::to_string(c_.batch_size);
+  }
   for (auto it = now.begin(); it != now.end(); ++it) {
     if (kFree.count(it.key()) != 0) continue;
+    if (it.key() == "batch_size" && (saved_ranks != 1 || ranks != 1)) continue;  // compared as the global batch
     const auto w = was.find(it.key());
     if (w == was.end() || *w == it.value()) continue;
     changed += (changed.empty() ? "" : ", ") + it.key() + " " + w->dump() + " -> " + it.value().dump();
@@ -281,6 +302,7 @@ void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::s
   std::map<std::string, std::string> md = meta_;
   if (const KernelPathRecord r = kernel_path_record(); !r.choices.empty())
     md[kKernelPathsKey] = nlohmann::json(r.choices).dump();
+  if (data_parallel()) md[kWorldSizeKey] = std::to_string(parts_.dp->size());
   if (p.batch > 0) {  // within an epoch: its statistics so far (Note [resumed epoch statistics])
     const nlohmann::ordered_json j{{"epoch", hex_double(static_cast<double>(p.epoch))},
                                    {"batch", hex_double(static_cast<double>(p.batch))},

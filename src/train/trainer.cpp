@@ -128,12 +128,37 @@ struct ImageEval {
   int64_t examples = 0;
 };
 
+// Images [begin, end) of a dataset: a rank's share of the test set (Note [data-parallel training] 6).
+class DatasetRange final : public data::Dataset {
+ public:
+  DatasetRange(std::shared_ptr<const data::Dataset> all, int64_t begin, int64_t end)
+      : all_(std::move(all)), begin_(begin), end_(end) {}
+  int64_t size() const override { return end_ - begin_; }
+  data::Batch get_batch(std::span<const int64_t> indices, uint64_t seed, uint64_t first_stream = 0) const override {
+    std::vector<int64_t> shifted(indices.begin(), indices.end());
+    for (int64_t& i : shifted) i += begin_;
+    return all_->get_batch(shifted, seed, first_stream);
+  }
+
+ private:
+  std::shared_ptr<const data::Dataset> all_;
+  int64_t begin_, end_;
+};
+
+// The test set's mean loss and accuracy; on the ranks of a data-parallel run, each evaluates its share with rank 0's
+// model and the sums are reduced (Note [data-parallel training] 6).
 ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data::ImageDataset>& test,
-                               const TrainConfig& c) {
+                               const TrainConfig& c, const DataParallel* dp = nullptr) {
   const bool was_training = model.module().is_training();
   model.module().eval();
   autograd::NoGradGuard ng;
-  data::DataLoader loader(test, {.batch_size = c.eval_batch_size,
+  std::shared_ptr<const data::Dataset> part = test;
+  if (dp != nullptr && dp->active()) {
+    dp->broadcast_buffers(model.module());
+    const auto [begin, end] = dp->share(test->size());
+    part = std::make_shared<DatasetRange>(test, begin, end);
+  }
+  data::DataLoader loader(part, {.batch_size = c.eval_batch_size,
                                  .shuffle = false,
                                  .drop_last = false,
                                  .num_workers = c.num_workers,
@@ -152,6 +177,13 @@ ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data:
     n += bs;
   }
   model.module().train(was_training);
+  if (dp != nullptr && dp->active()) {
+    const std::vector<double> all =
+        dp->sum({loss_sum, static_cast<double>(correct), static_cast<double>(n)});  // counts: exact but for / N * N
+    loss_sum = all[0];
+    correct = std::llround(all[1]);
+    n = std::llround(all[2]);
+  }
   MP_CHECK(n > 0, "evaluation: the test split of ", c.dataset, " is empty");
   return {loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n), n};
 }
@@ -259,11 +291,11 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParal
     }
     if (!loop.end_training(loader.wait_seconds())) break;
     const auto t_eval = Clock::now();
-    const ImageEval ev = evaluate_images_with(setup.model, sets.test, c);
+    const ImageEval ev = evaluate_images_with(setup.model, sets.test, c, &dp);
     std::optional<TrainLoop::Eval> ema_ev;
     if (ema) {
       const optim::ModelEma::Swap swap = ema->swap_into(*model);
-      const ImageEval e = evaluate_images_with(setup.model, sets.test, c);
+      const ImageEval e = evaluate_images_with(setup.model, sets.test, c, &dp);
       ema_ev = TrainLoop::Eval{e.loss, e.accuracy};
     }
     loop.end_epoch({ev.loss, ev.accuracy}, ema_ev, seconds_since(t_eval));
