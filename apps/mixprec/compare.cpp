@@ -12,6 +12,7 @@
 #include "commands.hpp"
 #include "mp/core/error.hpp"
 #include "mp/core/atomic_file.hpp"
+#include "mp/dist/process_group.hpp"
 #include "mp/train/plot.hpp"
 #include "mp/train/progress.hpp"
 #include "mp/train/table.hpp"
@@ -252,11 +253,12 @@ void add_compare_command(CLI::App& app) {
       return;
     }
     std::vector<tr::RunSummary> runs;
+    const bool reports = mp::dist::world().rank() == 0;  // Note [data-parallel training] 6: each run on every rank
     for (const tr::TrainConfig& c : configs) {
       runs.push_back(tr::train(c, std::cout));
-      std::cout << "\n";
+      if (reports) std::cout << "\n";
     }
-    write_compare_report(runs, a->report, std::cout);
+    if (reports) write_compare_report(runs, a->report, std::cout);
   });
 }
 

@@ -6,6 +6,34 @@
 
 #include "commands.hpp"
 #include "mp/core/error.hpp"
+#include "mp/dist/process_group.hpp"
+
+namespace {
+
+// The ranks of a data-parallel run (Note [data-parallel training] in src/train/data_parallel.cpp), or null for a
+// single process.
+mp::dist::ProcessGroup* ranks() {
+  if (!mp::dist::launched_by_mpi() || !mp::dist::built_with_mpi()) return nullptr;
+  try {
+    mp::dist::ProcessGroup& w = mp::dist::world();
+    return w.size() > 1 ? &w : nullptr;
+  } catch (const std::exception&) { return nullptr; }
+}
+
+// Report an error ("rank R of N: " first in a data-parallel run) and end with `status`: a rank of several ends the
+// whole run, since the others may be waiting for it in a collective (Note [data-parallel training] 7).
+int fail(const char* what, const char* message, int status) {
+  std::fflush(stdout);
+  mp::dist::ProcessGroup* w = ranks();
+  const std::string where =
+      w == nullptr ? std::string() : "rank " + std::to_string(w->rank()) + " of " + std::to_string(w->size()) + ": ";
+  std::fprintf(stderr, "mixprec: %s%s%s\n", where.c_str(), what, message);
+  std::fflush(stderr);
+  if (w != nullptr) w->abort(status);
+  return status;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"mixprec: mixed-precision neural-network training (FP32 / BF16 / FP16)"};
@@ -31,17 +59,9 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);  // prints the message (and usage), or the help text for --help (rc 0)
     return rc == 0 ? 0 : mixprec::kExitUsage;
   } catch (const mp::NumericalError& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mixprec: numerical failure: %s\n", e.what());
-    return mixprec::kExitNumerical;
-  } catch (const mp::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mixprec: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mixprec: error: %s\n", e.what());
-    return 1;
+    return fail("numerical failure: ", e.what(), mixprec::kExitNumerical);
+  } catch (const mp::Error& e) { return fail("error: ", e.what(), 1); } catch (const std::exception& e) {
+    return fail("error: ", e.what(), 1);
   }
   return mixprec::exit_code;
 }

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "mp/dist/process_group.hpp"
 #include "mp/train/progress.hpp"
 
 namespace mixprec {
@@ -64,6 +65,11 @@ void add_train_command(CLI::App& app) {
     }
     install_stop_handlers();  // Note [stopping a training run with a signal]
     const mp::train::RunSummary s = mp::train::train(*c, std::cout);
+    if (mp::dist::world().rank() != 0) {  // Note [data-parallel training] 6: rank 0 reports the run
+      if (s.interrupted) exit_code = 128 + g_signal;
+      if (s.diverged) exit_code = kExitNumerical;
+      return;
+    }
     const std::string how =
         s.diverged ? "DIVERGED (a loss or gradient became inf/NaN)"
         : s.interrupted

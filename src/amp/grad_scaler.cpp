@@ -90,6 +90,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   }
   const std::vector<Tensor> gs = grads_of(opt);
   if (!gs.empty()) st.found_inf = backend::unscale_kernel.get(gs.front().device())(gs, 1.0 / scale_, true);
+  if (agree_) st.found_inf = agree_(st.found_inf);
   st.unscaled = true;
 }
 
@@ -107,6 +108,7 @@ bool GradScaler::step(optim::Optimizer& opt) {
     // Note [GradScaler fused step]: check only, let the optimizer's fused pass unscale.
     const std::vector<Tensor> gs = grads_of(opt);
     if (!gs.empty()) st.found_inf = backend::unscale_kernel.get(gs.front().device())(gs, 1.0, false);
+    if (agree_) st.found_inf = agree_(st.found_inf);
     inv = 1.0 / scale_;
   }
   st.stepped = true;

@@ -60,7 +60,7 @@ ImageDataset::ImageDataset(ImageData data, std::shared_ptr<Transform> transform)
 
 int64_t ImageDataset::size() const { return data_.images.size(0); }
 
-Batch ImageDataset::get_batch(std::span<const int64_t> indices, uint64_t seed) const {
+Batch ImageDataset::get_batch(std::span<const int64_t> indices, uint64_t seed, uint64_t first_stream) const {
   const int64_t B = static_cast<int64_t>(indices.size()), N = size();
   MP_CHECK(B > 0, "ImageDataset::get_batch: expected at least one index, got none");
   const int64_t C = channels(), H = height(), W = width(), chw = C * H * W;
@@ -86,7 +86,7 @@ Batch ImageDataset::get_batch(std::span<const int64_t> indices, uint64_t seed) c
     // One buffer for every example: the transform's result (which may be the buffer itself) is
     // copied into the batch before the next example overwrites it.
     scale_bytes(images + indices[static_cast<size_t>(p)] * chw, example.data_ptr<float>(), chw);
-    Rng rng(seed, static_cast<uint64_t>(p));
+    Rng rng(seed, first_stream + static_cast<uint64_t>(p));
     const Tensor out = (*transform_)(example, rng).contiguous();
     MP_CHECK(out.dim() == 3 && out.dtype() == DType::f32,
              "ImageDataset::get_batch: expected the transform to "

@@ -8,6 +8,16 @@
 // window of max(prefetch, num_workers) batches past the last one delivered (bounded memory); the
 // consumer takes them by number from a map, so a slow batch delays its successors' delivery but
 // not their construction.
+//
+// Note [data-parallel batches]
+// With world_size N > 1 (a data-parallel run: Note [data-parallel training] in src/train/data_parallel.cpp) the
+// epoch is cut into global batches of N x batch_size examples of the same epoch_order a single process uses, and
+// rank r takes positions [r*B, (r+1)*B) of each: rank r's batch b holds order[(b*N + r)*B ..  (b*N + r + 1)*B).
+// Its transforms draw from batch_seed(seed, e, b) at sub-streams r*B + p, the streams a single process at batch
+// N x B gives those examples. So N ranks at batch B see exactly the examples, and the augmentation draws, of one
+// process at batch N x B, batch for batch, and a run resumed at batch b on any N with the same global batch
+// continues the same order. Only whole global batches are cut (drop_last is required): a part that some rank
+// would lack would leave the ranks with different step counts.
 #include "mp/data/loader.hpp"
 
 #include <algorithm>
@@ -58,20 +68,26 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   MP_CHECK(options_.num_workers >= 0, "DataLoader: expected num_workers >= 0 (0 = build on the calling thread), got ",
            options_.num_workers);
   MP_CHECK(options_.prefetch >= 0, "DataLoader: expected prefetch >= 0, got ", options_.prefetch);
+  MP_CHECK(options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
+           "DataLoader: expected 0 <= rank < world_size, got rank ", options_.rank, " of ", options_.world_size);
+  MP_CHECK(options_.world_size == 1 || options_.drop_last, "DataLoader: a data-parallel loader (world_size ",
+           options_.world_size, ") needs drop_last: every rank must get a whole part of every global batch");
 }
 
 DataLoader::~DataLoader() { stop_workers(); }
 
 int64_t DataLoader::num_batches() const {
-  const int64_t n = dataset_->size(), b = options_.batch_size;
+  const int64_t n = dataset_->size(), b = options_.batch_size * options_.world_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
 Batch DataLoader::build(int64_t b) const {
-  const int64_t n = static_cast<int64_t>(order_.size()), begin = b * options_.batch_size;
-  const int64_t count = std::min(options_.batch_size, n - begin);
+  // Note [data-parallel batches]: this rank's part of global batch b (the whole batch when world_size is 1)
+  const int64_t B = options_.batch_size, part = options_.rank * B;
+  const int64_t n = static_cast<int64_t>(order_.size()), begin = b * B * options_.world_size + part;
+  const int64_t count = std::min(B, n - begin);
   const std::span<const int64_t> indices(order_.data() + begin, static_cast<size_t>(count));
-  return dataset_->get_batch(indices, batch_seed(options_.seed, epoch_, b));
+  return dataset_->get_batch(indices, batch_seed(options_.seed, epoch_, b), static_cast<uint64_t>(part));
 }
 
 void DataLoader::stop_workers() {

@@ -38,6 +38,7 @@ class SingleProcess final : public ProcessGroup {
     for (const Tensor& t : ts) check_operand(t, "broadcast", false);
   }
   void barrier() override {}
+  void abort(int /*status*/) override {}
 };
 
 #if defined(MP_HAVE_MPI)
@@ -121,6 +122,8 @@ class MpiWorld final : public ProcessGroup {
   }
 
   void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+  void abort(int status) override { MPI_Abort(MPI_COMM_WORLD, status); }
 
  private:
   int rank_ = 0, size_ = 1;

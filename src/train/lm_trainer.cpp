@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/autograd/node.hpp"
@@ -73,7 +74,7 @@ TextEval evaluate_lm(models::WordLM& model, const amp::AmpOptions& o, const Tens
 
 }  // namespace
 
-RunSummary train_text(const TrainConfig& c, std::ostream& out) {
+RunSummary train_text(const TrainConfig& c, std::ostream& out, const DataParallel& dp) {
   RunSummary sum;
   sum.label = run_label(c);
   sum.config = c;
@@ -82,11 +83,19 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
 
   const data::Corpus corpus = load_text(c);
   const Device dev = run_device(c);
-  // The token streams are small (8 bytes a token): they live on the device, and the windows are views.
-  const Tensor train_data = data::batchify(corpus.train, c.batch_size).to(dev);
+  // The token streams are small (8 bytes a token): they live on the device, and the windows are views. A rank of a
+  // data-parallel run trains its --batch_size of the N x batch_size streams (Note [data-parallel training] 2).
+  const int64_t streams = c.batch_size * dp.size();
+  Tensor all_streams = data::batchify(corpus.train, streams);
+  if (dp.active()) all_streams = all_streams.narrow(1, dp.rank() * c.batch_size, c.batch_size).contiguous();
+  const Tensor train_data = all_streams.to(dev);
   const Tensor val_data = data::batchify(corpus.valid, kEvalStreams).to(dev);
   MP_CHECK(train_data.size(0) >= 2, "train: the training text has ", corpus.train.numel(), " tokens, too few for ",
-           c.batch_size, " streams; lower --batch_size");
+           streams, " streams",
+           dp.active()
+               ? " (" + std::to_string(dp.size()) + " ranks x --batch_size " + std::to_string(c.batch_size) + ")"
+               : std::string(),
+           "; lower --batch_size", dp.active() ? " or use fewer ranks" : "");
   const int64_t baseline = memory::memory_stats(dev).allocated;
   memory::reset_peak_memory_stats(dev);
 
@@ -94,6 +103,7 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
   std::shared_ptr<models::WordLM> model = make_lm(c, corpus.vocab.size());
   model->to(dev);  // initialised on the host (the same weights on every device), then moved
   apply_init_from(c, *model, out);
+  dp.broadcast_model(*model);  // Note [data-parallel training] 3
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   const amp::AmpOptions o = amp::prepare(*model, *opt, amp_options(c));
   amp::GradScaler scaler(o.scaler);
@@ -124,18 +134,37 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out) {
     LoadedCheckpoint lc = load_checkpoint(ckpt, refs);
     pos = lc.progress;
     resumed_metadata = lc.metadata;
-    if (const Tensor* h = lc.extra.find("lm_state.h")) state.h = h->to(dev);
-    if (const Tensor* cc = lc.extra.find("lm_state.c")) state.c = cc->to(dev);
+    // Note [data-parallel training] 2: the state of every stream is saved; a rank takes its streams'
+    const auto own_streams = [&](const Tensor& t, const char* name) {
+      if (!dp.active()) return t.to(dev);
+      MP_CHECK(t.dim() == 3 && t.size(1) == streams, "--resume: checkpoint '", ckpt, "' holds the state of ",
+               t.dim() == 3 ? t.size(1) : 0, " token streams (", name, " ", t.describe(), "), but ", dp.size(),
+               " ranks x --batch_size ", c.batch_size, " train ", streams,
+               ": resume with as many streams in all (ranks x --batch_size) as the run that wrote it");
+      return t.narrow(1, dp.rank() * c.batch_size, c.batch_size).contiguous().to(dev);
+    };
+    if (const Tensor* h = lc.extra.find("lm_state.h")) state.h = own_streams(*h, "lm_state.h");
+    if (const Tensor* cc = lc.extra.find("lm_state.c")) state.c = own_streams(*cc, "lm_state.c");
     if (!c.quiet) out << "resuming from " << ckpt << " at epoch " << pos.epoch + 1 << ", batch " << pos.batch << "\n";
   }
   // The hidden state carried across windows is part of a mid-epoch checkpoint (Note [exact resume]).
-  auto state_tensors = [&state] {
+  // With several ranks, every stream's (gathered on every rank: a collective, at the same steps on each).
+  auto state_tensors = [&state, &dp] {
     nn::StateDict e;
-    if (state.h.defined()) e.insert("lm_state.h", state.h.detach());
-    if (state.c.defined()) e.insert("lm_state.c", state.c.detach());
+    if (state.h.defined()) e.insert("lm_state.h", dp.all_gather(state.h.detach(), 1));
+    if (state.c.defined()) e.insert("lm_state.c", dp.all_gather(state.c.detach(), 1));
     return e;
   };
-  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out, resumed_metadata);
+  // Note [data-parallel training] 1, 3, 5
+  dp.check_same_run("data and state", nlohmann::ordered_json{{"train_tokens", corpus.train.numel()},
+                                                             {"valid_tokens", corpus.valid.numel()},
+                                                             {"vocabulary", corpus.vocab.size()},
+                                                             {"resume_at", {pos.epoch, pos.batch, pos.global_step}},
+                                                             {"state", DataParallel::state_signature(refs)}}
+                                          .dump());
+  if (c.resume) dp.broadcast_state(refs);
+  dp.separate_random_streams();
+  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs, &dp}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
     out << sum.label << ": " << amp::opt_level_name(o.opt_level) << (o.opt_level == amp::OptLevel::O0 ? "" : " ")
         << (o.opt_level == amp::OptLevel::O0 ? "" : dtype_name(o.dtype)) << ", loss scale " << o.loss_scale->str()

@@ -16,6 +16,7 @@
 #include "mp/train/run_log.hpp"
 #include "mp/train/run_parts.hpp"
 #include "mp/train/trainer.hpp"
+#include "train/data_parallel.hpp"
 
 namespace mp::train::detail {
 
@@ -46,10 +47,10 @@ struct LossEma {
   }
 };
 
-/// Train an image classifier (trainer.cpp).
-RunSummary train_images(const TrainConfig& c, std::ostream& out);
-/// Train a word language model (lm_trainer.cpp).
-RunSummary train_text(const TrainConfig& c, std::ostream& out);
+/// Train an image classifier on the ranks of `dp` (trainer.cpp).
+RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParallel& dp);
+/// Train a word language model on the ranks of `dp` (lm_trainer.cpp).
+RunSummary train_text(const TrainConfig& c, std::ostream& out, const DataParallel& dp);
 /// Evaluate a checkpoint of an image run (trainer.cpp).
 EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, std::ostream& out);
 /// Evaluate a checkpoint of a text run on "valid" or "test" (lm_trainer.cpp).

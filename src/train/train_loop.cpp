@@ -65,6 +65,10 @@ constexpr const char* kBestKey = "best";
 // run (the determinism contract of Note [kernel paths chosen by measurement] in src/backend/cpu/kernel_paths.cpp).
 constexpr const char* kKernelPathsKey = "kernel_paths";
 
+// The ranks of the data-parallel run that wrote a checkpoint (absent: one process), so that a resume compares global
+// batches, ranks x --batch_size, rather than --batch_size (Note [data-parallel training] 2).
+constexpr const char* kWorldSizeKey = "world_size";
+
 // Note [gradient accumulation]
 // With --grad_accum N an optimizer step takes N consecutive batches: each batch's loss is divided by N
 // and backpropagated (scaled, when loss scaling is on), the gradients add up, and after the N-th batch
@@ -165,7 +169,8 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
       dev_(run_device(c)),
       ckpt_(checkpoint_path(c)),
       meta_{{"config", config_to_json(c)}} {
-  if (!ckpt_.empty()) std::filesystem::create_directories(c.checkpoint_dir);
+  if (!ckpt_.empty() && writes()) std::filesystem::create_directories(c.checkpoint_dir);
+  if (parts_.dp != nullptr) parts_.dp->agree_on_found_inf(parts_.scaler);  // Note [data-parallel training] 4
   snapshot_buffers();  // the state the run starts from (resumed or not) is good
   paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);
@@ -249,8 +254,25 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
   std::string changed;
+  int64_t saved_ranks = 1;  // the global batch is what the data order depends on (Note [data-parallel batches])
+  if (const auto w = resumed.find(kWorldSizeKey); w != resumed.end()) {
+    const char* text = w->second.c_str();
+    char* end = nullptr;
+    saved_ranks = std::strtoll(text, &end, 10);
+    MP_CHECK(!w->second.empty() && *end == '\0' && saved_ranks >= 1, "checkpoint '", ckpt_, "': metadata '",
+             kWorldSizeKey, "' should be a rank count, got '", w->second, "'; the file is damaged");
+  }
+  const int64_t ranks = data_parallel() ? parts_.dp->size() : 1;
+  if (saved_ranks != 1 || ranks != 1) {
+    const int64_t was_global = saved->batch_size * saved_ranks, now_global = c_.batch_size * ranks;
+    if (was_global != now_global)
+      changed += "global batch (ranks x --batch_size) " + std::to_string(saved_ranks) + " x " +
+                 std::to_string(saved->batch_size) + " -> " + std::to_string(ranks) + " x " +
+                 std::to_string(c_.batch_size);
+  }
   for (auto it = now.begin(); it != now.end(); ++it) {
     if (kFree.count(it.key()) != 0) continue;
+    if (it.key() == "batch_size" && (saved_ranks != 1 || ranks != 1)) continue;  // compared as the global batch
     const auto w = was.find(it.key());
     if (w == was.end() || *w == it.value()) continue;
     changed += (changed.empty() ? "" : ", ") + it.key() + " " + w->dump() + " -> " + it.value().dump();
@@ -275,10 +297,12 @@ void TrainLoop::adopt_kernel_paths(const std::map<std::string, std::string>& res
 }
 
 void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::string& path) {
+  if (!writes()) return;  // Note [data-parallel training] 6: rank 0 writes
   const auto t0 = Clock::now();
   std::map<std::string, std::string> md = meta_;
   if (const KernelPathRecord r = kernel_path_record(); !r.choices.empty())
     md[kKernelPathsKey] = nlohmann::json(r.choices).dump();
+  if (data_parallel()) md[kWorldSizeKey] = std::to_string(parts_.dp->size());
   if (p.batch > 0) {  // within an epoch: its statistics so far (Note [resumed epoch statistics])
     const nlohmann::ordered_json j{{"epoch", hex_double(static_cast<double>(p.epoch))},
                                    {"batch", hex_double(static_cast<double>(p.batch))},
@@ -359,7 +383,7 @@ std::string TrainLoop::stop_for_numerical_failure(const std::string& what, const
     return msg;
   }
   const std::string path = last_good_path(c_);
-  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty())
+  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty() && writes())
     std::filesystem::create_directories(dir);
   save(at, {}, path);
   sum_.last_good_file = path;
@@ -402,15 +426,25 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     if (batches == 1) amp::accumulate_grads_in_f32(parts_.params);
     return true;
   }
+  // Note [data-parallel training] 4: the ranks agree on the step's loss, inf/NaN and stop requests and average the
+  // gradients, once per optimizer step
+  std::optional<DataParallel::StepAgreement> agreed;
+  if (data_parallel()) {
+    double local = 0;
+    for (const Tensor& b : micro_losses_) local += b.item<double>();
+    agreed =
+        parts_.dp->average_gradients(parts_.params, local / static_cast<double>(n), amp::any_nonfinite(micro_losses_),
+                                     g_stop_requested.load(std::memory_order_relaxed));
+  }
   // Note [stopping on a numerical failure]: where this step began, and the scale its gradients carry
   const Progress began{epoch_, batch + 1 - n, start_.global_step + sum_.steps};
   const double step_scale = scaler.get_scale();
   bool stepped = false;
   if (!scaler.is_enabled()) {  // nothing else looks: check the loss and the gradients before the update
-    std::vector<Tensor> check = micro_losses_;
+    std::vector<Tensor> check = agreed ? std::vector<Tensor>{} : micro_losses_;
     for (const Tensor& p : parts_.params) check.push_back(p.grad());
-    if (amp::any_nonfinite(check)) {
-      const bool loss_bad = amp::any_nonfinite(micro_losses_);
+    if ((agreed && agreed->loss_nonfinite) || amp::any_nonfinite(check)) {
+      const bool loss_bad = agreed ? agreed->loss_nonfinite : amp::any_nonfinite(micro_losses_);
       const std::string what =
           std::string(loss_bad ? "the loss" : "the gradients (of a finite loss)") + " became inf/NaN at step " +
           std::to_string(began.global_step + 1) + " with no loss scaling to skip it; lower --lr" +
@@ -439,10 +473,14 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   }
   micro_replays_.clear();
 
-  double l = 0;  // the mean loss of the step's batches
-  for (const Tensor& b : micro_losses_) l += b.item<double>();
-  l /= static_cast<double>(n);
-  units = micro_units_;
+  double l = 0;  // the mean loss of the step's batches (of every rank's)
+  if (agreed) {
+    l = agreed->loss;
+  } else {
+    for (const Tensor& b : micro_losses_) l += b.item<double>();
+    l /= static_cast<double>(n);
+  }
+  units = micro_units_ * (agreed ? parts_.dp->size() : 1);  // every rank's part of the global batches
   micro_units_ = 0;
   micro_losses_.clear();
   ++sum_.steps;
@@ -474,7 +512,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     bar_->update(done_, units_, fields);
   }
   const Progress here{epoch_, batch + 1, global};
-  const bool requested = g_stop_requested.load(std::memory_order_relaxed);
+  const bool requested = agreed ? agreed->stop : g_stop_requested.load(std::memory_order_relaxed);
   if (requested) sum_.interrupted = true;
   const bool stop = requested || (c_.stop_after_steps > 0 && sum_.steps >= c_.stop_after_steps);
   if (!ckpt_.empty() && !sum_.diverged && (stop || (c_.checkpoint_every > 0 && global % c_.checkpoint_every == 0)))

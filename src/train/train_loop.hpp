@@ -14,6 +14,7 @@
 #include "mp/train/progress.hpp"
 #include "mp/train/run_log.hpp"
 #include "mp/train/trainer.hpp"
+#include "train/data_parallel.hpp"
 #include "train/setup.hpp"
 
 namespace mp::train::detail {
@@ -36,8 +37,9 @@ class TrainLoop {
     amp::GradScaler& scaler;
     optim::Optimizer& optimizer;
     optim::LRScheduler& scheduler;
-    std::vector<Tensor> params;  ///< clipped when clip_grad_norm > 0
-    CheckpointRefs refs;         ///< what checkpoints save
+    std::vector<Tensor> params;        ///< clipped when clip_grad_norm > 0
+    CheckpointRefs refs;               ///< what checkpoints save
+    const DataParallel* dp = nullptr;  ///< the ranks of a data-parallel run (Note [data-parallel training]); null: one
   };
   /// `start` is where the run resumes; `baseline` the allocated bytes before the model was built;
   /// `resumed` the metadata of the checkpoint it resumes from (empty for a fresh run), which carries the
@@ -82,6 +84,10 @@ class TrainLoop {
   void restore_buffers();
   void check_resumed_config(const std::map<std::string, std::string>& resumed);
   void adopt_kernel_paths(const std::map<std::string, std::string>& resumed);
+  /// Whether this process writes the run's files (rank 0 of a data-parallel run, or the only process).
+  bool writes() const { return parts_.dp == nullptr || parts_.dp->writes(); }
+  /// Whether this process is one rank of several.
+  bool data_parallel() const { return parts_.dp != nullptr && parts_.dp->active(); }
 
   const TrainConfig& c_;
   RunSummary& sum_;

@@ -128,12 +128,37 @@ struct ImageEval {
   int64_t examples = 0;
 };
 
+// Images [begin, end) of a dataset: a rank's share of the test set (Note [data-parallel training] 6).
+class DatasetRange final : public data::Dataset {
+ public:
+  DatasetRange(std::shared_ptr<const data::Dataset> all, int64_t begin, int64_t end)
+      : all_(std::move(all)), begin_(begin), end_(end) {}
+  int64_t size() const override { return end_ - begin_; }
+  data::Batch get_batch(std::span<const int64_t> indices, uint64_t seed, uint64_t first_stream = 0) const override {
+    std::vector<int64_t> shifted(indices.begin(), indices.end());
+    for (int64_t& i : shifted) i += begin_;
+    return all_->get_batch(shifted, seed, first_stream);
+  }
+
+ private:
+  std::shared_ptr<const data::Dataset> all_;
+  int64_t begin_, end_;
+};
+
+// The test set's mean loss and accuracy; on the ranks of a data-parallel run, each evaluates its share with rank 0's
+// model and the sums are reduced (Note [data-parallel training] 6).
 ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data::ImageDataset>& test,
-                               const TrainConfig& c) {
+                               const TrainConfig& c, const DataParallel* dp = nullptr) {
   const bool was_training = model.module().is_training();
   model.module().eval();
   autograd::NoGradGuard ng;
-  data::DataLoader loader(test, {.batch_size = c.eval_batch_size,
+  std::shared_ptr<const data::Dataset> part = test;
+  if (dp != nullptr && dp->active()) {
+    dp->broadcast_buffers(model.module());
+    const auto [begin, end] = dp->share(test->size());
+    part = std::make_shared<DatasetRange>(test, begin, end);
+  }
+  data::DataLoader loader(part, {.batch_size = c.eval_batch_size,
                                  .shuffle = false,
                                  .drop_last = false,
                                  .num_workers = c.num_workers,
@@ -152,6 +177,13 @@ ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data:
     n += bs;
   }
   model.module().train(was_training);
+  if (dp != nullptr && dp->active()) {
+    const std::vector<double> all =
+        dp->sum({loss_sum, static_cast<double>(correct), static_cast<double>(n)});  // counts: exact but for / N * N
+    loss_sum = all[0];
+    correct = std::llround(all[1]);
+    n = std::llround(all[2]);
+  }
   MP_CHECK(n > 0, "evaluation: the test split of ", c.dataset, " is empty");
   return {loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n), n};
 }
@@ -160,7 +192,7 @@ ImageEval evaluate_images_with(amp::AmpModel& model, const std::shared_ptr<data:
 
 namespace detail {
 
-RunSummary train_images(const TrainConfig& c, std::ostream& out) {
+RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParallel& dp) {
   RunSummary sum;
   sum.label = run_label(c);
   sum.config = c;
@@ -180,6 +212,7 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
                                            .memory_format = models::memory_format_from_flag(c.memory_format)});
   model->to(dev);  // initialised on the host (the same weights on every device), then moved
   apply_init_from(c, *model, out);
+  dp.broadcast_model(*model);  // Note [data-parallel training] 3
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
   amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
   amp::GradScaler& scaler = setup.scaler;
@@ -192,12 +225,16 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
                                        .drop_last = true,
                                        .num_workers = c.num_workers,
                                        .prefetch = 4,
-                                       .seed = c.seed});
+                                       .seed = c.seed,
+                                       .rank = dp.rank(),
+                                       .world_size = dp.size()});
   const int64_t n = c.grad_accum;  // batches per optimizer step (Note [gradient accumulation])
+  const std::string ranks = dp.active() ? std::to_string(dp.size()) + " ranks x " : "";  // Note [data-parallel batches]
   MP_CHECK(loader.num_batches() >= n, "train: the training split has ", sets.train->size(), " images, fewer than ",
-           n == 1 ? "one batch of " + std::to_string(c.batch_size)
-                  : "one optimizer step of " + std::to_string(n) + " batches of " + std::to_string(c.batch_size),
-           "; lower --batch_size", n == 1 ? "" : " or --grad_accum");
+           n == 1
+               ? "one " + std::string(dp.active() ? "global " : "") + "batch of " + ranks + std::to_string(c.batch_size)
+               : "one optimizer step of " + ranks + std::to_string(n) + " batches of " + std::to_string(c.batch_size),
+           "; lower --batch_size", n == 1 ? "" : " or --grad_accum", dp.active() ? " or use fewer ranks" : "");
   const int64_t steps_per_epoch =
       c.max_steps_per_epoch > 0 ? std::min(c.max_steps_per_epoch, loader.num_batches() / n) : loader.num_batches() / n;
   const int64_t batches = steps_per_epoch * n;  // the batches each epoch uses
@@ -218,7 +255,15 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
     resumed_metadata = std::move(lc.metadata);
     if (!c.quiet) out << "resuming from " << ckpt << " at epoch " << pos.epoch + 1 << ", batch " << pos.batch << "\n";
   }
-  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs}, pos, baseline, out, resumed_metadata);
+  // Note [data-parallel training] 1, 3, 5
+  dp.check_same_run("data and state", nlohmann::ordered_json{{"train_images", sets.train->size()},
+                                                             {"test_images", sets.test->size()},
+                                                             {"resume_at", {pos.epoch, pos.batch, pos.global_step}},
+                                                             {"state", DataParallel::state_signature(refs)}}
+                                          .dump());
+  if (c.resume) dp.broadcast_state(refs);
+  dp.separate_random_streams();
+  TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs, &dp}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
     out << sum.label << ": " << setup.describe() << "; " << c.model << " on " << c.dataset << " (" << sets.train->size()
         << " train / " << sets.test->size() << " test images, " << steps_per_epoch << " steps per epoch"
@@ -246,11 +291,11 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out) {
     }
     if (!loop.end_training(loader.wait_seconds())) break;
     const auto t_eval = Clock::now();
-    const ImageEval ev = evaluate_images_with(setup.model, sets.test, c);
+    const ImageEval ev = evaluate_images_with(setup.model, sets.test, c, &dp);
     std::optional<TrainLoop::Eval> ema_ev;
     if (ema) {
       const optim::ModelEma::Swap swap = ema->swap_into(*model);
-      const ImageEval e = evaluate_images_with(setup.model, sets.test, c);
+      const ImageEval e = evaluate_images_with(setup.model, sets.test, c, &dp);
       ema_ev = TrainLoop::Eval{e.loss, e.accuracy};
     }
     loop.end_epoch({ev.loss, ev.accuracy}, ema_ev, seconds_since(t_eval));
@@ -284,14 +329,25 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
 
 RunSummary train(const TrainConfig& config, std::ostream& out) {
   validate(config);
-  // Until training is data-parallel (issue 26), N ranks would run N copies of one run into the same files.
-  const dist::ProcessGroup& ranks = dist::world();
-  MP_CHECK(ranks.size() == 1, "this process is rank ", ranks.rank(), " of ", ranks.size(), " (", ranks.describe(),
-           "), but training is not data-parallel yet: every rank would train the same model into the same files; "
-           "run one process (without mpirun)");
   const TrainConfig c = with_task_defaults(config);
   set_float32_matmul_precision(float32_matmul_precision_from_string(c.matmul_precision));
-  return is_text_task(c) ? detail::train_text(c, out) : detail::train_images(c, out);
+  const detail::DataParallel dp(dist::world());
+  const auto run = [&dp](const TrainConfig& rc, std::ostream& o) {
+    return is_text_task(rc) ? detail::train_text(rc, o, dp) : detail::train_images(rc, o, dp);
+  };
+  if (!dp.active()) return run(c, out);
+  // Note [data-parallel training] 1: one configuration (data folders and loader threads may differ per machine)
+  nlohmann::ordered_json same = nlohmann::ordered_json::parse(config_to_json(c));
+  same.erase("data_dir");
+  same.erase("num_workers");
+  dp.check_same_run("configuration", nlohmann::ordered_json{{"config", same}}.dump());
+  if (dp.writes()) return run(c, out);
+  // Note [data-parallel training] 6: the other ranks print nothing and write no log (checkpoints: TrainLoop)
+  TrainConfig silent = c;
+  silent.quiet = true;
+  silent.log.clear();
+  std::ostream discard(nullptr);
+  return run(silent, discard);
 }
 
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& split, const TrainConfig* overrides,

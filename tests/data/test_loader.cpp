@@ -28,7 +28,7 @@ class IndexDataset : public Dataset {
   explicit IndexDataset(int64_t n, std::chrono::milliseconds delay = {}, int64_t throw_at_first = -1)
       : n_(n), delay_(delay), throw_at_first_(throw_at_first) {}
   int64_t size() const override { return n_; }
-  Batch get_batch(std::span<const int64_t> indices, uint64_t seed) const override {
+  Batch get_batch(std::span<const int64_t> indices, uint64_t seed, uint64_t /*first_stream*/ = 0) const override {
     builds_.fetch_add(1);
     if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
     if (throw_at_first_ >= 0 && indices[0] == throw_at_first_)
@@ -222,6 +222,57 @@ TEST(DataLoader, ImageDatasetWithTransformsIsThreadCountInvariant) {
       EXPECT_EQ(got, first);
   }
   EXPECT_EQ(first.size(), 7u);
+}
+
+// Note [data-parallel batches]: ranks' parts of each global batch, with their augmentation draws, are exactly the
+// slices of one process's batch of world_size x batch_size; a resume at batch b continues the same way.
+TEST(DataLoader, RanksReadTheirPartOfEachGlobalBatch) {
+  std::vector<uint8_t> px(50 * 1 * 6 * 6);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 13 % 256);
+  std::vector<int64_t> labels(50);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i % 10);
+  auto ds = std::make_shared<ImageDataset>(
+      ImageData{from_vector<uint8_t>(px, {50, 1, 6, 6}), from_vector<int64_t>(labels, {50}), 10, {}},
+      compose({random_crop(6, 2), random_horizontal_flip(), normalize({0.5f}, {0.25f})}));
+  for (const int world : {2, 3}) {
+    const int64_t B = 4;
+    DataLoader one(ds, {.batch_size = world * B, .shuffle = true, .drop_last = true, .num_workers = 0, .seed = 7});
+    one.start_epoch(1, 1);
+    std::vector<std::unique_ptr<DataLoader>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(std::make_unique<DataLoader>(ds, DataLoaderOptions{.batch_size = B,
+                                                                         .shuffle = true,
+                                                                         .drop_last = true,
+                                                                         .num_workers = r % 2,
+                                                                         .seed = 7,
+                                                                         .rank = r,
+                                                                         .world_size = world}));
+      EXPECT_EQ(ranks.back()->num_batches(), one.num_batches());
+      ranks.back()->start_epoch(1, 1);  // resumed at global batch 1
+    }
+    int64_t batches = 0;
+    while (auto whole = one.next()) {
+      const std::vector<float> in = whole->input.to_vector<float>();
+      const std::vector<int64_t> tgt = whole->target.to_vector<int64_t>();
+      const size_t per = in.size() / static_cast<size_t>(world);
+      for (int r = 0; r < world; ++r) {
+        const std::optional<Batch> part = ranks[static_cast<size_t>(r)]->next();
+        ASSERT_TRUE(part.has_value());
+        const auto ur = static_cast<size_t>(r);
+        EXPECT_EQ(part->input.to_vector<float>(),
+                  std::vector<float>(in.begin() + ur * per, in.begin() + (ur + 1) * per))
+            << "world " << world << " rank " << r << " batch " << batches;
+        EXPECT_EQ(part->target.to_vector<int64_t>(),
+                  std::vector<int64_t>(tgt.begin() + r * B, tgt.begin() + (r + 1) * B));
+      }
+      ++batches;
+    }
+    EXPECT_EQ(batches, 50 / (world * B) - 1);
+    for (auto& r : ranks) EXPECT_FALSE(r->next().has_value());
+  }
+  auto idx = std::make_shared<IndexDataset>(10);
+  EXPECT_THROW(DataLoader(idx, {.drop_last = true, .rank = 2, .world_size = 2}), Error);
+  EXPECT_THROW(DataLoader(idx, {.drop_last = false, .rank = 0, .world_size = 2}), Error);  // parts would differ
 }
 
 TEST(DataLoader, UsageErrors) {

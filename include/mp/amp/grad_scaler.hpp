@@ -1,6 +1,7 @@
 #pragma once
 // Loss scaling (docs/DESIGN.md 1.3) with PyTorch's torch.amp.GradScaler semantics and defaults.
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 
 #include "mp/nn/state_dict.hpp"
@@ -75,6 +76,11 @@ class GradScaler {
   int64_t growth_tracker() const { return growth_tracker_; }
   /// The options.
   const GradScalerOptions& options() const { return options_; }
+  /// Data-parallel runs: `agree` receives this process's found-inf of every check (in unscale_(), or in step()
+  /// without one) and returns the verdict of every rank (any rank's inf/NaN skips everyone's step), so all ranks
+  /// skip the same steps and keep the same scale. It is called on every check, also with no gradients, since it
+  /// is a collective. Empty (the default): this process's own finding.
+  void set_found_inf_agreement(std::function<bool(bool)> agree) { agree_ = std::move(agree); }
 
   /// Scale, growth tracker, hysteresis tracker, skipped steps and options as tensors (f64/i64 scalars).
   nn::StateDict state_dict() const;
@@ -99,6 +105,7 @@ class GradScaler {
   int64_t skipped_steps_ = 0;
   bool last_skipped_ = false;
   std::unordered_map<const optim::Optimizer*, PerOptimizer> per_opt_;
+  std::function<bool(bool)> agree_;
 };
 
 }  // namespace mp::amp

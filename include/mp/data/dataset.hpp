@@ -29,8 +29,10 @@ class Dataset {
   virtual ~Dataset();
   /// Number of examples.
   virtual int64_t size() const = 0;
-  /// Examples `indices` as one batch; `seed` seeds any random transform of THIS batch (deterministic).
-  virtual Batch get_batch(std::span<const int64_t> indices, uint64_t seed) const = 0;
+  /// Examples `indices` as one batch; `seed` seeds any random transform of THIS batch (deterministic), example p
+  /// of it drawing from sub-stream first_stream + p (a data-parallel rank's part of a global batch starts
+  /// where its part starts: Note [data-parallel batches] in src/data/loader.cpp).
+  virtual Batch get_batch(std::span<const int64_t> indices, uint64_t seed, uint64_t first_stream = 0) const = 0;
 };
 
 /// Images in memory: u8 [N,C,H,W] + i64 labels [N].
@@ -42,7 +44,7 @@ struct ImageData {
 };
 
 /// Dataset over ImageData: get_batch scales u8 to [0,1] f32, applies the transform per example with
-/// Rng(seed, position in batch), stacks to [B,C,H',W']; target = labels.
+/// Rng(seed, first_stream + position in batch), stacks to [B,C,H',W']; target = labels.
 class ImageDataset : public Dataset {
  public:
   /// Checks the shapes and dtypes of `data`; `transform` may be null (no transform).
@@ -50,7 +52,7 @@ class ImageDataset : public Dataset {
   /// Number of images.
   int64_t size() const override;
   /// f32 [B,C,H',W'] inputs and i64 [B] targets of images `indices` (each in [0, size())).
-  Batch get_batch(std::span<const int64_t> indices, uint64_t seed) const override;
+  Batch get_batch(std::span<const int64_t> indices, uint64_t seed, uint64_t first_stream = 0) const override;
   /// The images and labels.
   const ImageData& data() const { return data_; }
   /// Channels of the stored images (before the transform).

@@ -21,6 +21,8 @@ struct DataLoaderOptions {
   int num_workers = 2;       ///< worker threads; 0 = build batches on the calling thread
   int prefetch = 4;          ///< batches built ahead of the consumer (at least num_workers are in flight)
   uint64_t seed = 0;         ///< fixes the order and the transform draws of every epoch
+  int rank = 0;              ///< this process's part of each global batch (Note [data-parallel batches])
+  int world_size = 1;        ///< processes sharing each global batch of world_size * batch_size examples
 };
 
 /// Seed of the transforms of batch `batch` of epoch `epoch` (what the DataLoader passes to get_batch).
@@ -46,7 +48,7 @@ class DataLoader {
   /// Not copyable (it owns threads).
   DataLoader& operator=(const DataLoader&) = delete;
 
-  /// Batches per epoch.
+  /// Batches per epoch (this process's parts of global batches, with world_size > 1).
   int64_t num_batches() const;
   /// (Re)starts the workers for this epoch, delivering batches first_batch.. of it (0 <= first_batch <=
   /// num_batches()).

@@ -35,6 +35,9 @@ class ProcessGroup {
   virtual void broadcast(std::span<const Tensor> tensors, int root) = 0;
   /// Returns when every rank has called it.
   virtual void barrier() = 0;
+  /// Ends every process of the run with exit status `status` (MPI_Abort): what a rank that fails alone does, since
+  /// the others may be waiting in a collective it will never join. A single process returns (its caller exits).
+  virtual void abort(int status) = 0;
 };
 
 /// Whether this process was started by an MPI launcher (Note [process groups]).

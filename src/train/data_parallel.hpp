@@ -1,0 +1,74 @@
+#pragma once
+// The data-parallel side of a training run (Note [data-parallel training] in data_parallel.cpp): what the ranks of
+// `mpirun -np N mixprec train` agree on and exchange. Every member does nothing for a single process.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mp/amp/grad_scaler.hpp"
+#include "mp/dist/process_group.hpp"
+#include "mp/nn/module.hpp"
+#include "mp/train/checkpoint.hpp"
+
+namespace mp::train::detail {
+
+/// The ranks of a training run and the collectives the training loops call on them.
+class DataParallel {
+ public:
+  /// Over `world` (dist::world() for a run).
+  explicit DataParallel(dist::ProcessGroup& world) : world_(world) {}
+  /// This process's rank.
+  int rank() const { return world_.rank(); }
+  /// The number of ranks.
+  int size() const { return world_.size(); }
+  /// Whether there are several ranks.
+  bool active() const { return world_.size() > 1; }
+  /// Whether this rank writes the run's output (logs, progress, checkpoints): rank 0.
+  bool writes() const { return world_.rank() == 0; }
+  /// "rank R of N" for messages.
+  std::string where() const;
+
+  /// Compares `description` (a JSON object: the config, the data, the resume point) with rank 0's; when any rank's
+  /// differs, throws on every rank, naming the ranks and the first differing entries of the first one.
+  void check_same_run(const std::string& what, const std::string& description) const;
+  /// Rank 0's parameters and buffers into every rank's `model`.
+  void broadcast_model(const nn::Module& model) const;
+  /// Rank 0's buffers (batch-norm running statistics: per rank while training) into every rank's `model`.
+  void broadcast_buffers(const nn::Module& model) const;
+  /// Every rank's `values` summed, on every rank (f64; integers below 2^53 / N stay exact up to rounding by N).
+  std::vector<double> sum(const std::vector<double>& values) const;
+  /// The part [begin, end) of `n` items that this rank takes when they are shared out in contiguous ranges.
+  std::pair<int64_t, int64_t> share(int64_t n) const { return {n * rank() / size(), n * (rank() + 1) / size()}; }
+  /// Rank 0's state of a resumed run on every rank: the model and the optimizer's state (masters, moments).
+  void broadcast_state(const CheckpointRefs& refs) const;
+  /// The size of what broadcast_state() sends, for check_same_run(): "tensors/values" of model and optimizer.
+  static std::string state_signature(const CheckpointRefs& refs);
+  /// Gives each rank r > 0 its own dropout stream (Note [data-parallel training]); call after the model is built and
+  /// a checkpoint, if any, restored.
+  void separate_random_streams() const;
+  /// Every rank's found-inf agree in `scaler` (any rank's inf/NaN skips everyone's step).
+  void agree_on_found_inf(amp::GradScaler& scaler) const;
+
+  /// What the ranks agree on at each optimizer step.
+  struct StepAgreement {
+    double loss = 0;              ///< the mean of the ranks' step losses (the global batch's loss)
+    bool loss_nonfinite = false;  ///< some rank's loss was inf/NaN
+    bool stop = false;            ///< some rank was asked to stop (a signal)
+  };
+  /// Before an optimizer step: agree on the loss, non-finite losses and stop requests, then replace every gradient of
+  /// `params` by its mean over the ranks (one all-reduce for all of them). Throws when the ranks' gradients differ in
+  /// which parameters have one.
+  StepAgreement average_gradients(const std::vector<Tensor>& params, double loss, bool loss_nonfinite, bool stop) const;
+  /// The concatenation along `dim` of every rank's `t` (same shape on every rank), in rank order, on every rank.
+  Tensor all_gather(const Tensor& t, int64_t dim) const;
+
+ private:
+  /// Every rank gets `text` of rank `root`.
+  std::string broadcast_string(const std::string& text, int root) const;
+  /// Per rank, whether `flag` was set there.
+  std::vector<bool> gather_flags(bool flag) const;
+
+  dist::ProcessGroup& world_;
+};
+
+}  // namespace mp::train::detail

@@ -1,0 +1,306 @@
+// `mpirun -np 2 mixprec train` (Note [data-parallel training] in src/train/data_parallel.cpp): two ranks at
+// --batch_size B train the weights one process trains at 2B, only rank 0 writes, a stop on 2 ranks resumes on 1,
+// and runs the ranks cannot share are refused. Real OpenMPI runs of the mixprec binary on Fashion-MNIST and a small
+// text; skipped only in a build without MPI.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "mp/train/safetensors.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using mp::test::scratch_dir;
+
+namespace {
+
+#if defined(MP_MPIEXEC) && defined(MP_CLI_PATH)
+constexpr bool kHaveMpi = true;
+const std::string kMpiexec = MP_MPIEXEC;
+const std::string kMixprec = MP_CLI_PATH;
+#else
+constexpr bool kHaveMpi = false;
+const std::string kMpiexec, kMixprec;
+#endif
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result sh(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  Result r;
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// One thread per process (two ranks share the two cores), kernel paths pinned as every test runs them; a run that
+// hangs is ended by `timeout` (and fails the test) instead of hanging ctest.
+const std::string kEnv = "OMP_NUM_THREADS=1 MP_KERNEL_PATHS=pinned timeout 120 ";
+
+Result one_process(const std::string& args) { return sh(kEnv + kMixprec + " train " + args); }
+
+Result ranks(int n, const std::string& args) {
+  return sh(kEnv + kMpiexec + " --allow-run-as-root --oversubscribe -np " + std::to_string(n) + " " + kMixprec +
+            " train " + args);
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The records of one type ("step", "epoch") of a run log.
+std::vector<nlohmann::json> records_of(const fs::path& log, const std::string& type) {
+  std::vector<nlohmann::json> out;
+  std::ifstream is(log);
+  for (std::string line; std::getline(is, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("type", "") == type) out.push_back(j);
+  }
+  return out;
+}
+
+// How far apart two checkpoints are: the largest ||a - b||_inf / ||b||_inf over the weights (the model's tensors and
+// the optimizer's f32 masters) and over the other floating tensors (the optimizer's moments: sums of recent
+// gradients), each with its tensor's name. Integer tensors (steps, trackers) and the loss scaler's state must be
+// equal.
+struct CheckpointDiff {
+  double weights = 0, moments = 0;
+  std::string worst_weight, worst_moment;
+};
+
+CheckpointDiff checkpoint_diff(const fs::path& a, const fs::path& b) {
+  const mp::train::SafetensorsFile fa = mp::train::load_safetensors(a.string());
+  const mp::train::SafetensorsFile fb = mp::train::load_safetensors(b.string());
+  EXPECT_EQ(fa.tensors.size(), fb.tensors.size());
+  CheckpointDiff d;
+  for (const auto& [name, ta] : fa.tensors) {
+    const mp::Tensor* tb = fb.tensors.find(name);
+    if (tb == nullptr) {
+      ADD_FAILURE() << name << " missing from " << b;
+      continue;
+    }
+    EXPECT_EQ(ta.dtype(), tb->dtype()) << name;
+    EXPECT_EQ(ta.sizes(), tb->sizes()) << name;
+    if (!mp::is_floating(ta.dtype()) || name.rfind("scaler.", 0) == 0) {
+      EXPECT_TRUE(mp::test::bitwise_equal(ta, *tb)) << name;
+      continue;
+    }
+    const std::vector<double> x = ta.to_vector<double>(), y = tb->to_vector<double>();
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      diff = std::max(diff, std::abs(x[i] - y[i]));
+      scale = std::max(scale, std::abs(y[i]));
+    }
+    const double rel = scale > 0 ? diff / scale : diff;
+    const bool weight = name.rfind("model.", 0) == 0 || name.find(".master") != std::string::npos;
+    double& worst = weight ? d.weights : d.moments;
+    if (!(rel <= worst)) {  // NaN counts as worst
+      worst = rel;
+      (weight ? d.worst_weight : d.worst_moment) = name;
+    }
+  }
+  return d;
+}
+
+// checkpoint_diff of run `a`'s and run `b`'s checkpoint.safetensors within the tolerances (printed: the margins).
+void expect_close(const fs::path& a, const fs::path& b, double weight_tol, double moment_tol, const std::string& what) {
+  const CheckpointDiff d = checkpoint_diff(a / "checkpoint.safetensors", b / "checkpoint.safetensors");
+  std::printf("%s: largest relative difference of the weights %.3g (%s), of the moments %.3g (%s)\n", what.c_str(),
+              d.weights, d.worst_weight.c_str(), d.moments, d.worst_moment.c_str());
+  EXPECT_LE(d.weights, weight_tol) << what << ": " << d.worst_weight;
+  EXPECT_LE(d.moments, moment_tol) << what << ": " << d.worst_moment;
+}
+
+std::string fmnist(int64_t subset) {
+  return "--dataset fashion-mnist --model mlp --train_subset " + std::to_string(subset) +
+         " --eval_batch_size 1000 --num_workers 0 --quiet ";
+}
+
+struct Case {
+  std::string name, flags;
+  double weight_tol, moment_tol;  // checkpoint_diff's
+  double accuracy_tol;            // of the test accuracy: predictions the weights' differences flip
+  bool skips;                     // the run must skip steps (dynamic loss scaling finds overflows)
+};
+
+// Tolerances (checkpoint_diff: relative to a tensor's largest value). The ranks' average of two means over B equals
+// the mean over 2B only up to rounding: the sums run in another order, and in O2 without accumulation each rank's
+// 16-bit gradient is rounded before the average and again after it. f32: ~1e-7 per step, carried by 8 SGD steps ->
+// 1e-5. 16-bit O2: a gradient rounded to bf16 (f16) differs by an ulp, 2^-8 (2^-11) of its value, and partial sums
+// that cancel make that a larger share of the mean; the masters take lr x that, but an f32 master that moves by a hair
+// can round its 16-bit copy the other way, so the next forward passes (in 16 bits) differ by an ulp of a weight and
+// the gradients by more than their rounding. After 8 steps (measured, printed by the test): f32 2e-7; bf16 weights
+// 9e-3 of their largest value, moments (sums of recent gradients) 0.10; f16 6e-3 and 0.03. The bounds leave ~2-3x.
+// What they catch (checked by breaking the code when the test was written): gradients not averaged (each rank trains
+// on its half) moved the weights by 0.3-0.96 of their largest value; gradients summed instead of averaged by 0.3-0.7
+// (0.04 in the f16 case, where clipping to norm 1 absorbs most of the factor 2).
+constexpr double kF32Tol = 1e-5;
+
+class DataParallelTrainer : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DataParallelTrainer, TwoRanksAtBatchBTrainWhatOneProcessTrainsAtTwoB) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const Case& k = GetParam();
+  const fs::path dir = scratch_dir("dp", k.name);
+  const std::string common = fmnist(2048) + "--epochs 2 --max_steps_per_epoch 4 --seed 11 " + k.flags;
+  const Result one = one_process(common + " --batch_size 64 --checkpoint_dir " + (dir / "one").string() + " --log " +
+                                 (dir / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.output;
+  const Result two = ranks(2, common + " --batch_size 32 --checkpoint_dir " + (dir / "two").string() + " --log " +
+                                  (dir / "two.jsonl").string());
+  ASSERT_EQ(two.code, 0) << two.output;
+
+  // Rank 0 alone wrote: one summary, one checkpoint (no other file), one log of the run's steps.
+  EXPECT_EQ(count(two.output, "summary: finished"), 1) << two.output;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir / "two")) files.push_back(e.path().filename().string());
+  EXPECT_EQ(files, std::vector<std::string>{"checkpoint.safetensors"});
+  const std::vector<nlohmann::json> s1 = records_of(dir / "one.jsonl", "step"),
+                                    s2 = records_of(dir / "two.jsonl", "step");
+  ASSERT_EQ(s1.size(), 8u);
+  ASSERT_EQ(s2.size(), s1.size());
+  int skipped = 0;
+  for (size_t i = 0; i < s1.size(); ++i) {
+    EXPECT_NEAR(s2[i]["loss"].get<double>(), s1[i]["loss"].get<double>(), 1e-3) << "step " << i + 1;
+    EXPECT_EQ(s2[i]["scale"], s1[i]["scale"]) << "step " << i + 1;
+    EXPECT_EQ(s2[i]["skipped"], s1[i]["skipped"]) << "step " << i + 1;
+    EXPECT_EQ(s2[i]["lr"], s1[i]["lr"]) << "step " << i + 1;
+    skipped += s1[i]["skipped"].get<bool>() ? 1 : 0;
+  }
+  EXPECT_EQ(skipped > 0, k.skips) << skipped << " steps skipped";
+  // The evaluation, sharded over the ranks and reduced, is the whole test set's: the same accuracy but for the few of
+  // its 10000 images whose prediction the weights' differences flip (f32: 2 at most; 16-bit: up to 50).
+  const std::vector<nlohmann::json> e1 = records_of(dir / "one.jsonl", "epoch"),
+                                    e2 = records_of(dir / "two.jsonl", "epoch");
+  ASSERT_EQ(e1.size(), 2u);
+  ASSERT_EQ(e2.size(), e1.size());
+  for (size_t i = 0; i < e1.size(); ++i) {
+    EXPECT_NEAR(e2[i]["val_accuracy"].get<double>(), e1[i]["val_accuracy"].get<double>(), k.accuracy_tol)
+        << "epoch " << i + 1;
+    EXPECT_NEAR(e2[i]["val_loss"].get<double>(), e1[i]["val_loss"].get<double>(), 1e-2) << "epoch " << i + 1;
+  }
+
+  expect_close(dir / "two", dir / "one", k.weight_tol, k.moment_tol, k.name);
+  // The same weights evaluated by one process give what the ranks reported (to the digits `eval` prints).
+  const Result ev = sh(kEnv + kMixprec + " eval " + (dir / "two" / "checkpoint.safetensors").string() +
+                       " --eval_batch_size 1000 --num_workers 0");
+  ASSERT_EQ(ev.code, 0) << ev.output;
+  double loss = 0, accuracy = 0;
+  const size_t at = ev.output.find("images, loss ");
+  ASSERT_NE(at, std::string::npos) << ev.output;
+  ASSERT_EQ(std::sscanf(ev.output.c_str() + at, "images, loss %lf, accuracy %lf%%", &loss, &accuracy), 2) << ev.output;
+  EXPECT_NEAR(loss, e2.back()["val_loss"].get<double>(), 5e-5 + 1e-9) << ev.output;
+  EXPECT_NEAR(accuracy, 100 * e2.back()["val_accuracy"].get<double>(), 5e-3 + 1e-9) << ev.output;
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Precisions, DataParallelTrainer,
+    ::testing::Values(Case{"fp32", "--precision fp32", kF32Tol, kF32Tol, 2e-4, false},
+                      Case{"bf16_O2", "--precision bf16 --opt_level O2", 2e-2, 0.25, 5e-3, false},
+                      // dynamic scaling from 2^22, far above what these gradients take in f16: the first step overflows
+                      // (on the ranks, one rank's overflow is enough) and is skipped everywhere; the scale then drops
+                      // 64x, far enough below the overflow that a rank's half batch does not overflow either
+                      Case{"fp16_O2_dynamic_accum_clip",
+                           "--precision fp16 --opt_level O2 --init_scale 4194304 --backoff_factor 0.015625 "
+                           "--grad_accum 2 --clip_grad_norm 1",
+                           1.5e-2, 0.1, 5e-3, true}),
+    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// A run stopped on two ranks continues on one process at the same global batch as if it had never stopped: the
+// data order and the state are the run's, not the ranks'.
+TEST(DataParallelTrainerResume, StopOnTwoRanksResumeOnOne) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const fs::path dir = scratch_dir("dp", "resume");
+  const std::string common = fmnist(2048) + "--epochs 2 --max_steps_per_epoch 4 --seed 5 --precision fp32 ";
+  const Result whole = one_process(common + "--batch_size 64 --checkpoint_dir " + (dir / "whole").string());
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  const std::string split = "--checkpoint_dir " + (dir / "split").string();
+  const Result first = ranks(2, common + "--batch_size 32 --stop_after_steps 3 " + split);
+  ASSERT_EQ(first.code, 0) << first.output;
+  const Result rest = one_process(common + "--batch_size 64 --resume " + split);
+  ASSERT_EQ(rest.code, 0) << rest.output;
+  // the same global batch (2 x 32 = 1 x 64): nothing to warn about
+  EXPECT_EQ(rest.output.find("settings that differ"), std::string::npos) << rest.output;
+  expect_close(dir / "split", dir / "whole", kF32Tol, kF32Tol, "stopped on 2 ranks, resumed on 1");
+  fs::remove_all(dir);
+}
+
+// The word LM: the text's 2B streams split between the ranks; the hidden state of all of them is checkpointed, so a
+// stop on two ranks resumes on one. Dropout off: its masks are drawn per rank (Note [data-parallel training] 5).
+TEST(DataParallelTrainerLm, TwoRanksTrainTheWordLmOfOneProcessAndResumeOnOne) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const fs::path dir = scratch_dir("dp", "lm");
+  {
+    std::ofstream os(dir / "text.txt");
+    // pseudo-random sentences: no two streams of the text may repeat each other (then averaging would change nothing)
+    const char* w[] = {"and", "the", "lord", "said", "unto", "moses", "go", "forth", "in", "land", "of", "egypt"};
+    uint32_t x = 12345;
+    for (int i = 0; i < 400; ++i) {
+      for (int j = 0; j < 3; ++j) {
+        x = x * 1664525u + 1013904223u;  // an LCG (Numerical Recipes)
+        os << w[(x >> 16) % 12] << " ";
+      }
+      os << ".\n";
+    }
+  }
+  const std::string common = "--dataset text --data_dir " + (dir / "text.txt").string() +
+                             " --model lstm --bptt 10 --embed_size 16 --hidden_size 16 --dropout 0 --epochs 2 "
+                             "--max_steps_per_epoch 5 --seed 2 --quiet --precision fp32 ";
+  const Result one = one_process(common + "--batch_size 4 --checkpoint_dir " + (dir / "one").string());
+  ASSERT_EQ(one.code, 0) << one.output;
+  const Result two = ranks(2, common + "--batch_size 2 --checkpoint_dir " + (dir / "two").string());
+  ASSERT_EQ(two.code, 0) << two.output;
+  expect_close(dir / "two", dir / "one", kF32Tol, kF32Tol, "word LM on 2 ranks");  // clipped by the global norm
+  // stopped mid-epoch on two ranks (the hidden state of all 4 streams saved), finished on one
+  const std::string split = "--checkpoint_dir " + (dir / "split").string();
+  const Result first = ranks(2, common + "--batch_size 2 --stop_after_steps 7 " + split);
+  ASSERT_EQ(first.code, 0) << first.output;
+  const Result rest = one_process(common + "--batch_size 4 --resume " + split);
+  ASSERT_EQ(rest.code, 0) << rest.output;
+  expect_close(dir / "split", dir / "one", kF32Tol, kF32Tol, "word LM stopped on 2 ranks, resumed on 1");
+  fs::remove_all(dir);
+}
+
+// Ranks started with different settings are refused at start, on every rank, naming the setting; so is a global
+// batch the data cannot fill; a rank that fails alone (here: a data folder that only it lacks) ends the whole run
+// instead of leaving the other waiting.
+TEST(DataParallelTrainerRefusals, MismatchedConfigsAndBatchesThatDoNotFit) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const std::string args = fmnist(256) + "--epochs 1 --max_steps_per_epoch 1 --batch_size 32 ";
+  const std::string head = kEnv + kMpiexec + " --allow-run-as-root --oversubscribe ";
+  const Result mismatch = sh(head + "-np 1 " + kMixprec + " train " + args + "--lr 0.1 : -np 1 " + kMixprec +
+                             " train " + args + "--lr 0.2");
+  EXPECT_NE(mismatch.code, 0) << mismatch.output;
+  EXPECT_NE(mismatch.output.find("every rank must run the same configuration"), std::string::npos) << mismatch.output;
+  EXPECT_NE(mismatch.output.find("/config/lr: 0.1 on rank 0, 0.2 on rank 1"), std::string::npos) << mismatch.output;
+
+  const Result too_big = ranks(2, fmnist(50) + "--epochs 1 --batch_size 32");
+  EXPECT_NE(too_big.code, 0) << too_big.output;
+  EXPECT_NE(too_big.output.find("fewer than one global batch of 2 ranks x 32"), std::string::npos) << too_big.output;
+
+  const Result alone = sh(head + "-np 1 " + kMixprec + " train " + args + ": -np 1 " + kMixprec + " train " + args +
+                          "--data_dir /nonexistent/fmnist");
+  EXPECT_NE(alone.code, 0) << alone.output;
+  EXPECT_NE(alone.code, 124) << "the run hung (timeout)\n" << alone.output;
+  EXPECT_NE(alone.output.find("rank 1 of 2: error:"), std::string::npos) << alone.output;
+}
+
+}  // namespace
