@@ -148,6 +148,10 @@ void validate(const TrainConfig& c) {
   MP_CHECK(c.clip_grad_norm >= 0 || c.clip_grad_norm == -1,
            "--clip_grad_norm must be >= 0 (or -1 for the task default), got ", c.clip_grad_norm);
   check_non_negative("checkpoint_every", c.checkpoint_every);
+  check_non_negative("numerics_every", c.numerics_every);
+  MP_CHECK(c.numerics_every == 0 || !c.log.empty(), "--numerics_every ", c.numerics_every,
+           " writes per-layer numerics into the run log, but no --log was given: add --log FILE.jsonl, or drop "
+           "--numerics_every");
   check_non_negative("stop_after_steps", c.stop_after_steps);
   MP_CHECK(c.num_workers >= 0 && c.num_workers <= 64, "--num_workers must be in [0, 64], got ", c.num_workers);
   MP_CHECK(c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw", "unknown --optimizer '",
