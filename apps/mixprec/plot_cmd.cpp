@@ -74,7 +74,8 @@ std::vector<std::string> plot_numerics(const Numerics& n, const std::filesystem:
       for (double v : row) any = any || std::isfinite(v);
     if (!any) continue;  // nothing finite to colour (e.g. every step skipped)
     const std::string file = prefix + "numerics_" + c.field + ".png";
-    mp::train::plot_heatmap((dir / file).string(), title + c.title, "step", c.cblabel, rows, steps, values);
+    mp::train::plot_heatmap((dir / file).string(), title + c.title, "step", c.cblabel, rows, steps, values,
+                            /*shares=*/!c.log10);
     written.push_back(file);
   }
   return written;

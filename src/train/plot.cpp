@@ -193,7 +193,7 @@ void plot_bars(const std::string& png_path, const std::string& title, const std:
 
 void plot_heatmap(const std::string& png_path, const std::string& title, const std::string& xlabel,
                   const std::string& cblabel, const std::vector<std::string>& rows, const std::vector<double>& x,
-                  const std::vector<std::vector<double>>& values) {
+                  const std::vector<std::vector<double>>& values, bool shares) {
   MP_CHECK(!rows.empty() && !x.empty(), "plot_heatmap: '", png_path,
            "': expected at least one row and one column, got ", rows.size(), " rows and ", x.size(), " columns");
   MP_CHECK(values.size() == rows.size(), "plot_heatmap: got ", rows.size(), " row labels but ", values.size(),
@@ -218,6 +218,7 @@ void plot_heatmap(const std::string& png_path, const std::string& title, const s
   const size_t height = std::max<size_t>(620, 120 + 16 * rows.size());
   script.replace(script.find("size 1000,620"), 13, "size 1000," + std::to_string(height));
   script += "unset grid\nset cblabel " + gp_quote(cblabel) + "\nset palette rgb 33,13,10\n";
+  if (shares) script += "set cbrange [0:1]\n";
   // the first row (the model's first layer) on top
   script += "set yrange [" + num(static_cast<double>(rows.size()) - 0.5) + ":-0.5]\nset ytics (";
   for (size_t r = 0; r < rows.size(); ++r) script += (r ? ", " : "") + gp_quote(rows[r]) + " " + std::to_string(r);

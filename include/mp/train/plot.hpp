@@ -28,10 +28,11 @@ void plot_bars(const std::string& png_path, const std::string& title, const std:
 
 /// A heat map: one row per label (top to bottom), one column per x (evenly spaced, e.g. logged steps),
 /// each cell coloured by values[row][column] on a palette with the colour bar labelled `cblabel`; non-finite
-/// cells stay blank. Same files and errors as plot_lines.
+/// cells stay blank; `shares`: the values are shares, the colour bar spans [0, 1] (else it fits the values).
+/// Same files and errors as plot_lines.
 void plot_heatmap(const std::string& png_path, const std::string& title, const std::string& xlabel,
                   const std::string& cblabel, const std::vector<std::string>& rows, const std::vector<double>& x,
-                  const std::vector<std::vector<double>>& values);
+                  const std::vector<std::vector<double>>& values, bool shares = false);
 
 /// Whether gnuplot can be run (checked once per process).
 bool gnuplot_available();
