@@ -1,8 +1,13 @@
 // `mixprec plot LOG.jsonl... --out DIR`: curves of run logs written by train/compare.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "mp/core/error.hpp"
@@ -19,6 +24,63 @@ double as_double(const mp::train::LogValue& v) {
   return NAN;
 }
 
+// The run log's "numerics" records of one file (--numerics_every; docs/RUN_LOG.md): metric -> module -> step -> value.
+struct Numerics {
+  std::vector<std::string> modules;  // in first-seen order (the model's)
+  std::map<std::string, std::map<std::string, std::map<double, double>>> by_metric;
+  std::set<double> steps;
+};
+
+// The metrics drawn, each as a heat map of modules over steps: field, title, colour-bar label, log10 or not.
+struct NumericsChart {
+  const char* field;
+  const char* title;
+  const char* cblabel;
+  bool log10;
+};
+constexpr NumericsChart kNumericsCharts[] = {
+    {"act_amax", "largest |activation| (forward output)", "log10 max |output|", true},
+    {"grad_amax", "largest |gradient| at the output (loss scale divided out)", "log10 max |dL/d output|", true},
+    {"grad_underflow", "parameter gradients below f16's 2^-24 at the loss scale", "share of nonzero values", false},
+    {"grad_underflow_unscaled", "parameter gradients below f16's 2^-24 at scale 1", "share of nonzero values", false},
+    {"grad_zero", "parameter gradients exactly zero", "share of values", false},
+    {"update_lost", "16-bit weight updates lost to rounding", "share of updates", false},
+};
+
+// Heat maps of `n` into `dir`, file names starting with `prefix`; returns the files written.
+std::vector<std::string> plot_numerics(const Numerics& n, const std::filesystem::path& dir, const std::string& prefix,
+                                       const std::string& title) {
+  std::vector<std::string> written;
+  const std::vector<double> steps(n.steps.begin(), n.steps.end());
+  for (const NumericsChart& c : kNumericsCharts) {
+    const auto m = n.by_metric.find(c.field);
+    if (m == n.by_metric.end()) continue;  // e.g. update_lost of a run without 16-bit weights
+    std::vector<std::string> rows;
+    std::vector<std::vector<double>> values;
+    for (const std::string& module : n.modules) {
+      const auto r = m->second.find(module);
+      if (r == m->second.end()) continue;
+      std::vector<double> row;
+      for (double s : steps) {
+        const auto v = r->second.find(s);
+        const double x = v == r->second.end() ? NAN : v->second;
+        row.push_back(c.log10 ? std::log10(x) : x);
+      }
+      rows.push_back(module.empty() ? "<model>" : module);
+      values.push_back(std::move(row));
+    }
+    bool any = false;
+    for (const auto& row : values)
+      for (double v : row) any = any || std::isfinite(v);
+    if (!any) continue;  // nothing finite to colour (e.g. every step skipped)
+    const std::string file = prefix + "numerics_" + c.field + ".png";
+    mp::train::plot_heatmap((dir / file).string(), title + c.title, "step", c.cblabel, rows, steps, values,
+                            /*shares=*/!c.log10);
+    written.push_back(file);
+  }
+  return written;
+}
+
 }  // namespace
 
 void add_plot_command(CLI::App& app) {
@@ -33,6 +95,7 @@ void add_plot_command(CLI::App& app) {
   cmd->add_option("--out", a->out, "output folder")->capture_default_str();
   cmd->callback([a] {
     std::vector<mp::train::Series> loss, scale, val;
+    std::vector<std::pair<std::string, Numerics>> numerics;  // per log with numerics records: its label
     std::string val_name;
     // Each curve is named by its file's stem, or by its folder where stems repeat (run1/log.jsonl, run2/log.jsonl).
     auto stem = [](const std::string& path) { return std::filesystem::path(path).stem().string(); };
@@ -47,6 +110,7 @@ void add_plot_command(CLI::App& app) {
     for (const std::string& path : a->logs) {
       const std::string title = label(path);
       mp::train::Series l{title, {}, {}}, s{title, {}, {}}, v{title, {}, {}}, ema{title + " (weight EMA)", {}, {}};
+      Numerics num;
       for (const auto& rec : mp::train::read_run_log(path)) {
         auto type = rec.find("type");
         if (type == rec.end()) continue;
@@ -62,7 +126,18 @@ void add_plot_command(CLI::App& app) {
           while (!series.x.empty() && series.x.back() >= x) series.x.pop_back(), series.y.pop_back();
           series.x.push_back(x), series.y.push_back(y);
         };
-        if (*t == "step") {
+        if (*t == "numerics") {
+          const auto mod = rec.find("module");
+          const std::string* name = mod == rec.end() ? nullptr : std::get_if<std::string>(&mod->second);
+          MP_CHECK(name != nullptr, "plot: '", path, "': a numerics record without a \"module\" string; expected ",
+                   "the records --numerics_every writes (docs/RUN_LOG.md)");
+          if (std::find(num.modules.begin(), num.modules.end(), *name) == num.modules.end())
+            num.modules.push_back(*name);
+          const double step = get("step");
+          num.steps.insert(step);
+          for (const NumericsChart& c : kNumericsCharts)
+            if (rec.count(c.field) != 0) num.by_metric[c.field][*name][step] = get(c.field);
+        } else if (*t == "step") {
           add(l, get("step"), get("loss"));
           add(s, get("step"), get("scale"));
         } else if (*t == "epoch") {
@@ -76,6 +151,7 @@ void add_plot_command(CLI::App& app) {
       MP_CHECK(!l.x.empty(), "plot: '", path,
                "' has no step records; expected a run log written by mixprec train --log");
       loss.push_back(l), scale.push_back(s), val.push_back(v);
+      if (!num.modules.empty()) numerics.emplace_back(title, std::move(num));
       if (!ema.x.empty()) val.push_back(ema);
     }
     std::filesystem::create_directories(a->out);
@@ -83,8 +159,13 @@ void add_plot_command(CLI::App& app) {
     mp::train::plot_lines((d / "loss.png").string(), "training loss", "step", "loss", loss);
     mp::train::plot_lines((d / "loss_scale.png").string(), "loss scale", "step", "scale", scale, /*log_y=*/true);
     if (!val_name.empty()) mp::train::plot_lines((d / "validation.png").string(), val_name, "epoch", val_name, val);
-    std::printf("plots written to %s: loss.png loss_scale.png%s\n", a->out.c_str(),
-                val_name.empty() ? "" : " validation.png");
+    std::string files = std::string("loss.png loss_scale.png") + (val_name.empty() ? "" : " validation.png");
+    for (const auto& [title, n] : numerics) {  // one set of heat maps per log; named by the log where several
+      const bool several = a->logs.size() > 1;
+      for (const std::string& f : plot_numerics(n, d, several ? title + "_" : "", several ? title + ": " : ""))
+        files += " " + f;
+    }
+    std::printf("plots written to %s: %s\n", a->out.c_str(), files.c_str());
   });
 }
 

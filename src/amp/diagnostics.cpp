@@ -34,8 +34,10 @@ UnderflowStats underflow_stats(const std::vector<Tensor>& grads, double scale) {
   auto kernel = backend::underflow_kernel.get(ts.front().device());
   const backend::UnderflowCounts at1 = kernel(ts, 1.0);
   const backend::UnderflowCounts atS = kernel(ts, scale);
+  for (const Tensor& t : ts) s.values += t.numel();
   s.nonzero = at1.nonzero;
   s.nonfinite = at1.nonfinite;
+  s.zeros = s.values - s.nonzero - s.nonfinite;
   if (s.nonzero > 0) {
     const auto n = static_cast<double>(s.nonzero);
     s.underflow_unscaled = static_cast<double>(at1.flushed) / n;
@@ -47,12 +49,28 @@ UnderflowStats underflow_stats(const std::vector<Tensor>& grads, double scale) {
 }
 
 UnderflowStats underflow_stats_of_scaled_grads(const std::vector<Tensor>& params, double scale) {
-  std::vector<Tensor> grads;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (g.defined()) grads.push_back(g.to(DType::f64) * (1.0 / scale));
+  UnderflowStats s;
+  s.scale = scale;
+  std::vector<Tensor> ts;
+  for (const Tensor& p : params)
+    if (const Tensor g = p.grad(); g.defined() && g.numel() > 0) ts.push_back(g.detach().contiguous());
+  if (ts.empty()) return s;
+  auto kernel = backend::underflow_kernel.get(ts.front().device());
+  const backend::UnderflowCounts atS = kernel(ts, 1.0);          // as stored: g * scale
+  const backend::UnderflowCounts at1 = kernel(ts, 1.0 / scale);  // the true gradient g
+  for (const Tensor& t : ts) s.values += t.numel();
+  s.nonzero = atS.nonzero;
+  s.nonfinite = atS.nonfinite;
+  s.zeros = s.values - s.nonzero - s.nonfinite;
+  if (s.nonzero > 0) {
+    const auto n = static_cast<double>(s.nonzero);
+    // values the division by the scale takes to 0 in f32 lie far below 2^-24: they underflow too
+    s.underflow_unscaled = static_cast<double>(at1.flushed + (atS.nonzero - at1.nonzero)) / n;
+    s.subnormal_unscaled = static_cast<double>(at1.subnormal) / n;
+    s.underflow_scaled = static_cast<double>(atS.flushed) / n;
+    s.subnormal_scaled = static_cast<double>(atS.subnormal) / n;
   }
-  return underflow_stats(grads, scale);
+  return s;
 }
 
 OverflowFinder::OverflowFinder(nn::Module& root) : found_(std::make_shared<Found>()) {

@@ -1,5 +1,7 @@
 // TrainConfig: validation and labels (its JSON form: config_json.cpp).
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <type_traits>
 
@@ -29,21 +31,35 @@ void check_non_negative(const char* name, T v) {
   MP_CHECK(v >= 0, "--", name, " must be >= 0, got ", v);
 }
 
+// `v` in the fewest digits that read back as v (16777216, not 1.67772e+07).
+std::string num(double v) {
+  char buf[32];
+  for (int prec = 6; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
 // The scaler's settings: valid values (named by their flags), and given only where they act: the dynamic
 // scale's where dynamic loss scaling runs, --max_consecutive_skips where a static scale runs (elsewhere they
 // would be silently ignored).
 void validate_loss_scaling(const TrainConfig& c) {
-  MP_CHECK(c.init_scale > 0 && std::isfinite(c.init_scale), "--init_scale must be positive and finite, got ",
-           c.init_scale);
-  MP_CHECK(c.growth_factor > 1, "--growth_factor must be > 1, got ", c.growth_factor);
-  MP_CHECK(c.backoff_factor > 0 && c.backoff_factor < 1, "--backoff_factor must be in (0, 1), got ", c.backoff_factor);
-  check_positive("growth_interval", c.growth_interval);
-  MP_CHECK(c.hysteresis >= 1, "--hysteresis must be >= 1 (1 = back off at the first overflow), got ", c.hysteresis);
-  MP_CHECK(c.min_scale > 0 && c.min_scale <= c.max_scale,
-           "--min_scale and --max_scale: expected 0 < min_scale <= ", "max_scale, got ", c.min_scale, " and ",
-           c.max_scale);
-  check_non_negative("max_overflows_at_min_scale", c.max_overflows_at_min_scale);
   const amp::GradScalerOptions d;
+  MP_CHECK(c.init_scale > 0 && std::isfinite(c.init_scale), "--init_scale must be positive and finite, got ",
+           num(c.init_scale), "; the default is ", num(d.init_scale), " (2^16)");
+  MP_CHECK(c.growth_factor > 1 && std::isfinite(c.growth_factor), "--growth_factor must be > 1 and finite, got ",
+           c.growth_factor, "; the default ", d.growth_factor,
+           " doubles the scale (to keep the scale fixed use --loss_scale N)");
+  MP_CHECK(c.backoff_factor > 0 && c.backoff_factor < 1, "--backoff_factor must be in (0, 1), got ", c.backoff_factor,
+           "; the default ", d.backoff_factor, " halves the scale on an overflow");
+  MP_CHECK(c.growth_interval > 0, "--growth_interval must be positive, got ", c.growth_interval,
+           "; it counts the clean steps between growths (default ", d.growth_interval, ")");
+  MP_CHECK(c.hysteresis >= 1, "--hysteresis must be >= 1 (1 = back off at the first overflow), got ", c.hysteresis);
+  MP_CHECK(c.min_scale > 0 && c.min_scale <= c.max_scale && std::isfinite(c.max_scale),
+           "--min_scale and --max_scale: expected 0 < min_scale <= ", "max_scale (finite), got ", c.min_scale, " and ",
+           c.max_scale, "; the defaults are ", d.min_scale, " and ", d.max_scale);
+  check_non_negative("max_overflows_at_min_scale", c.max_overflows_at_min_scale);
   std::string given;
   for (const auto& [flag, set] :
        {std::pair<const char*, bool>{"--init_scale", c.init_scale != d.init_scale},
@@ -73,6 +89,10 @@ void validate_loss_scaling(const TrainConfig& c) {
                : "no loss scaling (--precision " + c.precision +
                      (c.loss_scale.empty() ? std::string(", whose default is none") : " --loss_scale " + c.loss_scale) +
                      "); add --loss_scale dynamic, or drop " + given);
+  // Dynamic scaling runs. The scaler would clamp a starting scale outside its bounds without a word: say so instead.
+  MP_CHECK(c.init_scale >= c.min_scale && c.init_scale <= c.max_scale, "--init_scale ", num(c.init_scale),
+           c.init_scale == d.init_scale ? " (the default)" : "", " lies outside [--min_scale, --max_scale] = [",
+           num(c.min_scale), ", ", num(c.max_scale), "]: give an --init_scale within the bounds, or widen them");
 }
 
 }  // namespace
@@ -128,6 +148,10 @@ void validate(const TrainConfig& c) {
   MP_CHECK(c.clip_grad_norm >= 0 || c.clip_grad_norm == -1,
            "--clip_grad_norm must be >= 0 (or -1 for the task default), got ", c.clip_grad_norm);
   check_non_negative("checkpoint_every", c.checkpoint_every);
+  check_non_negative("numerics_every", c.numerics_every);
+  MP_CHECK(c.numerics_every == 0 || !c.log.empty(), "--numerics_every ", c.numerics_every,
+           " writes per-layer numerics into the run log, but no --log was given: add --log FILE.jsonl, or drop "
+           "--numerics_every");
   check_non_negative("stop_after_steps", c.stop_after_steps);
   MP_CHECK(c.num_workers >= 0 && c.num_workers <= 64, "--num_workers must be in [0, 64], got ", c.num_workers);
   MP_CHECK(c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw", "unknown --optimizer '",

@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -188,6 +189,43 @@ void plot_bars(const std::string& png_path, const std::string& title, const std:
   script += "plot " + dat + " using 2:xtic(1) notitle lc rgb '#4477aa', \\\n     " + dat +
             " using 0:2:(sprintf('%.3g', $2)) with labels offset 0,0.8 notitle\n";
   render("plot_bars", f, data, script);
+}
+
+void plot_heatmap(const std::string& png_path, const std::string& title, const std::string& xlabel,
+                  const std::string& cblabel, const std::vector<std::string>& rows, const std::vector<double>& x,
+                  const std::vector<std::vector<double>>& values, bool shares) {
+  MP_CHECK(!rows.empty() && !x.empty(), "plot_heatmap: '", png_path,
+           "': expected at least one row and one column, got ", rows.size(), " rows and ", x.size(), " columns");
+  MP_CHECK(values.size() == rows.size(), "plot_heatmap: got ", rows.size(), " row labels but ", values.size(),
+           " rows of values; expected one row per label");
+  const ChartFiles f = chart_files("plot_heatmap", png_path);
+  // Each cell is a box (x, row) half a column and half a row wide each way, coloured by its value: unlike
+  // gnuplot's `with image` it draws any number of columns and rows and leaves non-finite cells blank.
+  const double half = x.size() > 1 ? (x.back() - x.front()) / static_cast<double>(x.size() - 1) / 2 : 0.5;
+  std::string data = "# x row half_width value\n";
+  size_t cells = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    MP_CHECK(values[r].size() == x.size(), "plot_heatmap: row '", rows[r], "' has ", values[r].size(),
+             " values but there are ", x.size(), " columns; expected one value per column");
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!std::isfinite(values[r][i]) || !std::isfinite(x[i])) continue;
+      data += num(x[i]) + " " + std::to_string(r) + " " + num(half) + " " + num(values[r][i]) + "\n";
+      ++cells;
+    }
+  }
+  MP_CHECK(cells > 0, "plot_heatmap: '", png_path, "': no cell has a finite value; expected at least one");
+  std::string script = script_head(f, title, xlabel, "");
+  const size_t height = std::max<size_t>(620, 120 + 16 * rows.size());
+  script.replace(script.find("size 1000,620"), 13, "size 1000," + std::to_string(height));
+  script += "unset grid\nset cblabel " + gp_quote(cblabel) + "\nset palette rgb 33,13,10\n";
+  if (shares) script += "set cbrange [0:1]\n";
+  // the first row (the model's first layer) on top
+  script += "set yrange [" + num(static_cast<double>(rows.size()) - 0.5) + ":-0.5]\nset ytics (";
+  for (size_t r = 0; r < rows.size(); ++r) script += (r ? ", " : "") + gp_quote(rows[r]) + " " + std::to_string(r);
+  script += ")\nset ytics font ',8'\n";
+  script += "plot " + gp_quote(f.dat.filename().string()) +
+            " using 1:2:3:(0.5):4 with boxxyerror fs solid 1.0 noborder lc palette notitle\n";
+  render("plot_heatmap", f, data, script);
 }
 
 }  // namespace mp::train

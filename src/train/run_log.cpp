@@ -63,8 +63,8 @@ void drop_torn_tail(const std::string& path) {
 // A run killed after its last checkpoint has logged steps (and perhaps an epoch's end) that the resumed run
 // does again. Appending would list those steps twice, with a jump back in the loss curve (TensorBoard calls
 // such events orphaned and purges them). So a resumed log is cut at its first record past the checkpoint: a
-// "step" record whose step exceeds the checkpoint's global step, or an "epoch" record whose epoch (1-based)
-// exceeds the epochs it had finished. The file is chronological, so everything after that record is a replay
+// "step" (or "numerics") record whose step exceeds the checkpoint's global step, or an "epoch" record whose epoch
+// (1-based) exceeds the epochs it had finished. The file is chronological, so everything after that record is a replay
 // too. Records of other kinds are kept.
 void drop_replayed_records(const std::string& path, RunLog::ResumePoint from) {
   std::error_code ec;
@@ -82,7 +82,7 @@ void drop_replayed_records(const std::string& path, RunLog::ResumePoint from) {
         return v != j.end() && v->is_number_integer() && v->get<int64_t>() > limit;
       };
       if (type != j.end() && type->is_string() &&
-          ((*type == "step" && past("step", from.global_step)) ||
+          (((*type == "step" || *type == "numerics") && past("step", from.global_step)) ||
            (*type == "epoch" && past("epoch", from.epochs_done)))) {
         in.close();
         return cut_at(path, offset, "the records written after the checkpoint");

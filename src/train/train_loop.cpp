@@ -18,6 +18,7 @@
 #include "mp/ops/ops.hpp"
 #include "mp/optim/clip_grad.hpp"
 #include "mp/train/safetensors.hpp"
+#include "train/numerics_log.hpp"
 
 namespace mp::train {
 namespace {
@@ -179,6 +180,10 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
     log_.emplace(c.log, RunLog::ResumePoint{.global_step = start.global_step, .epochs_done = start.epoch});
   else if (!c.log.empty())
     log_.emplace(c.log, /*append=*/false);
+  if (c.numerics_every > 0 && parts_.refs.model != nullptr) {  // off: no recorder, no hooks, nothing changes
+    numerics_ = std::make_unique<amp::NumericsRecorder>(*parts_.refs.model);
+    if ((start.global_step + 1) % c.numerics_every == 0) numerics_->arm();
+  }
   if (const auto b = resumed.find(kBestKey); b != resumed.end()) {  // Note [the best epoch]
     const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kBestKey + "'";
     const nlohmann::json j = parse_metadata(what, b->second);
@@ -250,7 +255,7 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
   // cadence, evaluation batch) may change freely between processes.
   static const std::set<std::string> kFree{
       "data_dir",         "num_workers", "eval_batch_size", "checkpoint_dir", "checkpoint_every", "save_best", "resume",
-      "stop_after_steps", "log",         "label",           "quiet"};
+      "stop_after_steps", "log",         "label",           "quiet",          "numerics_every"};
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
   std::string changed;
@@ -440,6 +445,8 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   const Progress began{epoch_, batch + 1 - n, start_.global_step + sum_.steps};
   const double step_scale = scaler.get_scale();
   bool stepped = false;
+  const bool record = numerics_ && numerics_->armed();
+  if (record) numerics_->gradients(step_scale);  // as the backward left them: scaled, before any check
   if (!scaler.is_enabled()) {  // nothing else looks: check the loss and the gradients before the update
     std::vector<Tensor> check = agreed ? std::vector<Tensor>{} : micro_losses_;
     for (const Tensor& p : parts_.params) check.push_back(p.grad());
@@ -460,7 +467,9 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
       scaler.unscale_(parts_.optimizer);
       optim::clip_grad_norm_(parts_.params, c_.clip_grad_norm);
     }
+    if (record) numerics_->before_update(parts_.optimizer);
     stepped = scaler.step(parts_.optimizer);
+    if (record) numerics_->after_update(parts_.optimizer, stepped);
     parts_.optimizer.zero_grad();
     try {
       scaler.update();
@@ -505,6 +514,8 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
                  {"data_wait", carry_.data_wait + data_wait},
                  {"memory", memory::memory_stats(dev_).allocated - baseline_}});
   }
+  if (record && log_) write_numerics(*log_, epoch_ + 1, global, step_scale, numerics_->take());
+  if (numerics_ && (global + 1) % c_.numerics_every == 0) numerics_->arm();  // before the next step's forward
   if (!c_.quiet) {
     std::vector<std::pair<std::string, std::string>> fields{{"loss", fmt(ema_.value, text_ ? 3 : 4)}};
     if (text_) fields.emplace_back("ppl", fmt(perplexity(ema_.value), 1));

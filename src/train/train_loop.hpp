@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mp/amp/grad_scaler.hpp"
+#include "mp/amp/telemetry.hpp"
 #include "mp/optim/lr_scheduler.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/progress.hpp"
@@ -107,6 +108,8 @@ class TrainLoop {
   std::map<std::string, std::string> meta_;
   KernelPathRecord paths_at_start_;  ///< the process's kernel-path counters when the run began
   std::optional<RunLog> log_;
+  /// --numerics_every N: armed for every N-th step (docs/RUN_LOG.md "numerics"); null when off
+  std::unique_ptr<amp::NumericsRecorder> numerics_;
   /// The running statistics of an epoch up to a mid-epoch checkpoint.
   struct EpochCarry {
     int64_t steps = 0;    ///< steps of the epoch done before

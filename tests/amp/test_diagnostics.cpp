@@ -39,6 +39,8 @@ TEST(UnderflowStats, ClassifiesAgainstF16Range) {
   const amp::UnderflowStats s = amp::underflow_stats({a, b}, 1024.0);
   EXPECT_EQ(s.nonzero, 7);
   EXPECT_EQ(s.nonfinite, 2);
+  EXPECT_EQ(s.values, 10);
+  EXPECT_EQ(s.zeros, 1);
   EXPECT_DOUBLE_EQ(s.underflow_unscaled, 3.0 / 7);
   EXPECT_DOUBLE_EQ(s.subnormal_unscaled, 2.0 / 7);
   // x1024: 1e-9 -> 1.0e-6 and 1e-8 -> 1.0e-5 are subnormal; 1e-6 and 3e-5 become normal.

@@ -17,53 +17,13 @@
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/run_log.hpp"
 #include "mp/train/safetensors.hpp"
+#include "cli/cli_util.hpp"
 #include "test_util.hpp"
 #include "train/trainer_fixtures.hpp"
 
 namespace fs = std::filesystem;
 using mp::test::scratch_dir;
-
-namespace {
-
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-// `env`: variable assignments for the command (e.g. "TMPDIR=/x").
-Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = (env.empty() ? "" : env + " ") + std::string(MP_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  Result r;
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-// A small word-level corpus: a plain-text file with a few sentence patterns.
-fs::path corpus() {
-  static const fs::path f = [] {
-    fs::path p = scratch_dir("cli", "corpus") / "text.txt";
-    std::ofstream os(p);
-    const char* w[] = {"and", "the", "lord", "said", "unto", "moses", "go", "forth"};
-    for (int i = 0; i < 400; ++i) os << w[i % 8] << " " << w[(i * 3) % 8] << " " << w[(i * 5 + 1) % 8] << " .\n";
-    return p;
-  }();
-  return f;
-}
-
-void expect_failure(const std::string& args, const std::string& needle) {
-  const Result r = run(args);
-  EXPECT_NE(r.code, 0) << args << "\n" << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\nexpected to mention: " << needle << "\ngot:\n"
-                                                      << r.output;
-}
-
-}  // namespace
+using namespace mp::test::cli;
 
 TEST(Cli, MistakesExitNonZeroWithAClearMessage) {
   expect_failure("train --model resnet19 --dataset fashion-mnist", "resnet18");
@@ -194,34 +154,6 @@ TEST(Cli, NumericalFailuresNameTheModuleAndLeaveTheLastGoodState) {
     EXPECT_CONTAINS(r.output, "no last-good file was written");
     EXPECT_FALSE(fs::exists(dir / "last-good.safetensors"));
   }
-}
-
-// Dynamic loss scaling's settings are flags named as amp::GradScalerOptions' fields; they are refused where no
-// dynamic scaling runs.
-TEST(Cli, LossScalerFlags) {
-  const std::string lm = "train --dataset text --data_dir " + corpus().string() +
-                         " --model lstm --embed_size 16 --hidden_size 16 --batch_size 4 --bptt 8 --epochs 1 --quiet";
-  Result r = run(lm + " --precision fp16 --init_scale 1024 --growth_interval 3 --hysteresis 2 --print_config");
-  ASSERT_EQ(r.code, 0) << r.output;
-  const nlohmann::json j = nlohmann::json::parse(r.output);
-  EXPECT_EQ(j["init_scale"], 1024.0);
-  EXPECT_EQ(j["growth_interval"], 3);
-  EXPECT_EQ(j["hysteresis"], 2);
-  EXPECT_EQ(j["max_scale"], 16777216.0);  // amp::GradScalerOptions' default
-  r = run(lm + " --precision fp16 --init_scale 1024 --growth_interval 3");
-  EXPECT_EQ(r.code, 0) << r.output;
-  expect_failure(lm + " --precision fp16 --loss_scale 128 --init_scale 64", "static loss scale (--loss_scale 128)");
-  expect_failure(lm + " --precision bf16 --growth_interval 10", "add --loss_scale dynamic");
-  expect_failure(lm + " --precision fp16 --growth_factor 0.5", "--growth_factor must be > 1");
-  expect_failure(lm + " --precision fp16 --min_scale 4 --max_scale 2", "0 < min_scale <= max_scale");
-  // The static scale's limit is refused where no static scale runs.
-  expect_failure(lm + " --precision fp16 --max_consecutive_skips 5", "dynamic loss scaling, which stops by");
-  expect_failure(lm + " --precision bf16 --max_consecutive_skips 5", "no loss scaling, which stops at the first");
-  expect_failure(lm + " --precision fp16 --loss_scale 128 --max_consecutive_skips -1",
-                 "--max_consecutive_skips must be >= 0");
-  r = run(lm + " --precision fp16 --loss_scale 128 --max_consecutive_skips 5 --print_config");
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_EQ(nlohmann::json::parse(r.output)["max_consecutive_skips"], 5);
 }
 
 // A warm-up as long as the run leaves the decay nothing: refused naming both flags and the fixes.

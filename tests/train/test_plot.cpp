@@ -89,3 +89,32 @@ TEST(Plot, MissingGnuplotSaysHowToInstall) {
       },
       ::testing::ExitedWithCode(0), "");
 }
+
+// A heat map: one row per label (first on top), one box per finite cell; non-finite cells stay blank; a single
+// column or row draws too; shares fix the colour bar to [0, 1]; mismatched sizes are refused.
+TEST(Plot, HeatmapWritesPngWithBlankNonFiniteCells) {
+  if (!mp::train::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
+  const fs::path dir = scratch_dir("plot", "heatmap");
+  const fs::path png = dir / "numerics_grad_zero.png";
+  mp::train::plot_heatmap(png.string(), "zeros", "step", "share", {"conv1", "layer1.0.bn'1", "fc"}, {10, 20, 30},
+                          {{0.0, 0.5, 1.0}, {NAN, 0.25, 0.75}, {0.1, INFINITY, 0.3}}, /*shares=*/true);
+  ASSERT_TRUE(fs::exists(png));
+  EXPECT_TRUE(is_png(png));
+  const std::string dat = read_file(dir / "numerics_grad_zero.dat");
+  const std::string gp = read_file(dir / "numerics_grad_zero.gp");
+  int cells = 0;
+  for (size_t at = dat.find('\n'); at != std::string::npos && at + 1 < dat.size(); at = dat.find('\n', at + 1)) ++cells;
+  EXPECT_EQ(cells, 7);                                             // 9 cells, 2 non-finite left out
+  EXPECT_NE(dat.find("20 1 5 0.25\n"), std::string::npos) << dat;  // x, row, half a column (5), value
+  EXPECT_NE(gp.find("'layer1.0.bn''1' 1"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("set yrange [2.5:-0.5]"), std::string::npos) << gp;  // the first row on top
+  EXPECT_NE(gp.find("set cbrange [0:1]"), std::string::npos) << gp;
+  // one column
+  mp::train::plot_heatmap((dir / "one.png").string(), "one", "step", "log10", {"a"}, {7}, {{-3.0}});
+  EXPECT_TRUE(is_png(dir / "one.png"));
+  EXPECT_EQ(read_file(dir / "one.gp").find("cbrange"), std::string::npos);
+  EXPECT_THROW(mp::train::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a", "b"}, {1, 2}, {{1, 2}}),
+               mp::Error);
+  EXPECT_THROW(mp::train::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a"}, {1, 2}, {{1}}), mp::Error);
+  EXPECT_THROW(mp::train::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a"}, {1}, {{NAN}}), mp::Error);
+}

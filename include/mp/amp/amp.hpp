@@ -5,3 +5,4 @@
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/amp/initialize.hpp"
 #include "mp/amp/policy.hpp"
+#include "mp/amp/telemetry.hpp"

@@ -13,6 +13,8 @@ namespace mp::amp {
 
 /// Shares of nonzero gradient values that would be lost or degraded in f16.
 struct UnderflowStats {
+  int64_t values = 0;             ///< all gradient values (zeros and inf/NaN included)
+  int64_t zeros = 0;              ///< values exactly 0 (as stored: with a scale, those flushed at that scale)
   int64_t nonzero = 0;            ///< nonzero finite gradient values
   int64_t nonfinite = 0;          ///< inf/NaN values
   double underflow_unscaled = 0;  ///< share with |g| < 2^-24 (lost in f16 without loss scaling)
@@ -25,7 +27,9 @@ struct UnderflowStats {
 /// Underflow statistics of `grads` (true, unscaled gradient values) at scale 1 and at `scale`.
 UnderflowStats underflow_stats(const std::vector<Tensor>& grads, double scale);
 /// Underflow statistics of the .grad of `params` whose gradients hold values multiplied by `scale`
-/// (as after scaler.scale(loss).backward() and before unscale_): divides the scale back out.
+/// (as after scaler.scale(loss).backward() and before unscale_): the scaled shares classify the values as
+/// stored, the unscaled ones the values divided by `scale` (in f32, without copying the gradients; a value
+/// that the division takes to 0 counts as underflowing). `zeros` counts the stored zeros.
 UnderflowStats underflow_stats_of_scaled_grads(const std::vector<Tensor>& params, double scale);
 
 /// Whether any element of `tensors` is inf/NaN (undefined, empty and integer tensors are skipped): one read-only

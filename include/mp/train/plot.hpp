@@ -1,5 +1,5 @@
 #pragma once
-// Line and bar charts drawn by gnuplot (PNG), for run logs and `mixprec compare` reports.
+// Line and bar charts and heat maps drawn by gnuplot (PNG), for run logs and `mixprec compare` reports.
 #include <string>
 #include <vector>
 
@@ -25,6 +25,14 @@ void plot_lines(const std::string& png_path, const std::string& title, const std
 /// Same files and errors as plot_lines.
 void plot_bars(const std::string& png_path, const std::string& title, const std::string& ylabel,
                const std::vector<std::string>& labels, const std::vector<double>& values);
+
+/// A heat map: one row per label (top to bottom), one column per x (evenly spaced, e.g. logged steps),
+/// each cell coloured by values[row][column] on a palette with the colour bar labelled `cblabel`; non-finite
+/// cells stay blank; `shares`: the values are shares, the colour bar spans [0, 1] (else it fits the values).
+/// Same files and errors as plot_lines.
+void plot_heatmap(const std::string& png_path, const std::string& title, const std::string& xlabel,
+                  const std::string& cblabel, const std::vector<std::string>& rows, const std::vector<double>& x,
+                  const std::vector<std::vector<double>>& values, bool shares = false);
 
 /// Whether gnuplot can be run (checked once per process).
 bool gnuplot_available();

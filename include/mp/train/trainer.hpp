@@ -81,6 +81,7 @@ struct TrainConfig {
   bool init_from_partial = false;            ///< init_from: load the tensors whose name and shape match, not all
   int64_t stop_after_steps = 0;              ///< end this process after N steps, checkpointing there (0 = never)
   std::string log;                           ///< JSONL run log path (empty = none)
+  int64_t numerics_every = 0;                ///< log per-layer numerics every N optimizer steps (0 = off)
   std::string label;                         ///< name of the run in tables (default: precision and opt level)
   bool quiet = false;                        ///< no progress bar
 };
@@ -179,6 +180,10 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("stop_after_steps", c.stop_after_steps,
     "end the run after N steps of this process, checkpointing there (time-limited jobs; continue with --resume)");
   f("log", c.log, "JSONL run log path (one record per step and per epoch)");
+  f("numerics_every", c.numerics_every,
+    "every N optimizer steps, write per-layer numerics into the --log (per module with parameters: largest "
+    "activation and output gradient, gradients underflowing f16 at the loss scale and at 1, zero gradients, "
+    "16-bit updates lost to rounding; docs/RUN_LOG.md); `mixprec plot` draws them as heat maps (0 = off)");
   f("label", c.label, "name of the run in tables");
   f("quiet", c.quiet, "no progress bar");
 }
