@@ -275,16 +275,29 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
                  std::to_string(saved->batch_size) + " -> " + std::to_string(ranks) + " x " +
                  std::to_string(c_.batch_size);
   }
+  // The loss scaler resumes from its saved state, settings included (as PyTorch's GradScaler.load_state_dict):
+  // a changed scaler flag does not apply, and the warning says so.
+  static const std::set<std::string> kScalerKept{
+      "init_scale",           "growth_factor", "backoff_factor", "growth_interval",
+      "hysteresis",           "min_scale",     "max_scale",      "max_overflows_at_min_scale",
+      "max_consecutive_skips"};
+  std::string kept;
   for (auto it = now.begin(); it != now.end(); ++it) {
     if (kFree.count(it.key()) != 0) continue;
     if (it.key() == "batch_size" && (saved_ranks != 1 || ranks != 1)) continue;  // compared as the global batch
     const auto w = was.find(it.key());
     if (w == was.end() || *w == it.value()) continue;
     changed += (changed.empty() ? "" : ", ") + it.key() + " " + w->dump() + " -> " + it.value().dump();
+    if (kScalerKept.count(it.key()) != 0) kept += (kept.empty() ? "" : ", ") + it.key();
   }
   if (!changed.empty())
     out_ << "warning: resuming with settings that differ from the checkpoint's run (" << changed
-         << "): training continues from the checkpoint but will not retrace that run\n";
+         << "): training continues from the checkpoint but will not retrace that run"
+         << (kept.empty() ? ""
+                          : "; the loss scaler resumes with its saved state and settings, so " + kept + " keep" +
+                                (kept.find(',') == std::string::npos ? "s" : "") +
+                                " the checkpoint's value (start a new run to change them)")
+         << "\n";
 }
 
 void TrainLoop::adopt_kernel_paths(const std::map<std::string, std::string>& resumed) {

@@ -206,3 +206,20 @@ TEST(CliLossScaler, CheckpointsWithoutTheFieldsResume) {
   const Steps s = steps_of(dir / "run.jsonl");
   EXPECT_EQ(s.scale, (std::vector<double>{65536, 65536, 65536, 65536}));
 }
+
+// Note: the loss scaler resumes with its saved state and settings, so a scaler flag changed on --resume does not
+// apply; the warning says which ones keep the checkpoint's value, and the scale goes on as saved.
+TEST(CliLossScaler, ResumeKeepsTheSavedScalerSettingsAndSaysSo) {
+  const fs::path dir = scratch_dir("cli_scaler", "resume_changed");
+  const std::string job = tiny_lm() + " --precision fp16 --max_steps_per_epoch 4 --checkpoint_dir " + dir.string() +
+                          " --log " + (dir / "run.jsonl").string();
+  Result r = run(job + " --growth_interval 1 --stop_after_steps 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(job + " --resume");  // the default growth interval (2000) asked for
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("growth_interval 1 -> 2000"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("so growth_interval keeps the checkpoint's value"), std::string::npos) << r.output;
+  const Steps s = steps_of(dir / "run.jsonl");
+  ASSERT_EQ(s.scale.size(), 4u);
+  EXPECT_GT(s.scale[3], s.scale[2]) << "the saved growth interval of 1 still applies after the resume";
+}
