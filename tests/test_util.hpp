@@ -1,6 +1,7 @@
 // Helpers shared by the test executables: scratch folders, whole-file reads and error messages.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -148,6 +149,25 @@ inline double max_rel_diff(const Tensor& a, const Tensor& ref) {
 // interchange it is meant to check (as MP_CUDA_TESTS_REQUIRE_GPU does for gpu-check). The environment variable
 // MP_TEST_PYTHON overrides the interpreter (ctest python_tests_fail_when_required points it at nothing).
 
+/// A shell command's exit status (-1 when it did not exit normally or could not start) and its output.
+struct ShellResult {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+/// Run `cmd` with /bin/sh, its stderr joined to its stdout.
+inline ShellResult shell(const std::string& cmd) {
+  ShellResult r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
 /// The shell command that runs the tests' Python: PYTHONPATH=<.deps/python> <interpreter>.
 inline std::string python_command() {
   const char* env = std::getenv("MP_TEST_PYTHON");
@@ -157,13 +177,9 @@ inline std::string python_command() {
 
 /// Why `import <modules>` fails in python_command() (its last line of output), or "" when it works.
 inline std::string python_missing(const std::string& modules) {
-  const std::string cmd = python_command() + " -c 'import " + modules + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return "cannot run " + cmd;
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-  if (::pclose(p) == 0) return "";
+  const ShellResult r = shell(python_command() + " -c 'import " + modules + "'");
+  if (r.code == 0) return "";
+  std::string out = r.output;
   while (!out.empty() && out.back() == '\n') out.pop_back();
   const size_t nl = out.rfind('\n');
   return (nl == std::string::npos ? out : out.substr(nl + 1)) + " (" + python_command() + ")";

@@ -15,23 +15,11 @@ namespace mp::test::cli {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
+using Result = mp::test::ShellResult;
 
 // `env`: variable assignments for the command (e.g. "TMPDIR=/x").
 inline Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = (env.empty() ? "" : env + " ") + std::string(MP_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  Result r;
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return mp::test::shell((env.empty() ? "" : env + " ") + std::string(MP_CLI_PATH) + " " + args);
 }
 
 // A small word-level corpus: a plain-text file with a few sentence patterns.

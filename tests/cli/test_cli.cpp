@@ -299,13 +299,7 @@ TEST(Cli, SigtermStopsAfterTheStepWithACheckpointThatResumes) {
                         << " 2>/dev/null | grep -c '\"type\":\"step\"')\" -lt 5 ] && "
                         << "[ $i -lt 3000 ]; do sleep 0.02; i=$((i + 1)); done\n"
                         << "kill -TERM $pid; wait $pid; echo rc=$?\n";
-  FILE* p = ::popen(("sh " + script.string()).c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string shell_out;
-  std::array<char, 256> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) shell_out.append(buf.data(), n);
-  ::pclose(p);
+  const std::string shell_out = mp::test::shell("sh " + script.string()).output;
   std::stringstream out;
   out << std::ifstream(dir / "out.txt").rdbuf();
   EXPECT_CONTAINS(shell_out, "rc=143");

@@ -31,32 +31,18 @@ constexpr bool kHaveMpi = false;
 const std::string kMpiexec, kMixprec;
 #endif
 
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-Result sh(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  Result r;
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = mp::test::ShellResult;
+using mp::test::shell;
 
 // One thread per process (two ranks share the two cores), kernel paths pinned as every test runs them; a run that
 // hangs is ended by `timeout` (and fails the test) instead of hanging ctest.
 const std::string kEnv = "OMP_NUM_THREADS=1 MP_KERNEL_PATHS=pinned timeout 120 ";
 
-Result one_process(const std::string& args) { return sh(kEnv + kMixprec + " train " + args); }
+Result one_process(const std::string& args) { return shell(kEnv + kMixprec + " train " + args); }
 
 Result ranks(int n, const std::string& args) {
-  return sh(kEnv + kMpiexec + " --allow-run-as-root --oversubscribe -np " + std::to_string(n) + " " + kMixprec +
-            " train " + args);
+  return shell(kEnv + kMpiexec + " --allow-run-as-root --oversubscribe -np " + std::to_string(n) + " " + kMixprec +
+               " train " + args);
 }
 
 int count(const std::string& text, const std::string& needle) {
@@ -199,8 +185,8 @@ TEST_P(DataParallelTrainer, TwoRanksAtBatchBTrainWhatOneProcessTrainsAtTwoB) {
 
   expect_close(dir / "two", dir / "one", k.weight_tol, k.moment_tol, k.name);
   // The same weights evaluated by one process give what the ranks reported (to the digits `eval` prints).
-  const Result ev = sh(kEnv + kMixprec + " eval " + (dir / "two" / "checkpoint.safetensors").string() +
-                       " --eval_batch_size 1000 --num_workers 0");
+  const Result ev = shell(kEnv + kMixprec + " eval " + (dir / "two" / "checkpoint.safetensors").string() +
+                          " --eval_batch_size 1000 --num_workers 0");
   ASSERT_EQ(ev.code, 0) << ev.output;
   double loss = 0, accuracy = 0;
   const size_t at = ev.output.find("images, loss ");
@@ -286,8 +272,8 @@ TEST(DataParallelTrainerRefusals, MismatchedConfigsAndBatchesThatDoNotFit) {
   if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
   const std::string args = fmnist(256) + "--epochs 1 --max_steps_per_epoch 1 --batch_size 32 ";
   const std::string head = kEnv + kMpiexec + " --allow-run-as-root --oversubscribe ";
-  const Result mismatch = sh(head + "-np 1 " + kMixprec + " train " + args + "--lr 0.1 : -np 1 " + kMixprec +
-                             " train " + args + "--lr 0.2");
+  const Result mismatch = shell(head + "-np 1 " + kMixprec + " train " + args + "--lr 0.1 : -np 1 " + kMixprec +
+                                " train " + args + "--lr 0.2");
   EXPECT_NE(mismatch.code, 0) << mismatch.output;
   EXPECT_NE(mismatch.output.find("every rank must run the same configuration"), std::string::npos) << mismatch.output;
   EXPECT_NE(mismatch.output.find("/config/lr: 0.1 on rank 0, 0.2 on rank 1"), std::string::npos) << mismatch.output;
@@ -296,8 +282,8 @@ TEST(DataParallelTrainerRefusals, MismatchedConfigsAndBatchesThatDoNotFit) {
   EXPECT_NE(too_big.code, 0) << too_big.output;
   EXPECT_NE(too_big.output.find("fewer than one global batch of 2 ranks x 32"), std::string::npos) << too_big.output;
 
-  const Result alone = sh(head + "-np 1 " + kMixprec + " train " + args + ": -np 1 " + kMixprec + " train " + args +
-                          "--data_dir /nonexistent/fmnist");
+  const Result alone = shell(head + "-np 1 " + kMixprec + " train " + args + ": -np 1 " + kMixprec + " train " + args +
+                             "--data_dir /nonexistent/fmnist");
   EXPECT_NE(alone.code, 0) << alone.output;
   EXPECT_NE(alone.code, 124) << "the run hung (timeout)\n" << alone.output;
   EXPECT_NE(alone.output.find("rank 1 of 2: error:"), std::string::npos) << alone.output;

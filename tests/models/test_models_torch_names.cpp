@@ -160,12 +160,7 @@ TEST(ModelsTorchNames, NamesForThePyTorchCheck) {
   ASSERT_TRUE(os.good());
   // PyTorch builds each twin, compares names and shapes in order, and for the tiny models loads the values
   // strictly and compares the outputs (its exit status is 1 when anything differs).
-  const std::string cmd =
-      mp::test::python_command() + " " MP_SOURCE_DIR "/bench/pytorch/check_names.py '" + path + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr) << cmd;
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-  EXPECT_EQ(::pclose(p), 0) << cmd << "\n" << out;
+  const std::string cmd = mp::test::python_command() + " " MP_SOURCE_DIR "/bench/pytorch/check_names.py '" + path + "'";
+  const mp::test::ShellResult r = mp::test::shell(cmd);
+  EXPECT_EQ(r.code, 0) << cmd << "\n" << r.output;
 }

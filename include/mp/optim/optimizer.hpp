@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -142,17 +143,16 @@ class Optimizer {
   static Tensor update_target(const Tensor& p);
   /// After the update: copy `target` into p when it is a copy, and bump p's version.
   static void write_back(const Tensor& p, const Tensor& target);
-  /// Run a fused-update kernel slot over items (each with .param = update_target(params[i])), one call per
-  /// device (a multi-tensor launch on a GPU), then write_back every parameter.
+  /// Run a fused-update kernel slot over items (each with .param = update_target(params[i])), one call per run
+  /// of items on one device (a multi-tensor launch on a GPU), then write_back every parameter.
   template <class Item, class Slot>
   static void update_all(const std::vector<Item>& items, const std::vector<Tensor>& params, const Slot& slot) {
-    std::vector<Item> on;
+    const std::span<const Item> all(items);
     for (size_t i = 0; i < items.size();) {
       const Device d = items[i].param.device();
-      on.clear();
-      size_t j = i;
-      while (j < items.size() && items[j].param.device() == d) on.push_back(items[j++]);
-      slot.get(d)(on);
+      size_t j = i + 1;
+      while (j < items.size() && items[j].param.device() == d) ++j;
+      slot.get(d)(all.subspan(i, j - i));
       i = j;
     }
     for (size_t i = 0; i < items.size(); ++i) write_back(params[i], items[i].param);

@@ -233,16 +233,6 @@ void collect_choices(cudnnHandle_t h, const ConvProblem& pr, ConvPlan& plan, con
   }
 }
 
-// Elements of the output a call writes (for the timing runs' scratch buffer).
-int64_t out_numel(const ConvProblem& pr) {
-  switch (pr.dir) {
-    case ConvDir::forward: return pr.n * pr.o * pr.oh * pr.ow;
-    case ConvDir::backward_data: return pr.n * pr.c * pr.h * pr.w;
-    case ConvDir::backward_filter: return pr.o * (pr.c / pr.g.groups) * pr.kh * pr.kw;
-  }
-  return 0;
-}
-
 template <ConvDir D>
 std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, const ConvPointers& a, Device dev) {
   auto plan = std::make_unique<ConvPlan>();
@@ -293,7 +283,7 @@ std::unique_ptr<ConvPlan> build_plan(cudnnHandle_t h, const ConvProblem& pr, con
     }
     // The timing runs write their output to scratch, never to the caller's buffer (which a chunked
     // weight gradient accumulates into).
-    const Tensor scratch = mp::empty({std::max<int64_t>(out_numel(pr), 1)}, {.dtype = pr.dtype, .device = dev});
+    const Tensor scratch = mp::empty({std::max<int64_t>(pr.output_numel(), 1)}, {.dtype = pr.dtype, .device = dev});
     returned = 0;
     MP_CUDNN_CHECK_CTX(Dir<D>::find(h, *plan, a, scratch.raw_data(), max_count, &returned, perf.data(),
                                     ws.defined() ? ws.raw_data() : nullptr, ws_bytes),

@@ -333,16 +333,6 @@ cudnnStatus_t execute(cudnnHandle_t h, const ReadyPlan& r, void* const (&ptrs)[3
   return cudnnBackendExecute(h, r.plan.get(), pack.get());
 }
 
-// Elements of the tensor problem pr writes (y, dx or dw).
-int64_t output_numel(const ConvProblem& pr) {
-  switch (pr.dir) {
-    case ConvDir::forward: return pr.n * pr.o * pr.oh * pr.ow;
-    case ConvDir::backward_data: return pr.n * pr.c * pr.h * pr.w;
-    case ConvDir::backward_filter: return pr.o * (pr.c / pr.g.groups) * pr.kh * pr.kw;
-  }
-  return 0;
-}
-
 // MP_CUDNN_BENCHMARK (Note [cuDNN graph convolutions]): finalise up to kMaxTimedPlans configurations, time each
 // into a scratch output and order gc.ready fastest first; plans that fail to run are dropped.
 void time_plans(cudnnHandle_t h, GraphConv& gc, const ConvProblem& pr, void* const (&ptrs)[3], int out_uid,
@@ -351,7 +341,7 @@ void time_plans(cudnnHandle_t h, GraphConv& gc, const ConvProblem& pr, void* con
   while (gc.ready.size() < kMaxTimedPlans && gc.next < plain && finalize_next(h, gc)) {}
   if (gc.ready.empty()) finalize_next(h, gc);  // only engines that compile at run time: the first that finalises
   const Tensor scratch =
-      mp::empty({output_numel(pr) * static_cast<int64_t>(dtype_size(pr.dtype))}, {.dtype = DType::u8, .device = dev});
+      mp::empty({pr.output_numel() * static_cast<int64_t>(dtype_size(pr.dtype))}, {.dtype = DType::u8, .device = dev});
   const cudaStream_t stream = current_stream(dev.index);
   MP_CUDA_CHECK(cudaMemsetAsync(scratch.raw_data(), 0, static_cast<size_t>(scratch.numel()), stream));
   void* p[3] = {ptrs[0], ptrs[1], ptrs[2]};

@@ -59,6 +59,15 @@ struct ConvProblem {
             g.dilation[1],
             g.groups};
   }
+  /// Elements of the tensor the call writes: y (forward), dx (backward data) or dw (backward filter).
+  int64_t output_numel() const {
+    switch (dir) {
+      case ConvDir::forward: return n * o * oh * ow;
+      case ConvDir::backward_data: return n * c * h * w;
+      case ConvDir::backward_filter: return o * (c / g.groups) * kh * kw;
+    }
+    return 0;
+  }
   std::string str() const {
     return detail::str_cat("conv2d ", dir_name(dir), " ", dtype_name(dtype), tf32 ? " (TF32 allowed)" : "",
                            nhwc ? " channels-last (NHWC, KRSC filter)" : "", ": input [", n, ", ", c, ", ", h, ", ", w,
