@@ -184,16 +184,16 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
   const DType mm = compute_dtype != nullptr ? compute_dtype(dt, dt, 1, B, 4 * H, H) : dt;
   const DType mm_bwd = compute_dtype != nullptr ? compute_dtype(dt, dt, 1, B, H, 4 * H) : dt;
   const Tensor w = w_hh.detach(), b = b_hh.defined() ? b_hh.detach() : Tensor();
-  // Widened once (above): w^T as the contiguous [H, 4H] the kernel's own widening of linear's w^T operand makes,
-  // so the f32 GEMM sees the same layout (linear passes wt.t().t() = wt).
-  const Tensor wt = mm == dt ? Tensor() : w.t().to(mm), bm = mm == dt || !b.defined() ? b : b.to(mm);
+  // Widened once (above), in w's own layout: the kernel widens linear's w^T operand in memory order too (Note
+  // [widening in memory order] in backend/cpu/linalg.cpp), so the f32 GEMM sees the same layout.
+  const Tensor wm = mm == dt ? Tensor() : w.to(mm), bm = mm == dt || !b.defined() ? b : b.to(mm);
   {
     autograd::NoGradGuard ng;
     hs.select(0, 0).copy_(h0);
     cs.select(0, 0).copy_(c0_in);
     const Tensor gxd = gx.detach();
     for (int64_t t = 0; t < T; ++t) {
-      Tensor g = mm == dt ? linear(hs.select(0, t), w, b) : linear(hs.select(0, t).to(mm), wt.t(), bm).to(dt);
+      Tensor g = mm == dt ? linear(hs.select(0, t), w, b) : linear(hs.select(0, t).to(mm), wm, bm).to(dt);
       add_(g, gxd.select(0, t));
       backend::lstm_gates_forward_kernel.get(dev)(hs.select(0, t + 1), cs.select(0, t + 1), g, cs.select(0, t));
       gates[static_cast<size_t>(t)] = std::move(g);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "backend/cpu/matmul_cpu.hpp"
 #include "mp/mp.hpp"
 #include "test_util.hpp"
 
@@ -79,6 +80,32 @@ TEST(Linalg, Bf16MatchesReferenceOnEveryPathIncludingTransposedViews) {
       }
     }
   });
+}
+
+TEST(Linalg, SixteenBitThroughF32KeepsTransposedLayouts) {
+  // Note [widening in memory order]: the through-f32 path widens a transposed operand in its own order and makes
+  // the f32 result in the output's order. out += a b with a, b and out all transposed views, in f16 and bf16:
+  // within one 16-bit rounding (half an ulp: 2^-11 / 2^-8 relative) of the exact value on the same rounded
+  // operands (plus the f32 sums' error), and the strides of the caller's output unchanged.
+  manual_seed(5);
+  for (const DType dt : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = randn({1, 29, 37}).to(dt).transpose(1, 2);    // [1, 37, 29], column-major
+    const Tensor b = randn({1, 23, 29}).to(dt).transpose(1, 2);    // [1, 29, 23]
+    const Tensor out = randn({1, 23, 37}).to(dt).transpose(1, 2);  // [1, 37, 23], accumulated into
+    ASSERT_FALSE(a.is_contiguous() || b.is_contiguous() || out.is_contiguous());
+    const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>(), ov = out.to_vector<double>();
+    const Shape strides = out.strides();
+    backend::cpu::matmul_on_path(backend::cpu::KernelPath::via_f32, out, a, b, Tensor(), true,
+                                 backend::MatmulEpilogue::none);
+    EXPECT_EQ(out.strides(), strides);
+    const std::vector<double> ref = ref_mm(av, bv, 37, 29, 23), got = out.to_vector<double>();
+    const int rel = dt == DType::f16 ? -11 : -8;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double r = ref[i] + ov[i];
+      ASSERT_LE(std::abs(got[i] - r), std::ldexp(std::abs(r), rel) + 1e-4) << "element " << i;
+    }
+  }
 }
 
 TEST(Linalg, Bf16UsesF32Accumulation) {
