@@ -107,6 +107,54 @@ TEST(KernelPaths, MeasuresOncePicksTheFasterAndWritesTheCache) {
   EXPECT_EQ(mp::kernel_path_record().measured, 0);
 }
 
+TEST(KernelPaths, ASlowWarmUpRunIsTheOnlyRunOfThatCandidate) {
+  // A candidate 100x slower than the default (oneDNN's f16 kernels for some layouts on a CPU with AVX512-FP16)
+  // costs one run, its warm-up, not a warm-up and a timed run.
+  const MeasureScope scope("slow_warm_up");
+  struct Counting {
+    int native = 0, via = 0;
+  } n;
+  const auto run = [&](KernelPath p) {
+    ++(p == KernelPath::native ? n.native : n.via);
+    g_now += p == KernelPath::native ? 1e-3 : 0.5;
+  };
+  EXPECT_EQ(mp::backend::cpu::choose_kernel_path("test fake slow warm-up", kBoth, run), KernelPath::native);
+  EXPECT_EQ(n.native, 4);  // warm-up + 3 timed runs
+  EXPECT_EQ(n.via, 1);
+  // Within the build slack (a warm-up builds primitives) it still gets its timed run.
+  Counting m;
+  const auto run2 = [&](KernelPath p) {
+    ++(p == KernelPath::native ? m.native : m.via);
+    g_now += p == KernelPath::native ? 1e-3 : 0.02;
+  };
+  EXPECT_EQ(mp::backend::cpu::choose_kernel_path("test fake build slack", kBoth, run2), KernelPath::native);
+  EXPECT_EQ(m.via, 2);  // warm-up + one timed run, then it stops (over 1.5x the best)
+}
+
+TEST(KernelPaths, UnusableCandidatesAreNotTimedAndTheNextIsTheDefault) {
+  const MeasureScope scope("unusable");
+  FakeKernel k{.native_ms = 2, .via_ms = 20};
+  int asked = 0;
+  const auto no_native = [&](KernelPath p) {
+    ++asked;
+    return p != KernelPath::native;
+  };
+  // native (the default) is dropped: via_f32 is the only candidate left and is chosen however slow.
+  EXPECT_EQ(mp::backend::cpu::choose_kernel_path(
+                "test fake unusable", kBoth, [&](KernelPath p) { k(p); }, no_native),
+            KernelPath::via_f32);
+  EXPECT_EQ(asked, 2);
+  const int calls = k.calls;
+  EXPECT_GE(calls, 1);
+  EXPECT_EQ(mp::kernel_path_timings("test fake unusable").count("native"), 0u) << "native was never run";
+  // Asked only before timing: a choice already made asks nothing.
+  EXPECT_EQ(mp::backend::cpu::choose_kernel_path(
+                "test fake unusable", kBoth, [&](KernelPath p) { k(p); }, no_native),
+            KernelPath::via_f32);
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(k.calls, calls);
+}
+
 TEST(KernelPaths, ANoisyTimingServesThisProcessOnly) {
   const MeasureScope scope("noisy");
   // Calls: native warm-up, 3 timed (the third 8 ms late: another process held the core), via_f32 ...

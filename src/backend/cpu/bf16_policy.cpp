@@ -66,12 +66,18 @@ Bf16Path bf16_path() {
 }
 
 KernelPath choose_16bit_path(DType dt, bool gemm_ok, const std::function<std::string()>& key,
-                             const std::function<void(KernelPath)>& run) {
+                             const std::function<void(KernelPath)>& run,
+                             const std::function<bool()>& native_is_reference) {
+  const auto usable = [&](KernelPath p) {
+    try {
+      return p != KernelPath::native || !native_is_reference();
+    } catch (const Error&) { return false; }  // no primitive at all for the call: no candidate either
+  };
   MP_ASSERT(dt == DType::bf16 || dt == DType::f16, "choose_16bit_path: not a 16-bit dtype: ", dtype_name(dt));
   if (dt == DType::f16) {
     if (!onednn_has_native(DType::f16)) return KernelPath::via_f32;
     static constexpr KernelPath kF16[] = {KernelPath::via_f32, KernelPath::native};
-    return choose_kernel_path(key(), kF16, run);
+    return choose_kernel_path(key(), kF16, run, usable);
   }
   switch (bf16_path()) {
     case Bf16Path::native_gemm: return gemm_ok ? KernelPath::gemm : KernelPath::native;
@@ -82,7 +88,7 @@ KernelPath choose_16bit_path(DType dt, bool gemm_ok, const std::function<std::st
   if (!onednn_has_native(DType::bf16)) return KernelPath::via_f32;
   std::vector<KernelPath> candidates{KernelPath::native, KernelPath::via_f32};
   if (gemm_ok) candidates.push_back(KernelPath::gemm);
-  return choose_kernel_path(key(), candidates, run);
+  return choose_kernel_path(key(), candidates, run, usable);
 }
 
 }  // namespace mp::backend::cpu

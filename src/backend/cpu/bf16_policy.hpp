@@ -27,8 +27,11 @@ Bf16Path bf16_path();
 
 /// The path of one 16-bit (`dt`: bf16 or f16) matmul or convolution call: the forced rule's for bf16 when one is
 /// set, else choose_kernel_path over the candidates this CPU and library offer (bf16: native, via_f32, and gemm
-/// when `gemm_ok`; f16: via_f32). `key` names the call; `run` times a path on stand-in operands.
+/// when `gemm_ok`; f16: via_f32). `key` names the call; `run` times a path on stand-in operands;
+/// `native_is_reference`, asked only before timing, says whether oneDNN would run the call's 16-bit primitive on a
+/// reference implementation (then native is not timed: choose_kernel_path's `usable`).
 KernelPath choose_16bit_path(DType dt, bool gemm_ok, const std::function<std::string()>& key,
-                             const std::function<void(KernelPath)>& run);
+                             const std::function<void(KernelPath)>& run,
+                             const std::function<bool()>& native_is_reference);
 
 }  // namespace mp::backend::cpu

@@ -387,7 +387,8 @@ KernelPath conv_path(const Conv2dArgs& a, ConvPass pass) {
       case ConvPass::backward_weights: return backward_weights_on(p, a, ops[3], Tensor(), ops[0], ops[2], fmt);
     }
   };
-  return choose_16bit_path(a.src_dtype, gemm_eligible(a, pass), key, run);
+  auto reference = [a, pass] { return onednn_reference_impl(conv2d_impl_info(a, pass)); };
+  return choose_16bit_path(a.src_dtype, gemm_eligible(a, pass), key, run, reference);
 }
 
 // ----------------------------------------------------------------------------------------- kernels

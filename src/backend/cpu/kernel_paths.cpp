@@ -22,24 +22,29 @@ namespace mp::backend::cpu {
 // shape, and no CPU flag predicts it: bf16 kernels ran 0.52-0.78x f32 on a Sapphire Rapids VM without AMX and
 // ~2x f32 on AMD Zen 4, both with AVX512-BF16 (bench/RESULTS.md). So, as cudnn.benchmark does, each shape's
 // candidates are timed on first use on the machine at hand: one warm-up run (it builds the primitives) and
-// kTimedRuns timed runs each on stand-in operands of the same shape, the median kept; a candidate whose first
-// timed run is over 1.5x the best median so far stops there. The default (native for bf16, via_f32 for f16)
-// is replaced only by a path at least kReplaceFactor faster, so a choice does not flip with noise. The choice
-// is kept for the process and in the machine's cache file (Note [the kernel-path cache file]), so a second
-// process times nothing; but where one candidate's timed runs spread by more than kNoisySpread (another
-// process held a core: with OpenMP barriers a 2-thread call then takes several times longer) the choice serves
-// this process only, and the next process measures again; timing stops for the process once kMeasureBudgetSeconds are
-// spent (later shapes take their default, and the next process measures them). Determinism contract: the path changes
-// the rounding (native and via_f32 sum in different orders), so a run is bit-reproducible given its choices, not given
-// the machine. The choices a run used are part of its record and of its checkpoints (mp::kernel_path_record), and a
-// resumed run adopts them (mp::adopt_kernel_paths) ahead of the cache file and of measuring, so exact resume holds even
-// where this machine's cache chose otherwise. MP_BF16=native|native_gemm|via_f32 forces one rule for every bf16 shape
-// (experiments, tests), and pinned mode (MP_KERNEL_PATHS=pinned, the test suite) gives every shape its default without
-// timing.
+// kTimedRuns timed runs each on stand-in operands of the same shape and layouts, the median kept; a candidate whose
+// warm-up run (which includes building its primitives) is over 1.5x the best median so far plus kBuildSlack, or whose
+// first timed run is over 1.5x it, stops there: one run of a slow kernel is the price of knowing it is slow (f16
+// kernels that oneDNN 3.2 runs 100x slower than f32 for some layouts on a CPU with AVX512-FP16 cost 2.5 s per MLP step
+// when chosen from contiguous stand-ins, and 11 s of measuring for ResNet-18 when timed 2 runs each, bench/RESULTS.md).
+// Candidates that the caller knows to be oneDNN's reference implementations for the call are not timed at all. The
+// default (native for bf16, via_f32 for f16) is replaced only by a path at least kReplaceFactor faster, so a choice
+// does not flip with noise. The choice is kept for the process and in the machine's cache file (Note [the kernel-path
+// cache file]), so a second process times nothing; but where one candidate's timed runs spread by more than
+// kNoisySpread (another process held a core: with OpenMP barriers a 2-thread call then takes several times longer) the
+// choice serves this process only, and the next process measures again; timing stops for the process once
+// kMeasureBudgetSeconds are spent (later shapes take their default, and the next process measures them). Determinism
+// contract: the path changes the rounding (native and via_f32 sum in different orders), so a run is bit-reproducible
+// given its choices, not given the machine. The choices a run used are part of its record and of its checkpoints
+// (mp::kernel_path_record), and a resumed run adopts them (mp::adopt_kernel_paths) ahead of the cache file and of
+// measuring, so exact resume holds even where this machine's cache chose otherwise. MP_BF16=native|native_gemm|via_f32
+// forces one rule for every bf16 shape (experiments, tests), and pinned mode (MP_KERNEL_PATHS=pinned, the test suite)
+// gives every shape its default without timing.
 namespace {
 
 constexpr int kTimedRuns = 3;
 constexpr double kStopFactor = 1.5;
+constexpr double kBuildSlack = 0.05;  // seconds a warm-up run may spend building primitives before it counts as slow
 constexpr double kMeasureBudgetSeconds = 10.0;
 constexpr double kNoisySpread = 1.5;
 constexpr double kNoisyMinSeconds = 1e-3;  // below a millisecond a spread is timer and cache jitter, not load
@@ -108,11 +113,16 @@ std::vector<PathTiming> time_candidates(std::span<const KernelPath> candidates,
   noisy = false;
   double best = std::numeric_limits<double>::infinity();
   for (const KernelPath p : candidates) {
+    double warm = 0.0;
     try {
-      run(p);  // warm-up: builds and caches the primitives
+      warm = seconds_of(run, p);  // warm-up: builds and caches the primitives
     } catch (const Error&) {
       if (p == candidates[0]) throw;  // the default must work: the caller's own call would fail the same way
       continue;                       // a path this library cannot run for the shape is no candidate
+    }
+    if (!timings.empty() && warm > kStopFactor * best + kBuildSlack) {  // slow beyond doubt: no timed runs
+      timings.push_back({p, warm});
+      continue;
     }
     std::vector<double> t;
     for (int i = 0; i < kTimedRuns; ++i) {
@@ -155,7 +165,8 @@ KernelPath decide_kernel_path(std::span<const PathTiming> timings) {
 }
 
 KernelPath choose_kernel_path(const std::string& key, std::span<const KernelPath> candidates,
-                              const std::function<void(KernelPath)>& run) {
+                              const std::function<void(KernelPath)>& run,
+                              const std::function<bool(KernelPath)>& usable) {
   MP_ASSERT(!candidates.empty(), "choose_kernel_path: no candidates for ", key);
   const KernelPath dflt = candidates[0];
   if (candidates.size() == 1 || t_measuring) return dflt;
@@ -196,7 +207,11 @@ KernelPath choose_kernel_path(const std::string& key, std::span<const KernelPath
     struct Reset {
       ~Reset() { t_measuring = false; }
     } reset;
-    timings = time_candidates(candidates, run, noisy);
+    std::vector<KernelPath> timed;
+    for (const KernelPath p : candidates)
+      if (!usable || usable(p)) timed.push_back(p);
+    if (timed.empty()) timed.push_back(dflt);
+    timings = time_candidates(timed, run, noisy);
   }
   const KernelPath choice = decide_kernel_path(timings);
   CachedPath entry{kernel_path_name(choice), {}};

@@ -33,8 +33,11 @@ std::optional<KernelPath> parse_kernel_path(const std::string& name);
 /// mode the default; the user's cache file; else `run(path)` is timed for each candidate on stand-in operands
 /// (never the caller's: it must have no effect outside itself) and the choice is stored in memory and in the
 /// cache file. A call made while this thread is timing another (a GEMM path's inner matmul) gets its default.
+/// `usable` (optional), asked only before timing, drops candidates known to be slow without timing them (a
+/// oneDNN reference implementation); when it drops the default, the first remaining candidate is the default.
 KernelPath choose_kernel_path(const std::string& key, std::span<const KernelPath> candidates,
-                              const std::function<void(KernelPath)>& run);
+                              const std::function<void(KernelPath)>& run,
+                              const std::function<bool(KernelPath)>& usable = {});
 
 /// One candidate's timing: the median of its timed runs, in seconds.
 struct PathTiming {

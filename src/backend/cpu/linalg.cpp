@@ -5,11 +5,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/bf16_policy.hpp"
 #include "backend/cpu/matmul_cpu.hpp"
+#include "backend/cpu/onednn_common.hpp"
 #include "backend/cpu/onednn_matmul.hpp"
 #include "backend/linalg_kernels.hpp"
 
@@ -77,6 +79,27 @@ Tensor empty_f32_in_memory_order(const Tensor& t) {
   return empty(sizes).permute(inverse_permutation(order));
 }
 
+// oneDNN's arguments for out (+)= a x b with the tensors' sizes, dtypes and strides (no bias, no epilogue).
+MatmulArgs matmul_args(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
+  MatmulArgs args;
+  args.batch = out.size(0);
+  args.m = out.size(1);
+  args.n = out.size(2);
+  args.k = a.size(2);
+  args.a_dtype = a.dtype();
+  args.b_dtype = b.dtype();
+  args.c_dtype = out.dtype();
+  for (int i = 0; i < 3; ++i) {
+    args.a_strides[i] = a.stride(i);
+    args.b_strides[i] = b.stride(i);
+    args.c_strides[i] = out.stride(i);
+  }
+  if (a.size(0) == 1) args.a_strides[0] = 0;
+  if (b.size(0) == 1) args.b_strides[0] = 0;
+  args.accumulate = accumulate;
+  return args;
+}
+
 }  // namespace
 
 void matmul_on_path(KernelPath path, const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias,
@@ -93,22 +116,7 @@ void matmul_on_path(KernelPath path, const Tensor& out, const Tensor& a, const T
     Tensor(out).copy_(o32);
     return;
   }
-  MatmulArgs args;
-  args.batch = out.size(0);
-  args.m = out.size(1);
-  args.n = out.size(2);
-  args.k = a.size(2);
-  args.a_dtype = a.dtype();
-  args.b_dtype = b.dtype();
-  args.c_dtype = out.dtype();
-  for (int i = 0; i < 3; ++i) {
-    args.a_strides[i] = a.size(i) == 1 && i == 0 ? 0 : a.stride(i);
-    args.b_strides[i] = b.size(i) == 1 && i == 0 ? 0 : b.stride(i);
-    args.c_strides[i] = out.stride(i);
-  }
-  if (a.size(0) == 1) args.a_strides[0] = 0;
-  if (b.size(0) == 1) args.b_strides[0] = 0;
-  args.accumulate = accumulate;
+  MatmulArgs args = matmul_args(out, a, b, accumulate);
   args.relu = relu;
   Tensor bias_c;
   if (bias.defined()) {
@@ -122,20 +130,36 @@ void matmul_on_path(KernelPath path, const Tensor& out, const Tensor& a, const T
 
 namespace {
 
-// The path of a 16-bit matmul of these sizes (Note [kernel paths chosen by measurement]); timed on contiguous
-// stand-in operands (the key leaves out layouts, bias and epilogue: they change little of the time).
-KernelPath matmul_path(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k) {
+// Whether a 3-D operand is read column-major (a transposed view: the weight of linear, dY^T of a weight gradient).
+bool column_major(const Tensor& t) { return t.size(2) > 1 && t.stride(2) != 1; }
+
+// The path of a 16-bit matmul of these sizes (Note [kernel paths chosen by measurement]); timed on stand-in operands
+// of the call's layouts (row- or column-major A and B: oneDNN's 16-bit kernels may differ by 100x between them, a
+// reference implementation for one, while the f32 path reads both alike), whose key names the column-major ones.
+KernelPath matmul_path(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k, bool a_cm, bool b_cm) {
   auto key = [&] {
     return std::string("matmul ") + dtype_name(ab) + ">" + dtype_name(c) + " b" + std::to_string(batch) + " m" +
-           std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+           std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) + (a_cm ? " a_cm" : "") +
+           (b_cm ? " b_cm" : "");
   };
-  auto run = [ab, c, batch, m, n, k, ops = std::vector<Tensor>()](KernelPath p) mutable {
-    if (ops.empty())
-      ops = {full({batch, m, k}, 0.01, {.dtype = ab}), full({batch, k, n}, 0.01, {.dtype = ab}),
-             empty({batch, m, n}, {.dtype = c})};
-    matmul_on_path(p, ops[2], ops[0], ops[1], Tensor(), false, MatmulEpilogue::none);
+  auto ops = std::make_shared<std::vector<Tensor>>();  // a, b, out: made on first use
+  auto stand_ins = [=]() -> const std::vector<Tensor>& {
+    auto operand = [&](int64_t rows, int64_t cols, bool cm) {
+      return cm ? full({batch, cols, rows}, 0.01, {.dtype = ab}).transpose(1, 2)
+                : full({batch, rows, cols}, 0.01, {.dtype = ab});
+    };
+    if (ops->empty()) *ops = {operand(m, k, a_cm), operand(k, n, b_cm), empty({batch, m, n}, {.dtype = c})};
+    return *ops;
   };
-  return choose_16bit_path(ab, false, key, run);
+  auto run = [stand_ins](KernelPath p) {
+    const std::vector<Tensor>& o = stand_ins();
+    matmul_on_path(p, o[2], o[0], o[1], Tensor(), false, MatmulEpilogue::none);
+  };
+  auto reference = [stand_ins] {
+    const std::vector<Tensor>& o = stand_ins();
+    return onednn_reference_impl(matmul_impl_info(matmul_args(o[2], o[0], o[1], false)));
+  };
+  return choose_16bit_path(ab, false, key, run, reference);
 }
 
 void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
@@ -146,13 +170,14 @@ void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
   if (a.dtype() == DType::f64) return matmul_f64(out, a, b, bias, accumulate, epilogue == MatmulEpilogue::relu);
   const KernelPath path = a.dtype() == DType::f32 || out.numel() == 0 || a.size(2) == 0
                               ? KernelPath::native
-                              : matmul_path(a.dtype(), out.dtype(), out.size(0), out.size(1), out.size(2), a.size(2));
+                              : matmul_path(a.dtype(), out.dtype(), out.size(0), out.size(1), out.size(2), a.size(2),
+                                            column_major(a), column_major(b));
   matmul_on_path(path, out, a, b, bias, accumulate, epilogue);
 }
 
 DType matmul_compute_dtype_cpu(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k) {
   if (ab != DType::bf16 && ab != DType::f16) return ab;
-  return matmul_path(ab, c, batch, m, n, k) == KernelPath::via_f32 ? DType::f32 : ab;
+  return matmul_path(ab, c, batch, m, n, k, false, false) == KernelPath::via_f32 ? DType::f32 : ab;
 }
 
 }  // namespace
