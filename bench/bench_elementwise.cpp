@@ -19,8 +19,21 @@ using namespace mp;
 using mp::bench::median_seconds;
 
 int main(int argc, char** argv) {
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t{1} << 25);
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 15;
+  auto whole = [&](int i, int64_t dflt, int64_t min) {
+    if (argc <= i) return dflt;
+    char* end = nullptr;
+    const long long v = std::strtoll(argv[i], &end, 10);
+    if (end == argv[i] || *end != '\0' || v < min) {
+      std::fprintf(stderr,
+                   "usage: bench_elementwise [elements >= 4096, default 33554432] [repeats >= 1, default 15]; "
+                   "got '%s'\n",
+                   argv[i]);
+      std::exit(2);
+    }
+    return static_cast<int64_t>(v);
+  };
+  const int64_t n = whole(1, int64_t{1} << 25, 4096);
+  const int repeats = static_cast<int>(whole(2, 15, 1));
   std::printf("# element-wise bandwidth: n = %lld elements, %d threads, median of %d\n\n", static_cast<long long>(n),
               omp_get_max_threads(), repeats);
 
@@ -34,6 +47,11 @@ int main(int argc, char** argv) {
   Tensor a16 = a32.to(DType::bf16), b16 = b32.to(DType::bf16);
   Tensor h16 = a32.to(DType::f16);
   Tensor out32 = empty({n}), out16 = empty({n}, {.dtype = DType::bf16}), outh = empty({n}, {.dtype = DType::f16});
+  // A square-ish [r, n / r] view for the transposing copies (Note [transposing copies]).
+  const int64_t rows = int64_t{1} << (63 - __builtin_clzll(static_cast<unsigned long long>(n)) + 1) / 2;
+  const Tensor t32 = a32.narrow(0, 0, rows * (n / rows)).view({rows, n / rows}).t();
+  const Tensor th16 = h16.narrow(0, 0, rows * (n / rows)).view({rows, n / rows}).t();
+  Tensor tout32 = empty(t32.sizes());
   struct Case {
     std::string name, dtype;
     double bytes_per_elem;
@@ -52,6 +70,8 @@ int main(int argc, char** argv) {
       {"cast f16->f32", "f32", 6, [&] { out32.copy_(h16); }},
       {"to(bf16) (allocating)", "bf16", 6, [&] { (void)a32.to(DType::bf16); }},
       {"sum", "f32", 4, [&] { (void)sum(a32); }},
+      {"transposing copy", "f32", 8, [&] { tout32.copy_(t32); }},
+      {"transposing cast f16->f32", "f32", 6, [&] { tout32.copy_(th16); }},
   };
   for (auto& c : cases) {
     const double t = median_seconds(c.fn, repeats);

@@ -199,3 +199,39 @@ TEST(Tensor, EmptyRefusesShapesWhoseStridesOrBytesOverflow) {
   mp::test::expect_error([&] { (void)empty({0, k62, 4}); }, {"empty: shape [0, 4611686018427387904, 4]", "64 bits"});
   EXPECT_EQ(empty({0, k62, 1}).numel(), 0);
 }
+
+TEST(Tensor, TransposingCopiesAndCastsMatchElementByElement) {
+  // Note [transposing copies]: copies whose input is unit-stride along another dim than the output's go tile by
+  // tile. Every dtype pair, sizes that are no multiple of the tile, an outer dim, into a transposed output too: each
+  // element equals the flat cast of its source element.
+  manual_seed(4);
+  const DType dts[] = {DType::f32, DType::bf16, DType::f16};
+  for (const DType from : dts)
+    for (const DType to : dts) {
+      SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
+      const Tensor src = randn({3, 131, 259}).to(from);
+      const std::vector<double> flat = src.to(to).to_vector<double>();  // [3, 131, 259], cast without transposing
+      Tensor out = empty({3, 259, 131}, {.dtype = to});
+      out.copy_(src.permute({0, 2, 1}));
+      const std::vector<double> got = out.to_vector<double>();
+      Tensor out_t = empty({3, 259, 131}, {.dtype = to}).permute({0, 2, 1});  // a transposed destination
+      out_t.copy_(src);
+      const std::vector<double> got_t = out_t.permute({0, 2, 1}).contiguous().to_vector<double>();
+      for (int64_t b = 0; b < 3; ++b)
+        for (int64_t i = 0; i < 259; ++i)
+          for (int64_t j = 0; j < 131; ++j) {
+            const size_t o = static_cast<size_t>((b * 259 + i) * 131 + j),
+                         s = static_cast<size_t>((b * 131 + j) * 259 + i);
+            ASSERT_EQ(got[o], flat[s]) << "b " << b << " i " << i << " j " << j;
+            ASSERT_EQ(got_t[o], flat[s]) << "transposed destination, b " << b << " i " << i << " j " << j;
+          }
+    }
+  // Channels-last and back, and a broadcast (stride-0) input.
+  const Tensor x = randn({2, 70, 9, 11});
+  EXPECT_EQ(x.contiguous(MemoryFormat::channels_last).contiguous().to_vector<float>(), x.to_vector<float>());
+  const Tensor v = randn({300});
+  const std::vector<float> vv = v.to_vector<float>(),
+                           e = v.unsqueeze(1).expand({300, 200}).contiguous().to_vector<float>();
+  for (size_t i = 0; i < 300; ++i)
+    for (size_t j = 0; j < 200; ++j) ASSERT_EQ(e[i * 200 + j], vv[i]);
+}

@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "backend/cpu/loops.hpp"
+#include "backend/cpu/transpose_copy.hpp"
 #include "backend/pointwise_kernels.hpp"
 #include "mp/core/cpu_features.hpp"
 
@@ -48,6 +49,7 @@ void run_pointwise(PointwiseOp op, const Tensor& out, std::span<const Tensor> in
 void pointwise_cpu(PointwiseOp op, const Tensor& out, std::span<const Tensor> ins, DType compute,
                    const PointwiseParams& p) {
   MP_ASSERT(static_cast<int>(ins.size()) == pointwise_arity(op), "wrong operand count");
+  if (op == PointwiseOp::copy && transpose_copy(out, ins[0])) return;  // Note [transposing copies]
   switch (compute) {
     case DType::f64: return run_pointwise<double>(op, out, ins, p);
     case DType::f32:
