@@ -53,21 +53,13 @@ using Conv2dForwardKernel = void(const Tensor& out, const Tensor& x, const Tenso
                                  const Conv2dGeometry& g);
 inline constinit KernelSlot<Conv2dForwardKernel> conv2d_forward_kernel{"conv2d_forward"};
 
-/// dx [N, C, H, W] (contiguous or channels-last; weight's dtype; overwritten) = gradient of the
-/// convolution with respect to its input, from dy [N, O, oh, ow] and weight (same dtype, may be strided).
-using Conv2dBackwardDataKernel = void(const Tensor& dx, const Tensor& dy, const Tensor& weight,
-                                      const Conv2dGeometry& g);
-inline constinit KernelSlot<Conv2dBackwardDataKernel> conv2d_backward_data_kernel{"conv2d_backward_data"};
-
-/// dweight [O, C/groups, kH, kW] and dbias [O] (contiguous, overwritten; dbias may be undefined) from x and dy
-/// (same dtype, may be strided). dweight/dbias are f64 for f64 inputs and f32 otherwise (f32 accumulation).
-using Conv2dBackwardWeightsKernel = void(const Tensor& dweight, const Tensor& dbias, const Tensor& x, const Tensor& dy,
-                                         const Conv2dGeometry& g);
-inline constinit KernelSlot<Conv2dBackwardWeightsKernel> conv2d_backward_weights_kernel{"conv2d_backward_weights"};
-
-/// Both gradients in one call (what the autograd node calls): dx as conv2d_backward_data, dweight/dbias as
-/// conv2d_backward_weights; dx or dweight undefined = not needed (x or weight may then be undefined too).
-/// Lets a backend share work between the two (the CPU reorders dy into oneDNN's layout once).
+/// Both gradients of a convolution in one call (what the autograd node calls; dx or dweight undefined = not
+/// needed, and x or weight may then be undefined too), letting a backend share work between them (the CPU reorders
+/// dy into oneDNN's layout once):
+/// - dx [N, C, H, W] (contiguous or channels-last; weight's dtype; overwritten) = the gradient with respect to the
+///   input, from dy [N, O, oh, ow] and weight (same dtype, may be strided);
+/// - dweight [O, C/groups, kH, kW] and dbias [O] (contiguous, overwritten; dbias may be undefined) from x and dy
+///   (same dtype, may be strided); f64 for f64 inputs and f32 otherwise (f32 accumulation).
 using Conv2dBackwardKernel = void(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& x,
                                   const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g);
 inline constinit KernelSlot<Conv2dBackwardKernel> conv2d_backward_kernel{"conv2d_backward"};

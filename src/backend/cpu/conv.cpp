@@ -498,7 +498,5 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
 
 MP_REGISTER_KERNEL(conv2d_backward_kernel, DeviceType::cpu, &conv2d_backward_cpu);
 MP_REGISTER_KERNEL(conv2d_forward_kernel, DeviceType::cpu, &conv2d_forward_cpu);
-MP_REGISTER_KERNEL(conv2d_backward_data_kernel, DeviceType::cpu, &conv2d_backward_data_cpu);
-MP_REGISTER_KERNEL(conv2d_backward_weights_kernel, DeviceType::cpu, &conv2d_backward_weights_cpu);
 
 }  // namespace mp::backend::cpu

@@ -636,8 +636,6 @@ void conv2d_backward_cuda(const Tensor& dx, const Tensor& dweight, const Tensor&
 
 MP_REGISTER_KERNEL(conv2d_forward_kernel, DeviceType::cuda, &conv2d_forward_cuda);
 MP_REGISTER_KERNEL(conv2d_backward_kernel, DeviceType::cuda, &conv2d_backward_cuda);
-MP_REGISTER_KERNEL(conv2d_backward_data_kernel, DeviceType::cuda, &conv2d_backward_data_cuda);
-MP_REGISTER_KERNEL(conv2d_backward_weights_kernel, DeviceType::cuda, &conv2d_backward_weights_cuda);
 
 }  // namespace mp::backend::cuda
 
