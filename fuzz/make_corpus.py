@@ -123,3 +123,30 @@ put("fuzz_kernel_path_cache", "two_entries", json.dumps({"machine": identity, "p
 put("fuzz_kernel_path_cache", "foreign_machine", json.dumps({"machine": dict(identity, threads=8), "paths": paths}))
 put("fuzz_kernel_path_cache", "deep_machine", json.dumps({"machine": {"format": [[[[[[[[1]]]]]]]]}, "paths": {}}))
 put("fuzz_kernel_path_cache", "entry_without_ms", json.dumps({"machine": identity, "paths": {"k": {"path": "x"}}}))
+
+# ---- byte-level BPE tokenizers (first byte even: a tokenizer.json; odd: text for a fixed tokenizer) ----
+def bytes_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+byte_syms = bytes_to_unicode()
+vocab = {"<|endoftext|>": 0}
+for s_ in byte_syms:
+    vocab[s_] = len(vocab)
+vocab["th"], vocab["the"] = len(vocab), len(vocab) + 1
+tok = {"version": "1.0", "added_tokens": [{"id": 0, "content": "<|endoftext|>", "special": True}],
+       "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+       "model": {"type": "BPE", "vocab": vocab, "merges": ["t h", ["th", "e"]]}}
+put("fuzz_tokenizer", "small", b"\x00" + json.dumps(tok).encode())
+put("fuzz_tokenizer", "merge_of_unknown", b"\x00" + json.dumps(dict(tok, model=dict(tok["model"], merges=["q z"]))).encode())
+put("fuzz_tokenizer", "wordpiece", b"\x00" + json.dumps({"model": {"type": "WordPiece", "vocab": {}}}).encode())
+put("fuzz_tokenizer", "text", b"\x01the cat's hat <|endoftext|> 123\n\n  x")
+put("fuzz_tokenizer", "bad_utf8", b"\x01ok \xff\xfe \xc3")
+

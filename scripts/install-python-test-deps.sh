@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Python's safetensors (pinned with its hash in scripts/python-test-wheels.txt) into the project-local
+# Install Python's safetensors and tokenizers (pinned with their hashes in scripts/python-test-wheels.txt) into the project-local
 # folder .deps/python, for Debian's python3 (/usr/bin/python3, whose python3-torch scripts/setup.sh installs).
 # The tests put the folder on PYTHONPATH (tests/CMakeLists.txt); nothing is installed system-wide. The wheel is
 # cached in .deps/wheels. Idempotent: does nothing when the folder holds what the pinned wheel installs. Needs
@@ -16,12 +16,12 @@ fail() { echo "install-python-test-deps: $*" >&2; exit 1; }
 want_stamp=$(grep -E '^[a-z]' "$PINS")
 [ -n "$want_stamp" ] || fail "no pinned wheel in $PINS"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ] &&
-   PYTHONPATH="$PREFIX" "$PY" -c 'import safetensors.torch' 2>/dev/null; then
+   PYTHONPATH="$PREFIX" "$PY" -c 'import safetensors.torch, tokenizers' 2>/dev/null; then
   exit 0  # already installed from these wheels
 fi
 "$PY" -m pip --version >/dev/null 2>&1 ||
   fail "$PY has no pip; install Debian's python3-pip (scripts/setup.sh does) and rerun"
-echo "mixprec setup: installing Python's safetensors into .deps/python (for the PyTorch interchange tests)"
+echo "mixprec setup: installing Python's safetensors and tokenizers into .deps/python (interchange and parity tests)"
 mkdir -p "$WHEELS"
 "$PY" -m pip download --disable-pip-version-check --no-deps --only-binary=:all: --require-hashes -r "$PINS" \
   -d "$WHEELS" >/dev/null ||
@@ -32,7 +32,7 @@ rm -rf "$tmp"
 "$PY" -m pip install --disable-pip-version-check --no-index --find-links "$WHEELS" --no-deps --no-compile \
   --require-hashes -r "$PINS" --target "$tmp" >"$ROOT/.deps/pip-install-python.log" 2>&1 ||
   { cat "$ROOT/.deps/pip-install-python.log" >&2; fail "pip install of $PINS into $tmp failed"; }
-PYTHONPATH="$tmp" "$PY" -c 'import safetensors.torch' ||
+PYTHONPATH="$tmp" "$PY" -c 'import safetensors.torch, tokenizers' ||
   fail "safetensors.torch does not import with $PY (is Debian's python3-torch installed? scripts/setup.sh installs it)"
 printf '%s\n' "$want_stamp" >"$tmp/.installed-from"
 rm -rf "$PREFIX"

@@ -8,9 +8,10 @@ set -euo pipefail
 # python3-pip: installs the oneDNN wheels (Debian 12 ships oneDNN 2.6 only; mixprec uses 3.2) and Python's
 # safetensors. python3-torch: Debian's PyTorch 1.13 (CPU), the other side of the PyTorch interchange tests
 # (tests/python/interop.py) and the benchmarks' extra column; not PyPI's torch, whose CUDA wheels are gigabytes.
+# libpcre2-dev: GPT-2's pre-tokenization regex of the BPE tokenizer (src/data/pretokenize.cpp).
 pkgs=(build-essential cmake python3-pip libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev dataset-fashion-mnist bible-kjv gnuplot-nox libopenmpi-dev openmpi-bin
-      python3-torch)
+      python3-torch libpcre2-dev pkg-config)
 if [ "${1:-}" = "--bench" ]; then
   # python3-venv: scripts/setup-bench-venv.sh (run last) makes .venv-bench/ with PyPI's newest torch, the
   # PyTorch that bench/compare_pytorch.sh compares with; Debian's python3-torch 1.13 is its extra column.

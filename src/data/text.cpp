@@ -288,7 +288,7 @@ std::vector<uint8_t> run_bible() {
 
 }  // namespace
 
-Corpus load_kjv(const CorpusOptions& options, const std::string& dump_path) {
+std::vector<std::string> kjv_verses(const std::string& dump_path) {
   const std::vector<uint8_t> text = dump_path.empty() ? run_bible() : read_file_bytes(dump_path);
   std::vector<std::string> verses;
   for (std::string& line : split_lines(text)) {
@@ -299,6 +299,11 @@ Corpus load_kjv(const CorpusOptions& options, const std::string& dump_path) {
   }
   MP_CHECK(!verses.empty(), "load_kjv: ", dump_path.empty() ? std::string("the output of `bible`") : dump_path,
            " has no verses; expected the text of `bible -l0 \"Gen1:1-Rev22:21\"` (one verse per line)");
+  return verses;
+}
+
+Corpus load_kjv(const CorpusOptions& options, const std::string& dump_path) {
+  const std::vector<std::string> verses = kjv_verses(dump_path);
   std::vector<std::string> train, valid, test;
   split_single_file(verses, train, valid, test);
   CorpusOptions opt = options;

@@ -1,5 +1,6 @@
 #pragma once
 /// Everything of mp::data: datasets, IDX/CIFAR readers, transforms, the threaded loader and text corpora.
+#include "mp/data/bpe.hpp"
 #include "mp/data/cifar.hpp"
 #include "mp/data/dataset.hpp"
 #include "mp/data/idx.hpp"

@@ -57,6 +57,10 @@ Corpus make_corpus(std::string name, const std::vector<std::string>& train, cons
 /// max_vocab as given (use 10000 in the CLI default).
 Corpus load_kjv(const CorpusOptions& options = {.max_vocab = 10000}, const std::string& dump_path = "");
 
+/// The verses of the King James Bible as load_kjv reads them (headings dropped, verse numbers stripped), with their
+/// case and punctuation: one verse per entry, in book order (the text a BPE tokenizer is trained on).
+std::vector<std::string> kjv_verses(const std::string& dump_path = "");
+
 /// tokens [n] -> [n / B, B] (column b = the b-th contiguous chunk; the tail that does not fill a row is dropped),
 /// as batchify() in the PyTorch example. i64 in, i64 contiguous out.
 Tensor batchify(const Tensor& tokens, int64_t batch_size);
