@@ -23,6 +23,7 @@ enum class PointwiseOp : uint8_t {
   rsqrt,
   relu,
   gelu,
+  gelu_tanh,  // GELU's tanh approximation (GPT-2's)
   tanh,
   sigmoid,
   abs,
@@ -49,11 +50,12 @@ enum class PointwiseOp : uint8_t {
   le,
   gt,
   ge,
-  relu_backward,     // (grad, x): grad where x > 0
-  gelu_backward,     // (grad, x)
-  tanh_backward,     // (grad, y=tanh(x)): grad * (1 - y^2)
-  sigmoid_backward,  // (grad, y=sigmoid(x)): grad * y * (1 - y)
-  clamp_backward,    // (grad, x): grad where p.scalar0 <= x <= p.scalar1
+  relu_backward,       // (grad, x): grad where x > 0
+  gelu_backward,       // (grad, x)
+  gelu_tanh_backward,  // (grad, x)
+  tanh_backward,       // (grad, y=tanh(x)): grad * (1 - y^2)
+  sigmoid_backward,    // (grad, y=sigmoid(x)): grad * y * (1 - y)
+  clamp_backward,      // (grad, x): grad where p.scalar0 <= x <= p.scalar1
   // ternary
   where,  // (cond, a, b)
 };
@@ -102,6 +104,13 @@ template <class T>
 struct GeluFn {
   MP_HD MP_FORCE_INLINE T operator()(T x) const {
     return T(0.5) * x * (T(1) + math_erf(x * T(0.70710678118654752440)));
+  }
+};
+/// GELU's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (PyTorch's approximate='tanh').
+template <class T>
+struct GeluTanhFn {
+  MP_HD MP_FORCE_INLINE T operator()(T x) const {
+    return T(0.5) * x * (T(1) + math_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
   }
 };
 template <class T>
@@ -232,6 +241,14 @@ struct GeluBackwardFn {
   }
 };
 template <class T>
+struct GeluTanhBackwardFn {
+  MP_HD MP_FORCE_INLINE T operator()(T g, T x) const {
+    const T k = T(0.79788456080286535588), a = T(0.044715);
+    const T t = math_tanh(k * (x + a * x * x * x));
+    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(3) * a * x * x));
+  }
+};
+template <class T>
 struct TanhBackwardFn {
   MP_HD T operator()(T g, T y) const { return g * (T(1) - y * y); }
 };
@@ -274,11 +291,15 @@ inline constexpr bool kTranscendentalFn<LogFn<T>> = true;
 template <class T>
 inline constexpr bool kTranscendentalFn<GeluFn<T>> = true;
 template <class T>
+inline constexpr bool kTranscendentalFn<GeluTanhFn<T>> = true;
+template <class T>
 inline constexpr bool kTranscendentalFn<TanhFn<T>> = true;
 template <class T>
 inline constexpr bool kTranscendentalFn<SigmoidFn<T>> = true;
 template <class T>
 inline constexpr bool kTranscendentalFn<GeluBackwardFn<T>> = true;
+template <class T>
+inline constexpr bool kTranscendentalFn<GeluTanhBackwardFn<T>> = true;
 
 /// Call v(PointwiseArity<N>{}, functor) with op's functor in compute type C (float, double or
 /// int64_t): the one mapping from PointwiseOp to its functor, shared by the CPU loops and the CUDA
@@ -325,12 +346,14 @@ void visit_pointwise_functor(PointwiseOp op, const PointwiseParams& p, V&& v) {
       case PointwiseOp::sqrt: return v(A1{}, SqrtFn<C>{});
       case PointwiseOp::rsqrt: return v(A1{}, RsqrtFn<C>{});
       case PointwiseOp::gelu: return v(A1{}, GeluFn<C>{});
+      case PointwiseOp::gelu_tanh: return v(A1{}, GeluTanhFn<C>{});
       case PointwiseOp::tanh: return v(A1{}, TanhFn<C>{});
       case PointwiseOp::sigmoid: return v(A1{}, SigmoidFn<C>{});
       case PointwiseOp::reciprocal: return v(A1{}, ReciprocalFn<C>{});
       case PointwiseOp::pow_scalar: return v(A1{}, PowScalarFn<C>{s0});
       case PointwiseOp::pow: return v(A2{}, PowFn<C>{});
       case PointwiseOp::gelu_backward: return v(A2{}, GeluBackwardFn<C>{});
+      case PointwiseOp::gelu_tanh_backward: return v(A2{}, GeluTanhBackwardFn<C>{});
       case PointwiseOp::tanh_backward: return v(A2{}, TanhBackwardFn<C>{});
       case PointwiseOp::sigmoid_backward: return v(A2{}, SigmoidBackwardFn<C>{});
       default: break;

@@ -267,7 +267,9 @@ Tensor relu_backward_from_output(const Tensor& grad, const Tensor& output) {
 Tensor relu(const Tensor& x) {
   return activation(PointwiseOp::relu, PointwiseOp::relu_backward, true, x, "relu", "ReluBackward");
 }
-Tensor gelu(const Tensor& x) {
+Tensor gelu(const Tensor& x, GeluApproximate approximate) {
+  if (approximate == GeluApproximate::tanh)
+    return activation(PointwiseOp::gelu_tanh, PointwiseOp::gelu_tanh_backward, false, x, "gelu", "GeluTanhBackward");
   return activation(PointwiseOp::gelu, PointwiseOp::gelu_backward, false, x, "gelu", "GeluBackward");
 }
 Tensor tanh(const Tensor& x) {

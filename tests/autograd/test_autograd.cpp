@@ -117,6 +117,7 @@ TEST(Gradcheck, Pointwise) {
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{rsqrt(in[0])}; }, {c}));
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{relu(in[0])}; }, {a}));
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{gelu(in[0])}; }, {a}));
+  expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{gelu(in[0], GeluApproximate::tanh)}; }, {a}));
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{tanh(in[0])}; }, {a}));
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{sigmoid(in[0])}; }, {a}));
   expect_ok(gradcheck([](auto& in) { return std::vector<Tensor>{abs(in[0])}; }, {a}));

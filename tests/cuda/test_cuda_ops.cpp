@@ -204,6 +204,19 @@ std::vector<UnaryCase> unary_cases() {
                           "backward g (Phi(x) + x phi(x)): the erf difference as in the forward (absolute), expf "
                           "(CUDA 2 + fast_exp 1.03 ulp) in phi, all in f32 from the same 16-bit inputs");
        }},
+      {"gelu_tanh", [](const Tensor& x) { return gelu(x, GeluApproximate::tanh); }, -4, 4,
+       [u, u64](DType dt) {
+         // 0.5 x (1 + tanh(k (x + a x^3))): tanhf CUDA 2 + fast_tanh 1.08 ulp (<= 4 * 2^-24 absolute, |tanh| < 1),
+         // the inner polynomial's roundings (FMA contraction differs), and 1 + tanh cancels for x < 0: absolute,
+         // times 0.5 |x| <= 2, as for the exact gelu above.
+         return per_dtype(dt, 3, 3, 1, 16 * u, 16 * u64, 16 * u,
+                          "tanh of CUDA (2 ulp) vs fast_tanh (1.08 ulp), absolute: 1 + tanh(...) cancels for x < 0");
+       },
+       [u, u64](DType dt) {
+         return per_dtype(dt, 3, 3, 1, 16 * u, 16 * u64, 16 * u,
+                          "backward 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2): the tanh difference as in the "
+                          "forward (absolute: 1 + t and 1 - t^2 cancel), all in f32 from the same 16-bit inputs");
+       }},
   };
 }
 

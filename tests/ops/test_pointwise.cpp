@@ -46,6 +46,10 @@ TEST(Pointwise, UnaryValues) {
   EXPECT_EQ(s[1], 0.5);
   EXPECT_EQ(s[2], 1.0);
   EXPECT_NEAR(gelu(f64({1.0}, {1})).item<double>(), 0.8413447460685429, 1e-15);
+  // PyTorch's F.gelu(x, approximate='tanh') in f64 at 1, -2 and 3.
+  EXPECT_NEAR(gelu(f64({1.0}, {1}), GeluApproximate::tanh).item<double>(), 0.8411919906082768, 1e-15);
+  EXPECT_NEAR(gelu(f64({-2.0}, {1}), GeluApproximate::tanh).item<double>(), -0.04540230591222494, 1e-15);
+  EXPECT_NEAR(gelu(f64({3.0}, {1}), GeluApproximate::tanh).item<double>(), 2.996362607918227, 1e-15);
   EXPECT_NEAR(tanh(f64({0.5}, {1})).item<double>(), std::tanh(0.5), 1e-15);
   EXPECT_EQ(clamp(x, -1.0, 1.0).to_vector<double>(), (std::vector<double>{-1, -0.5, 0, 0.5, 1}));
   EXPECT_TRUE(std::isnan(relu(f64({NAN}, {1})).item<double>()));

@@ -1,5 +1,6 @@
 #pragma once
 #include "mp/nn/module.hpp"
+#include "mp/ops/pointwise.hpp"
 
 namespace mp::nn {
 
@@ -11,12 +12,15 @@ class ReLU : public UnaryModule {
   Tensor forward(const Tensor& x) override;
 };
 
-/// Exact GELU x * Phi(x) (PyTorch's nn.GELU(approximate='none')).
+/// GELU x * Phi(x) (PyTorch's nn.GELU: exact by default, approximate = tanh for GPT-2's form).
 class GELU : public UnaryModule {
  public:
-  GELU() : UnaryModule("GELU") {}
+  explicit GELU(GeluApproximate approximate = GeluApproximate::none) : UnaryModule("GELU"), approximate_(approximate) {}
   /// Element-wise gelu.
   Tensor forward(const Tensor& x) override;
+
+ private:
+  GeluApproximate approximate_;
 };
 
 /// tanh x (PyTorch's nn.Tanh).

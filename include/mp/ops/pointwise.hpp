@@ -35,8 +35,13 @@ Tensor sqrt(const Tensor& x);
 Tensor rsqrt(const Tensor& x);
 /// max(x, 0).
 Tensor relu(const Tensor& x);
-/// Exact GELU x * Phi(x).
-Tensor gelu(const Tensor& x);
+/// How gelu computes (PyTorch's `approximate` argument).
+enum class GeluApproximate {
+  none,  ///< exact: x * Phi(x), with erf
+  tanh,  ///< 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's
+};
+/// GELU x * Phi(x), exact or in GPT-2's tanh form.
+Tensor gelu(const Tensor& x, GeluApproximate approximate = GeluApproximate::none);
 /// tanh x.
 Tensor tanh(const Tensor& x);
 /// 1 / (1 + e^-x).
