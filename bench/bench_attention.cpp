@@ -43,12 +43,18 @@ struct Variant {
   DType dtype;
   bool fused;
   bool backward;
+  bool gemm = false;               // the reference: oneDNN's matmul q k^T alone (the composite's first product)
   std::vector<double> ms, cpu_ms;  // one median per round: wall-clock and process CPU time
   double peak_mb = 0;
 };
 
 // One call of a variant: forward (under no_grad) or forward + backward with a ones upstream gradient.
 void call(const Variant& v, const Tensor& q, const Tensor& k, const Tensor& val, const AttentionOptions& o) {
+  if (v.gemm) {
+    autograd::NoGradGuard ng;
+    (void)matmul(q, k.transpose(-2, -1));
+    return;
+  }
   if (!v.backward) {
     autograd::NoGradGuard ng;
     (void)(v.fused ? scaled_dot_product_attention(q, k, val, o) : detail::sdpa_composite(q, k, val, o));
@@ -77,6 +83,15 @@ int main(int argc, char** argv) {
       for (bool fused : {true, false})
         vs.push_back({std::string(dtype_name(dt)) + (bwd ? " fwd+bwd " : " fwd     ") + (fused ? "fused" : "composite"),
                       dt, fused, bwd});
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Variant g{std::string(dtype_name(dt)) + " gemm q k^T (oneDNN)", dt, false, false};
+    g.gemm = true;
+    vs.push_back(g);
+  }
+  // Useful FLOPs: 2 products of 2 T T D flops per head in the forward (half the pairs when causal: T (T + 1) / 2),
+  // 5 products in the backward (FlashAttention's count: forward + backward = 3.5 forwards).
+  const double pairs = causal ? static_cast<double>(T) * static_cast<double>(T + 1) / 2 : static_cast<double>(T * T);
+  const double fwd_flop = 4.0 * static_cast<double>(B * H * D) * pairs;
   manual_seed(0);
   std::vector<Tensor> in[2];
   for (int i = 0; i < 2; ++i) {
@@ -104,19 +119,22 @@ int main(int argc, char** argv) {
       v.ms.push_back(median(wall));
       v.cpu_ms.push_back(median(cpu));
     }
-  std::printf("%-28s %10s %10s %10s %10s %12s\n", "variant", "best ms", "worst ms", "cpu ms", "fused x", "peak MiB");
+  std::printf("%-32s %10s %10s %10s %10s %8s %10s\n", "variant", "best ms", "worst ms", "cpu ms", "fused x", "GFLOP/s",
+              "peak MiB");
   for (size_t i = 0; i < vs.size(); ++i) {
     const Variant& v = vs[i];
     const double best = *std::min_element(v.ms.begin(), v.ms.end());
     const double worst = *std::max_element(v.ms.begin(), v.ms.end());
     std::string ratio = "";
-    if (!v.fused) {
+    const double flop = v.gemm ? 2.0 * static_cast<double>(B * H * D * T * T) : (v.backward ? 3.5 : 1.0) * fwd_flop;
+    if (!v.fused && !v.gemm) {
       const Variant& f = vs[i - 1];
       const double fb = *std::min_element(f.ms.begin(), f.ms.end());
       ratio = std::to_string(best / fb).substr(0, 5);
     }
     const double cpu = *std::min_element(v.cpu_ms.begin(), v.cpu_ms.end());
-    std::printf("%-28s %10.2f %10.2f %10.2f %10s %12.1f\n", v.name.c_str(), best, worst, cpu, ratio.c_str(), v.peak_mb);
+    std::printf("%-32s %10.2f %10.2f %10.2f %10s %8.1f %10.1f\n", v.name.c_str(), best, worst, cpu, ratio.c_str(),
+                flop / (best * 1e6), v.peak_mb);
   }
   return 0;
 }
