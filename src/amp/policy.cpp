@@ -2,7 +2,9 @@
 //
 // Why each class (docs/DESIGN.md 1.4, and the reference articles):
 //  * lower: matrix products dominate the FLOPs and accumulate in f32 inside oneDNN/cuBLASLt/cuDNN,
-//    so 16-bit inputs lose little and run on AMX / tensor cores.
+//    so 16-bit inputs lose little and run on AMX / tensor cores. scaled_dot_product_attention is lower
+//    too: its two products take 16-bit operands while its softmax statistics (running max, sum,
+//    logsumexp) stay f32 inside the kernel (Note [fused attention] in backend/cpu/attention.cpp).
 //  * fp32: exp/log/pow amplify relative input error; softmax and the losses sum many exponentials;
 //    long reductions in 16-bit lose low-order bits (a bf16 running sum stalls at 256 ones);
 //    layer_norm's statistics need f32 (its output is f32 too, as in PyTorch).
@@ -38,6 +40,7 @@ constexpr std::array<Entry, static_cast<size_t>(Op::kCount)> kTable{{
     {Op::lstm_layer, "lstm_layer", P::lower, P::lower},
     {Op::gru_cell, "gru_cell", P::lower, P::lower},
     {Op::rnn_tanh_cell, "rnn_tanh_cell", P::lower, P::lower},
+    {Op::scaled_dot_product_attention, "scaled_dot_product_attention", P::lower, P::lower},
     {Op::softmax, "softmax", P::fp32, P::fp32},
     {Op::log_softmax, "log_softmax", P::fp32, P::fp32},
     {Op::cross_entropy, "cross_entropy", P::fp32, P::fp32},

@@ -47,7 +47,8 @@ using mp::test::bitwise_equal;
 
 TEST(AmpPolicy, TableClassesAndNames) {
   for (DeviceType dev : {DeviceType::cpu, DeviceType::cuda}) {
-    for (Op op : {Op::matmul, Op::bmm, Op::linear, Op::conv2d, Op::lstm_cell, Op::gru_cell, Op::rnn_tanh_cell})
+    for (Op op : {Op::matmul, Op::bmm, Op::linear, Op::conv2d, Op::lstm_cell, Op::gru_cell, Op::rnn_tanh_cell,
+                  Op::scaled_dot_product_attention})
       EXPECT_EQ(amp::cast_policy(op, dev), CastPolicy::lower) << amp::op_name(op);
     for (Op op : {Op::softmax, Op::log_softmax, Op::cross_entropy, Op::nll_loss, Op::mse_loss, Op::layer_norm, Op::sum,
                   Op::mean, Op::var, Op::exp, Op::log, Op::pow, Op::rsqrt})

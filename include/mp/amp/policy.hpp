@@ -9,7 +9,7 @@ namespace mp::amp {
 
 /// How autocast treats an op's floating inputs.
 enum class CastPolicy : uint8_t {
-  lower,    ///< cast f32 inputs to the autocast dtype (f16/bf16): matmul, linear, conv, RNN cells
+  lower,    ///< cast f32 inputs to the autocast dtype (f16/bf16): matmul, linear, conv, RNN cells, attention
   fp32,     ///< cast 16-bit inputs to f32: softmax, log_softmax, losses, layer_norm, large reductions, exp/log/pow
   promote,  ///< cast all floating inputs to the widest among them: binary element-wise ops, cat, stack, where
   none,     ///< run in whatever dtype the inputs have (relu, pools, dropout, batch_norm with f32 statistics)
@@ -24,7 +24,8 @@ enum class Op : uint8_t {
   lstm_cell,
   lstm_layer,
   gru_cell,
-  rnn_tanh_cell,  // lower
+  rnn_tanh_cell,
+  scaled_dot_product_attention,  // lower
   softmax,
   log_softmax,
   cross_entropy,

@@ -1,5 +1,6 @@
 #pragma once
 /// All functional ops.
+#include "mp/ops/attention.hpp"
 #include "mp/ops/conv.hpp"
 #include "mp/ops/embedding.hpp"
 #include "mp/ops/linalg.hpp"
