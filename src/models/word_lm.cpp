@@ -9,15 +9,6 @@ namespace mp::models {
 
 namespace {
 
-// A Linear whose weight slot can be pointed at another module's parameter (weight tying). The slot is
-// the one Linear reads through its weight pointer, so forward uses the shared tensor, and
-// Module::to(dtype) converts the shared tensor once and keeps both slots on it.
-class TieableLinear : public nn::Linear {
- public:
-  using nn::Linear::Linear;
-  void tie_weight(const Tensor& w) { parameter_slot("weight") = w; }
-};
-
 WordLMOptions checked(const WordLMOptions& o) {
   MP_CHECK(o.vocab_size > 0 && o.embed_size > 0 && o.hidden_size > 0 && o.num_layers > 0,
            "WordLM: expected positive vocab_size, embed_size, hidden_size and num_layers, got ", o.vocab_size, ", ",
@@ -49,9 +40,8 @@ WordLM::WordLM(const WordLMOptions& options) : nn::Module("WordLM"), options_(ch
   else
     rnn_ = std::make_shared<nn::RNN>(ro);
   register_module("rnn", rnn_);
-  auto decoder = std::make_shared<TieableLinear>(o.hidden_size, o.vocab_size);
-  if (o.tie_weights) decoder->tie_weight(encoder_->weight());
-  decoder_ = register_module("decoder", std::shared_ptr<nn::Linear>(decoder));
+  decoder_ = register_module("decoder", std::make_shared<nn::Linear>(o.hidden_size, o.vocab_size));
+  if (o.tie_weights) decoder_->tie_weight(encoder_->weight());
   init_weights();
 }
 

@@ -41,4 +41,10 @@ std::string Linear::extra_repr() const {
          ", out_features=" + std::to_string(options_.out_features) + ", bias=" + (options_.bias ? "true" : "false");
 }
 
+void Linear::tie_weight(const Tensor& w) {
+  MP_CHECK(w.defined() && w.sizes() == weight().sizes(), "Linear::tie_weight: expected a tensor of the weight's shape ",
+           shape_str(weight().sizes()), ", got ", w.defined() ? shape_str(w.sizes()) : std::string("undefined"));
+  parameter_slot("weight") = w;
+}
+
 }  // namespace mp::nn

@@ -1,5 +1,6 @@
 #pragma once
-/// Every model of mp::models: MLP, ResNets, Wide-ResNets, the word LM and the image-model registry.
+/// Every model of mp::models: MLP, ResNets, Wide-ResNets, the word LM, GPT and the image-model registry.
+#include "mp/models/gpt.hpp"
 #include "mp/models/mlp.hpp"
 #include "mp/models/registry.hpp"
 #include "mp/models/resnet.hpp"

@@ -25,6 +25,10 @@ class Linear : public UnaryModule {
   Tensor forward_relu(const Tensor& x);
   /// Redraw the parameters with the default initialisation.
   void reset_parameters();
+  /// Make `w` (another module's parameter of shape [out, in], e.g. an embedding's) this layer's weight: one
+  /// tensor, one gradient (the sum of both uses); named_parameters() lists it once, the state dict under both
+  /// names, and Module::to(dtype) keeps the two tied. Throws naming both shapes when they differ.
+  void tie_weight(const Tensor& w);
   /// "in_features=4, out_features=8, bias=true".
   std::string extra_repr() const override;
   /// Weight [out, in].

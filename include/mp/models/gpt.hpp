@@ -1,0 +1,87 @@
+#pragma once
+// A GPT-style decoder-only transformer with nanoGPT's module and parameter names (so its state dict loads into
+// nanoGPT's model.py and back): token and position embeddings, pre-LayerNorm blocks of causal self-attention and a
+// GELU (tanh) MLP, a final LayerNorm and a language-model head tied to the token embedding.
+#include <memory>
+#include <string>
+
+#include "mp/nn/dropout.hpp"
+#include "mp/nn/embedding.hpp"
+#include "mp/nn/layer_norm.hpp"
+#include "mp/nn/linear.hpp"
+#include "mp/nn/module.hpp"
+#include "mp/nn/sequential.hpp"
+
+namespace mp::models {
+
+/// Sizes of a Gpt (nanoGPT's GPTConfig).
+struct GptOptions {
+  int64_t vocab_size = 0;    ///< V: token embedding rows and head outputs
+  int64_t block_size = 256;  ///< T_max: the context length (position embedding rows)
+  int64_t n_layer = 6;       ///< transformer blocks
+  int64_t n_head = 6;        ///< attention heads (n_embd must divide evenly)
+  int64_t n_embd = 384;      ///< C: the model width
+  double dropout = 0.0;      ///< on embeddings, attention weights and residual branches
+  bool bias = true;          ///< biases in Linear and LayerNorm layers (GPT-2: true)
+};
+
+/// The sizes of a named model: gpt-nano (3 layers, 3 heads, width 48: tests), gpt-mini (6, 6, 384, context 256),
+/// gpt2 (GPT-2 124M: 12, 12, 768, context 1024). Throws listing the names for another.
+GptOptions gpt_preset(const std::string& name, int64_t vocab_size);
+
+/// Causal multi-head self-attention (nanoGPT's CausalSelfAttention): c_attn [3C, C] projects x [B, T, C] to q, k,
+/// v; heads of C / n_head; mp::scaled_dot_product_attention with the causal mask and attention dropout; c_proj
+/// [C, C], then residual dropout.
+class CausalSelfAttention : public nn::UnaryModule {
+ public:
+  explicit CausalSelfAttention(const GptOptions& options);
+  /// x [B, T, C] -> [B, T, C].
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  int64_t n_head_, n_embd_;
+  double dropout_;
+  std::shared_ptr<nn::Linear> c_attn_, c_proj_;
+  std::shared_ptr<nn::Dropout> resid_dropout_;
+};
+
+/// One pre-LayerNorm block: x + attn(ln_1(x)), then + mlp(ln_2(x)) with mlp = c_proj(gelu_tanh(c_fc(x))) and
+/// dropout (nanoGPT's Block and MLP; names ln_1, attn, ln_2, mlp.c_fc, mlp.c_proj).
+class GptBlock : public nn::UnaryModule {
+ public:
+  explicit GptBlock(const GptOptions& options);
+  /// x [B, T, C] -> [B, T, C].
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::shared_ptr<nn::LayerNorm> ln_1_, ln_2_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<nn::Sequential> mlp_;
+};
+
+/// nanoGPT's GPT. Names: transformer.wte.weight [V, C], transformer.wpe.weight [T_max, C],
+/// transformer.h.{i}.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias},
+/// transformer.ln_f.{weight, bias}, lm_head.weight [V, C] (the very tensor of transformer.wte.weight: one
+/// parameter, listed once; the state dict holds both names, as safetensors wants distinct tensors per name on
+/// export). Initialisation as nanoGPT: N(0, 0.02) weights, zero biases, c_proj weights N(0, 0.02 / sqrt(2 n_layer)).
+class Gpt : public nn::Module {
+ public:
+  explicit Gpt(const GptOptions& options);
+  /// Token ids [B, T] (i64/i32, T <= block_size) -> logits [B, T, V].
+  Tensor forward(const Tensor& idx);
+  /// Parameters without the position embedding (nanoGPT's get_num_params(non_embedding=True) + wte's).
+  int64_t num_parameters() const;
+  /// The options it was built with.
+  const GptOptions& options() const { return options_; }
+
+ private:
+  GptOptions options_;
+  std::shared_ptr<nn::Module> transformer_;
+  std::shared_ptr<nn::Embedding> wte_, wpe_;
+  std::shared_ptr<nn::Dropout> drop_;
+  std::shared_ptr<nn::Sequential> h_;
+  std::shared_ptr<nn::LayerNorm> ln_f_;
+  std::shared_ptr<nn::Linear> lm_head_;
+};
+
+}  // namespace mp::models
