@@ -233,6 +233,36 @@ TEST(CudaLinalg, Tf32SwitchChangesOnlyF32Precision) {
 // (MP_CUDNN_GRAPH=0) and with timed engine choice on both (MP_CUDNN_BENCHMARK=1; tests/CMakeLists.txt); this test
 // checks that the path asked for really ran (a 16-bit channels-last convolution and its gradients are calls
 // cuDNN's graph engines support), so the other tests' values are that path's.
+TEST(CudaAttention, CompositeMatchesTheFusedCpuKernel) {
+  // scaled_dot_product_attention: CUDA has no fused kernel and runs the composite (matmul q k^T, f32 masked softmax,
+  // matmul with v; Note [fused attention]); the CPU runs the fused tiled kernel. Causal and non-causal, Tq != Tk.
+  MP_SKIP_WITHOUT_GPU();
+  for (DType dt : kFloatTypes) {
+    for (const bool causal : {false, true}) {
+      OpCheck chk;
+      chk.name = std::string("scaled_dot_product_attention ") + dtype_name(dt) + (causal ? " causal" : "");
+      chk.inputs = {uniform({2, 3, 17, 16}, -1, 1, dt), uniform({2, 3, 23, 16}, -1, 1, dt),
+                    uniform({2, 3, 23, 16}, -1, 1, dt)};
+      chk.fn = [causal](const std::vector<Tensor>& in) {
+        return scaled_dot_product_attention(in[0], in[1], in[2], {.causal = causal});
+      };
+      // Outputs are convex combinations of v's rows (|out| <= 1): the f32/f64 sums (K = 16 for the scores, 23 for
+      // the weighted sum) and exp differ in order and ulps, absolute relative to the largest output. 16-bit: the
+      // composite rounds the scores and the weights to the input dtype (the fused kernel keeps them in f32), each
+      // a relative 2^-p change that the softmax and the weighted sum carry to the output: 4 units of 2^-p.
+      const double u = unit_roundoff(dt);
+      chk.out.normwise = is_low_precision(dt) ? 8 * u : 64 * acc_roundoff(dt);
+      chk.out.why = "composite (rounded scores and weights in 16-bit) vs fused f32 tiles: normwise";
+      Tol g;
+      g.normwise = is_low_precision(dt) ? 16 * u : 256 * acc_roundoff(dt);
+      g.why = "gradients: the forward's differences through dS = P (dP - rowsum(dO O)), normwise";
+      chk.grad = g;
+      chk.f64_may_be_unsupported = true;
+      check_op(chk);
+    }
+  }
+}
+
 TEST(CudaConv, RunsOnTheChosenApi) {
   MP_SKIP_WITHOUT_GPU();
   const char* env = std::getenv("MP_CUDNN_GRAPH");
