@@ -1,5 +1,6 @@
 // CPU fused scaled-dot-product attention: the FlashAttention-2 algorithm on tiles of kBr query rows and kBc
-// keys, forward and backward, for f32, f64, bf16 and f16 (16-bit operands widened per tile, f32 compute).
+// keys, forward and backward, for f32, f64, bf16 and f16 (16-bit operands widened per tile, f32 compute;
+// bf16 scores by VDPBF16PS where the CPU has it).
 //
 // Note [fused attention]
 // Rule: the forward walks, for each (batch, head, query tile), the key tiles in order, keeping for each row
@@ -18,8 +19,11 @@
 // composite path (dropout of the [B, H, Tq, Tk] weights) draws the same mask; l sums the weights before
 // dropout, as the composite's softmax does.
 // Tile products are register-blocked loops on GCC vector types (4 rows x 64 keys, or 4 rows x 64
-// columns of D), compiled for AVX-512 and picked at run time (call_isa); measured against the oneDNN
-// composite in bench/RESULTS.md ("Fused attention").
+// columns of D), compiled for AVX-512 and picked at run time (call_isa). With bf16 inputs on a CPU with
+// AVX512-BF16 the two score-shaped products (q k^T, and dO v^T in the backward) take the bf16 pairs as
+// they are (VDPBF16PS: exact products, f32 sums; the scale multiplies the f32 scores), 1.13x on the whole
+// op; the products with the f32 weights (P v, P^T dO, dS k, dS^T q) stay f32, so the weights are never
+// rounded to 16 bits. Measured against the oneDNN composite in bench/RESULTS.md ("Fused attention").
 #include <omp.h>
 
 #include <algorithm>
@@ -29,10 +33,15 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "backend/attention_kernels.hpp"
 #include "backend/cpu/loops.hpp"
 #include "backend/fast_math.hpp"
 #include "backend/index_kernels.hpp"
+#include "mp/core/cpu_features.hpp"
 
 namespace mp::backend::cpu {
 namespace {
@@ -124,6 +133,73 @@ MP_FORCE_INLINE void nn_acc(const A* p, int64_t ldp, const A* v, int64_t ldv, A*
   for (; r < rows; ++r) nn_rows<A, 1>(p + r * ldp, ldp, v, ldv, c + r * ldc, ldc, inner, Dp);
 }
 
+// ---------------------------------------------------------------- bf16 dot products
+
+// Rows [r0, r0 + n) of a bf16 tensor t ([*, D] contiguous) as raw bf16 into dst rows of D2 (D rounded up to
+// even; the pad is 0), so that each 32-bit word holds the pair (2p, 2p + 1).
+void pack_rows_bf16(const Tensor& t, int64_t r0, int64_t n, int64_t D, int64_t D2, uint16_t* dst) {
+  const uint16_t* src = static_cast<const uint16_t*>(t.raw_data()) + r0 * D;
+  for (int64_t r = 0; r < n; ++r) {
+    std::memcpy(dst + r * D2, src + r * D, static_cast<size_t>(D) * sizeof(uint16_t));
+    if (D2 > D) dst[r * D2 + D] = 0;
+  }
+}
+
+// Keys [r0, r0 + n) of a bf16 tensor laid out for VDPBF16PS: dst[(p kBc + j) 2 + e] = key j's element 2p + e
+// (0 past D and for j >= n).
+void pack_keys_bf16(const Tensor& t, int64_t r0, int64_t n, int64_t D, int64_t D2, uint16_t* dst) {
+  const uint16_t* src = static_cast<const uint16_t*>(t.raw_data()) + r0 * D;
+  std::fill(dst, dst + D2 * kBc, uint16_t{0});
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < D; ++d) dst[((d >> 1) * kBc + j) * 2 + (d & 1)] = src[j * D + d];
+}
+
+#if defined(MP_HAVE_AVX512_LOOPS)
+#define MP_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// c[r][0:kBc] = scale * sum_p a-pair(r, p) . key-pairs(p, 0:kBc) for R rows: VDPBF16PS multiplies the bf16
+// pairs exactly and accumulates in f32.
+template <int R>
+MP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void nt_rows_bf16(const uint16_t* a, int64_t lda,
+                                                                              const uint16_t* kp, float* c, int64_t Dh,
+                                                                              float scale) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < Dh; ++p) {
+    __m512bh b[4];
+    for (int u = 0; u < 4; ++u) b[u] = (__m512bh)_mm512_loadu_si512(kp + (p * kBc + u * 16) * 2);
+    for (int r = 0; r < R; ++r) {
+      uint32_t w;
+      std::memcpy(&w, a + r * lda + 2 * p, sizeof w);
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], x, b[u]);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < 4; ++u) _mm512_storeu_ps(c + r * kBc + u * 16, _mm512_mul_ps(acc[r][u], sc));
+}
+
+// c [rows, kBc] = scale * a [rows, D2] (bf16 pairs, row stride lda) times packed keys kp.
+MP_AVX512_BF16_TARGET void nt_tile_bf16(const uint16_t* a, int64_t lda, const uint16_t* kp, float* c, int64_t rows,
+                                        int64_t D2, float scale) {
+  const int64_t Dh = D2 / 2;
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) nt_rows_bf16<4>(a + r * lda, lda, kp, c + r * kBc, Dh, scale);
+  for (; r < rows; ++r) nt_rows_bf16<1>(a + r * lda, lda, kp, c + r * kBc, Dh, scale);
+}
+#endif
+
+// Whether bf16 operands take VDPBF16PS for the q k^T and dO v^T tiles.
+bool use_bf16_dot(const Tensor& q) {
+#if defined(MP_HAVE_AVX512_LOOPS)
+  return q.dtype() == DType::bf16 && cpu_features().avx512_bf16 && avx512_loops_enabled();
+#else
+  return false;
+#endif
+}
+
 // ---------------------------------------------------------------- shared pieces
 
 // The operands of one call, typed.
@@ -134,6 +210,8 @@ struct Problem {
   int64_t ms[4] = {0, 0, 0, 0};
   AttentionParams p;
   int64_t Dp = 0;  // D rounded up to the vector width
+  int64_t D2 = 0;  // D rounded up to even (bf16 pairs)
+  bool bf16dot = false;
 };
 
 template <class A>
@@ -142,6 +220,8 @@ Problem<A> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const
   Problem<A> pr{&q, &k, &v, nullptr, nullptr};
   pr.p = p;
   pr.Dp = (p.D + kLanes<A> - 1) / kLanes<A> * kLanes<A>;
+  pr.D2 = (p.D + 1) / 2 * 2;
+  pr.bf16dot = std::is_same_v<A, float> && use_bf16_dot(q);
   if (mask.defined()) {
     pr.mask = mask.data_ptr<A>();
     for (int d = 0; d < 4; ++d) pr.ms[d] = mask.stride(d);
@@ -209,12 +289,25 @@ void dropout_factors(const AttentionParams& p, int64_t bh, int64_t i, int64_t k0
   }
 }
 
+// c [rows, kBc] = scale * (bf16 pairs a) . (packed keys kp) through VDPBF16PS (only called when pr.bf16dot).
+template <class A>
+void nt_scores(const Problem<A>& pr, const uint16_t* a, const uint16_t* kp, A* c, int64_t rows, bool scaled = true) {
+#if defined(MP_HAVE_AVX512_LOOPS)
+  if constexpr (std::is_same_v<A, float>) {
+    nt_tile_bf16(a, pr.D2, kp, c, rows, pr.D2, scaled ? static_cast<float>(pr.p.scale) : 1.0f);
+    return;
+  }
+#endif
+  MP_ASSERT(false, "nt_scores without VDPBF16PS");
+}
+
 // ---------------------------------------------------------------- forward
 
 template <class A>
 struct ForwardScratch {
   std::vector<A> qf, kt, vf, s, o, m, l, z, tmp;
-  ForwardScratch(int64_t D, int64_t Dp)
+  std::vector<uint16_t> qp, kp;  // bf16 pairs (bf16dot)
+  ForwardScratch(int64_t D, int64_t Dp, int64_t D2)
       : qf(kBr * Dp),
         kt(D * kBc),
         vf(kBc * Dp),
@@ -223,7 +316,9 @@ struct ForwardScratch {
         m(kBr),
         l(kBr),
         z(kBc),
-        tmp(std::max(D, kBc)) {}
+        tmp(std::max(D, kBc)),
+        qp(kBr * D2),
+        kp(kBc * D2) {}
 };
 
 // One (batch, head, query tile) of the forward.
@@ -240,18 +335,24 @@ struct ForwardTile {
     A *qf = w->qf.data(), *kt = w->kt.data(), *vf = w->vf.data(), *s = w->s.data(), *o = w->o.data();
     A *m = w->m.data(), *l = w->l.data(), *z = w->z.data(), *tmp = w->tmp.data();
     for (int64_t r = 0; r < nr; ++r) {
-      widen_row<A>(*pr.q, bh * p.Tq + q0 + r, D, Dp, static_cast<A>(p.scale), qf + r * Dp, tmp);
+      if (!pr.bf16dot) widen_row<A>(*pr.q, bh * p.Tq + q0 + r, D, Dp, static_cast<A>(p.scale), qf + r * Dp, tmp);
       m[r] = -kInf<A>;
       l[r] = A(0);
     }
+    if (pr.bf16dot) pack_rows_bf16(*pr.q, bh * p.Tq + q0, nr, D, pr.D2, w->qp.data());
     std::fill(o, o + nr * Dp, A(0));
     // Causal: keys past the tile's last row are masked for every row of it.
     const int64_t k_end = p.causal ? std::min(p.Tk, q0 + nr) : p.Tk;
     for (int64_t k0 = 0; k0 < k_end; k0 += kBc) {
       const int64_t nc = std::min(kBc, p.Tk - k0);
-      widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
       for (int64_t j = 0; j < nc; ++j) widen_row<A>(*pr.v, bh * p.Tk + k0 + j, D, Dp, A(1), vf + j * Dp, tmp);
-      nt_tile<A>(qf, Dp, kt, s, nr, D);
+      if (pr.bf16dot) {
+        pack_keys_bf16(*pr.k, bh * p.Tk + k0, nc, D, pr.D2, w->kp.data());
+        nt_scores(pr, w->qp.data(), w->kp.data(), s, nr);
+      } else {
+        widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
+        nt_tile<A>(qf, Dp, kt, s, nr, D);
+      }
       for (int64_t r = 0; r < nr; ++r) {
         A* sr = s + r * kBc;
         mask_scores(pr, b, h, q0 + r, k0, nc, sr);
@@ -309,7 +410,7 @@ void forward_typed(const Tensor& out, const Tensor& lse, const Tensor& q, const 
   const bool avx512 = avx512_loops_enabled();
 #pragma omp parallel if (items > 1)
   {
-    ForwardScratch<A> w(p.D, pr.Dp);
+    ForwardScratch<A> w(p.D, pr.Dp, pr.D2);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) call_isa(avx512, ForwardTile<A>{}, &pr, &lse, it, &w);
   }
@@ -320,7 +421,8 @@ void forward_typed(const Tensor& out, const Tensor& lse, const Tensor& q, const 
 template <class A>
 struct BackwardScratch {
   std::vector<A> qs, dob, dq, dvec, kf, kt, vt, dk, dv, s, dp, t, z, tmp;
-  BackwardScratch(int64_t Tq, int64_t D, int64_t Dp)
+  std::vector<uint16_t> qp, dop, kp, vp;  // bf16 pairs (bf16dot)
+  BackwardScratch(int64_t Tq, int64_t D, int64_t Dp, int64_t D2, bool bf16dot)
       : qs(Tq * Dp),
         dob(Tq * Dp),
         dq(Tq * Dp),
@@ -334,7 +436,11 @@ struct BackwardScratch {
         dp(kBr * kBc),
         t(kBc * kBr),
         z(kBc),
-        tmp(std::max(D, kBc)) {}
+        tmp(std::max(D, kBc)),
+        qp(bf16dot ? Tq * D2 : 0),
+        dop(bf16dot ? Tq * D2 : 0),
+        kp(bf16dot ? kBc * D2 : 0),
+        vp(bf16dot ? kBc * D2 : 0) {}
 };
 
 // One (batch, head) of the backward.
@@ -362,19 +468,33 @@ struct BackwardHead {
       dvec[i] = acc;
     }
     std::fill(dq, dq + p.Tq * Dp, A(0));
+    if (pr.bf16dot) {
+      pack_rows_bf16(*pr.q, bh * p.Tq, p.Tq, D, pr.D2, w->qp.data());
+      pack_rows_bf16(*pr.dout, bh * p.Tq, p.Tq, D, pr.D2, w->dop.data());
+    }
     for (int64_t k0 = 0; k0 < p.Tk; k0 += kBc) {
       const int64_t nc = std::min(kBc, p.Tk - k0);
       for (int64_t j = 0; j < nc; ++j) widen_row<A>(*pr.k, bh * p.Tk + k0 + j, D, Dp, A(1), kf + j * Dp, tmp);
-      widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
-      widen_transposed<A>(*pr.v, bh * p.Tk + k0, nc, D, vt, tmp);
+      if (pr.bf16dot) {
+        pack_keys_bf16(*pr.k, bh * p.Tk + k0, nc, D, pr.D2, w->kp.data());
+        pack_keys_bf16(*pr.v, bh * p.Tk + k0, nc, D, pr.D2, w->vp.data());
+      } else {
+        widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
+        widen_transposed<A>(*pr.v, bh * p.Tk + k0, nc, D, vt, tmp);
+      }
       std::fill(dk, dk + nc * Dp, A(0));
       std::fill(dv, dv + nc * Dp, A(0));
       // Causal: query tiles wholly before key k0 see none of these keys.
       const int64_t q_begin = p.causal ? k0 / kBr * kBr : 0;
       for (int64_t q0 = q_begin; q0 < p.Tq; q0 += kBr) {
         const int64_t nr = std::min(kBr, p.Tq - q0);
-        nt_tile<A>(qs + q0 * Dp, Dp, kt, s, nr, D);
-        nt_tile<A>(dob + q0 * Dp, Dp, vt, dp, nr, D);
+        if (pr.bf16dot) {
+          nt_scores(pr, w->qp.data() + q0 * pr.D2, w->kp.data(), s, nr);
+          nt_scores(pr, w->dop.data() + q0 * pr.D2, w->vp.data(), dp, nr, false);
+        } else {
+          nt_tile<A>(qs + q0 * Dp, Dp, kt, s, nr, D);
+          nt_tile<A>(dob + q0 * Dp, Dp, vt, dp, nr, D);
+        }
         for (int64_t r = 0; r < nr; ++r) {
           const int64_t i = q0 + r;
           A *sr = s + r * kBc, *dpr = dp + r * kBc;
@@ -427,7 +547,7 @@ void backward_typed(const Tensor& dq, const Tensor& dk, const Tensor& dv, const 
   const bool avx512 = avx512_loops_enabled();
 #pragma omp parallel if (heads > 1)
   {
-    BackwardScratch<A> w(p.Tq, p.D, pr.Dp);
+    BackwardScratch<A> w(p.Tq, p.D, pr.Dp, pr.D2, pr.bf16dot);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < heads; ++bh) call_isa(avx512, BackwardHead<A>{}, &pr, &lse, &dq, &dk, &dv, bh, &w);
   }
