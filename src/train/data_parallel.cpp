@@ -228,9 +228,8 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
     const auto t = std::chrono::steady_clock::now();
     if (buckets != nullptr) {
       MP_ASSERT(buckets->armed(), "average_gradients: the buckets were not armed for the step's last backward");
-      const int64_t before = buckets->stats().all_reduces;
       buckets->finish();
-      all_reduces = buckets->stats().all_reduces - before;
+      all_reduces = buckets->take_all_reduces();  // every start since the last step's, earlier micro-batches included
     } else {
       world_.all_reduce_mean(grads);
       all_reduces = 1;

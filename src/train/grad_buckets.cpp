@@ -60,6 +60,7 @@ struct GradBuckets::State {
   bool armed = false;
   Stats stats;
   double pass_hook_seconds = 0;
+  int64_t taken = 0;  // stats.all_reduces at the last take_all_reduces()
 
   void start(Bucket& b) {
     for (size_t k = 0; k < b.params.size(); ++k) {
@@ -196,6 +197,12 @@ std::vector<std::vector<size_t>> GradBuckets::layout() const {
 }
 
 const GradBuckets::Stats& GradBuckets::stats() const { return state_->stats; }
+
+int64_t GradBuckets::take_all_reduces() {
+  const int64_t n = state_->stats.all_reduces - state_->taken;
+  state_->taken = state_->stats.all_reduces;
+  return n;
+}
 
 double GradBuckets::pass_hook_seconds() const { return state_->pass_hook_seconds; }
 

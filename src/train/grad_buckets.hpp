@@ -41,6 +41,8 @@ class GradBuckets {
     double finish_seconds = 0;        ///< time in finish(): waiting, averaging, copying back
   };
   const Stats& stats() const;
+  /// All-reduces started since the last call (since construction at the first): per optimizer step, the buckets.
+  int64_t take_all_reduces();
   /// The hooks' time in the last armed backward pass.
   double pass_hook_seconds() const;
 
