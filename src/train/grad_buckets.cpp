@@ -23,10 +23,13 @@
 //   5. Progress. OpenMPI here (4.1, shared-memory transport, non-blocking collectives in libnbc) has no progress
 //      thread: a started all-reduce advances only while this process is inside an MPI call. Each hook therefore calls
 //      MPI_Test on the buckets in flight, so the exchange moves on between backward's nodes instead of all at once in
-//      finish(); how much of it that hides is measured in bench/RESULTS.md ("Bucketed gradient all-reduce").
+//      finish(); how much of it that hides is measured in bench/RESULTS.md ("Bucketed gradient all-reduce";
+//      bench/dp_scaling.sh, whose MP_BUCKET_PROGRESS=0 leaves the MPI_Test calls out for comparison).
 #include "train/grad_buckets.hpp"
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 #include "mp/autograd/node.hpp"
 #include "mp/core/error.hpp"
@@ -61,6 +64,11 @@ struct GradBuckets::State {
   Stats stats;
   double pass_hook_seconds = 0;
   int64_t taken = 0;  // stats.all_reduces at the last take_all_reduces()
+  // MPI_Test from the hooks; MP_BUCKET_PROGRESS=0 turns it off to measure what it brings (Note 5)
+  bool progress = [] {
+    const char* e = std::getenv("MP_BUCKET_PROGRESS");
+    return e == nullptr || std::string(e) != "0";
+  }();
 
   void start(Bucket& b) {
     for (size_t k = 0; k < b.params.size(); ++k) {
@@ -90,8 +98,9 @@ struct GradBuckets::State {
     const size_t before = next;
     start_ready();
     stats.started_in_backward += static_cast<int64_t>(next - before);
-    for (size_t k = 0; k < next; ++k)  // Note [bucketed gradient all-reduce] 5: MPI progresses inside MPI calls
-      if (buckets[k].inflight) buckets[k].inflight->test();
+    if (progress)  // Note [bucketed gradient all-reduce] 5: MPI progresses inside MPI calls only
+      for (size_t k = 0; k < next; ++k)
+        if (buckets[k].inflight) buckets[k].inflight->test();
     const double spent = seconds_since(t);
     stats.hook_seconds += spent;
     pass_hook_seconds += spent;
