@@ -4,7 +4,8 @@
 # on ResNet-8 (Fashion-MNIST) and the word LM (KJV), with --bucket_mb 0 (one all-reduce after backward), 25 (the
 # default) and a size that cuts the model into several buckets, the last also with MP_BUCKET_PROGRESS=0 (no MPI_Test
 # from the hooks: Note [bucketed gradient all-reduce] 5). Configurations are interleaved within each round; before
-# each run the script waits (up to QUIET_WAIT s) until no compiler runs on the machine, and says whether it was quiet.
+# each run the script waits (up to QUIET_WAIT s) until no compiler runs on the machine, says whether it was quiet
+# then, and in how many of its twice-a-second samples during the run a compiler ran ("quiet 0/25": none).
 # Per run: the steady step time over steps 11..STEPS (from the run log's cumulative throughput), and rank 0's mean
 # comm_wait and comm_in_backward over the same steps. Usage: bench/dp_scaling.sh [ROUNDS] (default 3).
 set -euo pipefail
@@ -27,6 +28,16 @@ wait_quiet() {  # until no cc1plus/ld runs (another session's build), at most QU
   echo quiet
 }
 
+sample() {  # until file $1 exists: every 0.5 s, whether a compiler runs; writes "busy/all" samples to $1.busy
+  local busy=0 all=0
+  while [[ ! -e $1 ]]; do
+    if pgrep -x cc1plus >/dev/null || pgrep -x ld >/dev/null; then busy=$((busy + 1)); fi
+    all=$((all + 1))
+    sleep 0.5
+  done
+  echo "$busy/$all" >"$1.busy"
+}
+
 resnet="--model resnet8 --dataset fashion-mnist --train_subset 16384 --batch_size 64"
 lm="--model lstm --dataset kjv --batch_size 20"
 common="--epochs 1 --stop_after_steps $STEPS --num_workers 0 --quiet"
@@ -34,14 +45,18 @@ common="--epochs 1 --stop_after_steps $STEPS --num_workers 0 --quiet"
 run() {  # name ranks env model-args extra-args units-per-process-step
   local name=$1 n=$2 env=$3 args=$4 extra=$5 units=$6 state
   state=$(wait_quiet)
-  local log="$OUT/$name.r$round.jsonl"
-  rm -f "$log"
+  local log="$OUT/$name.r$round.jsonl" stop="$OUT/$name.r$round.stop"
+  rm -f "$log" "$stop" "$stop.busy"
+  sample "$stop" &
   if [[ $n == 1 ]]; then
     env $env "$M" train $args $common $extra --log "$log" >"$OUT/$name.r$round.out" 2>&1
   else
     env $env mpirun --allow-run-as-root --oversubscribe -np "$n" "$M" train $args $common $extra --log "$log" \
       >"$OUT/$name.r$round.out" 2>&1
   fi
+  touch "$stop"
+  wait
+  state="$state $(cat "$stop.busy")"
   python3 - "$log" "$name" "$n" "$state" "$round" "$units" <<'EOF'
 import json, sys
 log, name, n, state, rnd = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -56,7 +71,7 @@ units_per_sec = units / step
 rest = steps[k1:]
 cw = sum(s.get("comm_wait", 0) for s in rest) / len(rest)
 cb = sum(s.get("comm_in_backward", 0) for s in rest) / len(rest)
-print(f"{name:28s} round {rnd} {state:5s} step {1e3*step:7.1f} ms  throughput {units_per_sec:8.1f}/s  "
+print(f"{name:28s} round {rnd} {state:14s} step {1e3*step:7.1f} ms  throughput {units_per_sec:8.1f}/s  "
       f"comm_wait {1e3*cw:6.2f} ms  comm_in_backward {1e3*cb:6.2f} ms")
 EOF
 }
