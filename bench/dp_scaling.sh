@@ -4,8 +4,9 @@
 # on ResNet-8 (Fashion-MNIST) and the word LM (KJV), with --bucket_mb 0 (one all-reduce after backward), 25 (the
 # default) and a size that cuts the model into several buckets, the last also with MP_BUCKET_PROGRESS=0 (no MPI_Test
 # from the hooks: Note [bucketed gradient all-reduce] 5). Configurations are interleaved within each round; before
-# each run the script waits (up to QUIET_WAIT s) until no compiler runs on the machine, says whether it was quiet
-# then, and in how many of its twice-a-second samples during the run a compiler ran ("quiet 0/25": none).
+# each run the script waits (up to QUIET_WAIT s) until no compiler runs on the machine (but at nice 19), and says how
+# much CPU the run's processes got: "cpu 0.98" is user + system time per process and second of wall time (each rank
+# had a core; MPI's waits spin, so waiting counts), "cpu 0.60" a run that shared its cores with others.
 # Per run: the steady step time over steps 11..STEPS (from the run log's cumulative throughput), and rank 0's mean
 # comm_wait and comm_in_backward over the same steps. Usage: bench/dp_scaling.sh [ROUNDS] (default 3).
 set -euo pipefail
@@ -18,24 +19,18 @@ QUIET_WAIT=${QUIET_WAIT:-60}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MP_KERNEL_PATHS=pinned
 
-wait_quiet() {  # until no cc1plus/ld runs (another session's build), at most QUIET_WAIT seconds
+compiling() {  # whether a compiler or linker runs at a priority above nice 19 (another session's build)
+  ps -eo ni=,comm= | awk '$1 < 19 && ($2 == "cc1plus" || $2 == "ld") { found = 1 } END { exit !found }'
+}
+
+wait_quiet() {  # until no compiler runs, at most QUIET_WAIT seconds
   local t=0
-  while pgrep -x cc1plus >/dev/null || pgrep -x ld >/dev/null; do
+  while compiling; do
     ((t >= QUIET_WAIT)) && { echo busy; return; }
     sleep 2
     t=$((t + 2))
   done
   echo quiet
-}
-
-sample() {  # until file $1 exists: every 0.5 s, whether a compiler runs; writes "busy/all" samples to $1.busy
-  local busy=0 all=0
-  while [[ ! -e $1 ]]; do
-    if pgrep -x cc1plus >/dev/null || pgrep -x ld >/dev/null; then busy=$((busy + 1)); fi
-    all=$((all + 1))
-    sleep 0.5
-  done
-  echo "$busy/$all" >"$1.busy"
 }
 
 resnet="--model resnet8 --dataset fashion-mnist --train_subset 16384 --batch_size 64"
@@ -44,19 +39,18 @@ common="--epochs 1 --stop_after_steps $STEPS --num_workers 0 --quiet"
 
 run() {  # name ranks env model-args extra-args units-per-process-step
   local name=$1 n=$2 env=$3 args=$4 extra=$5 units=$6 state
-  state=$(wait_quiet)
-  local log="$OUT/$name.r$round.jsonl" stop="$OUT/$name.r$round.stop"
-  rm -f "$log" "$stop" "$stop.busy"
-  sample "$stop" &
+  wait_quiet >/dev/null
+  local log="$OUT/$name.r$round.jsonl"
+  rm -f "$log"
+  local TIMEFORMAT='%R %U %S' times
   if [[ $n == 1 ]]; then
-    env $env "$M" train $args $common $extra --log "$log" >"$OUT/$name.r$round.out" 2>&1
+    times=$( { time env $env "$M" train $args $common $extra --log "$log" >"$OUT/$name.r$round.out" 2>&1; } 2>&1)
   else
-    env $env mpirun --allow-run-as-root --oversubscribe -np "$n" "$M" train $args $common $extra --log "$log" \
-      >"$OUT/$name.r$round.out" 2>&1
+    times=$( { time env $env mpirun --allow-run-as-root --oversubscribe -np "$n" "$M" train $args $common $extra \
+      --log "$log" >"$OUT/$name.r$round.out" 2>&1; } 2>&1)
   fi
-  touch "$stop"
-  wait
-  state="$state $(cat "$stop.busy")"
+  # the CPU the run's processes got per process and second of wall time: ~1 when each had a core (MPI's waits spin)
+  state="$(awk -v n="$n" '{ printf "cpu %.2f", ($2 + $3) / ($1 * n) }' <<<"$times")"
   python3 - "$log" "$name" "$n" "$state" "$round" "$units" <<'EOF'
 import json, sys
 log, name, n, state, rnd = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -71,7 +65,7 @@ units_per_sec = units / step
 rest = steps[k1:]
 cw = sum(s.get("comm_wait", 0) for s in rest) / len(rest)
 cb = sum(s.get("comm_in_backward", 0) for s in rest) / len(rest)
-print(f"{name:28s} round {rnd} {state:14s} step {1e3*step:7.1f} ms  throughput {units_per_sec:8.1f}/s  "
+print(f"{name:28s} round {rnd} {state:8s} step {1e3*step:7.1f} ms  throughput {units_per_sec:8.1f}/s  "
       f"comm_wait {1e3*cw:6.2f} ms  comm_in_backward {1e3*cb:6.2f} ms")
 EOF
 }
