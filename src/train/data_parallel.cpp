@@ -222,10 +222,11 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
   // With buckets, their all-reduces are in flight and complete first (a collective started earlier completes
   // earlier on every rank); they send zeros for a missing gradient, so ranks that disagree still exchange the same
   // sizes and reach the check. Without, the check comes first: one message of differing sizes would hang.
+  // comm_wait covers both orders alike: from here (the end of backward) until the gradients are averaged and the step
+  // agreed, the wait for the slowest rank included.
+  const auto t = std::chrono::steady_clock::now();
   int64_t all_reduces = 0;
-  double wait = 0;
   auto average = [&] {
-    const auto t = std::chrono::steady_clock::now();
     if (buckets != nullptr) {
       MP_ASSERT(buckets->armed(), "average_gradients: the buckets were not armed for the step's last backward");
       buckets->finish();
@@ -234,7 +235,6 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
       world_.all_reduce_mean(grads);
       all_reduces = 1;
     }
-    wait = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   if (buckets != nullptr) average();
   // Small integers and their squares are exact in f64: a zero variance over the ranks means the same everywhere.
@@ -247,6 +247,7 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
            "): the ranks' backward passes left gradients on different parameters (this rank: ", k, " of ",
            params.size(), "); every rank must run the same model on batches of the same shape");
   if (buckets == nullptr) average();
+  const double wait = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   return {m[0], m[1] > 0, m[2] > 0, all_reduces, wait, buckets != nullptr ? buckets->pass_hook_seconds() : 0.0};
 }
 

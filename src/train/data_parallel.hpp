@@ -57,7 +57,8 @@ class DataParallel {
     bool loss_nonfinite = false;   ///< some rank's loss was inf/NaN
     bool stop = false;             ///< some rank was asked to stop (a signal)
     int64_t grad_all_reduces = 0;  ///< all-reduces of gradients this step (buckets, or 1 without them)
-    double comm_wait = 0;          ///< seconds from the end of backward until the averaged gradients were in place
+    double comm_wait = 0;          ///< seconds from the end of backward until the gradients were averaged and the step
+                                   ///< agreed (waiting for the slowest rank included)
     double comm_in_backward = 0;   ///< seconds the bucket hooks took inside backward (flatten, start, MPI_Test)
   };
   /// Before an optimizer step: replace every gradient of `params` by its mean over the ranks, then agree on the loss,
