@@ -20,11 +20,15 @@
 //      times 1/N, rounded once. Bucketing changes which message carries an element, not the additions, except that
 //      MPI may pick another reduction order for another message size when N > 2; with N = 2 each element is one
 //      commutative addition, so bucketed and unbucketed gradients are bitwise equal.
-//   5. Progress. OpenMPI here (4.1, shared-memory transport, non-blocking collectives in libnbc) has no progress
-//      thread: a started all-reduce advances only while this process is inside an MPI call. Each hook therefore calls
-//      MPI_Test on the buckets in flight, so the exchange moves on between backward's nodes instead of all at once in
-//      finish(); how much of it that hides is measured in bench/RESULTS.md ("Bucketed gradient all-reduce";
-//      bench/dp_scaling.sh, whose MP_BUCKET_PROGRESS=0 leaves the MPI_Test calls out for comparison).
+//   5. Progress. OpenMPI here (4.1, shared-memory transport, non-blocking collectives in libnbc; `ompi_info`: "OMPI
+//      progress: no") has no progress thread: a started all-reduce advances only while this process is inside an MPI
+//      call. Each hook therefore calls MPI_Test on the buckets in flight, so the exchange moves on between backward's
+//      nodes instead of all at once in finish(). On shared memory that does not hide it: the exchange is copying and
+//      adding done by the same cores that run backward, so it moves into backward (the word LM's wait after backward
+//      halves, its hooks take as much longer) and step times do not change (bench/RESULTS.md "Bucketed gradient
+//      all-reduce", bench/dp_scaling.sh, whose MP_BUCKET_PROGRESS=0 leaves the MPI_Test calls out). The calls stay:
+//      they cost nothing measurable there, and without them an MPI without a progress thread overlaps nothing on any
+//      transport (where the exchange runs on other hardware than the cores, a NIC, overlap is what buckets are for).
 #include "train/grad_buckets.hpp"
 
 #include <chrono>
