@@ -69,6 +69,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   } else {
     add_(m.grad, g);
   }
+  for (auto& h : m.post_accumulate_hooks) h(leaf_);
   return {};
 }
 
@@ -133,6 +134,14 @@ void register_hook(const Tensor& t, GradHook hook) {
     return;
   }
   m.grad_fn->pre_hooks.push_back({m.output_nr, std::move(hook)});
+}
+
+void register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook) {
+  MP_CHECK(leaf.requires_grad() && !meta(leaf).grad_fn,
+           "register_post_accumulate_grad_hook: expected a leaf that "
+           "requires grad, got ",
+           leaf.describe(), leaf.requires_grad() ? " (not a leaf)" : "");
+  meta(leaf).post_accumulate_hooks.push_back(std::move(hook));
 }
 
 namespace {

@@ -25,6 +25,20 @@ void check_operand(const Tensor& t, const char* op, bool floating) {
   MP_CHECK(!floating || is_floating(t.dtype()), "dist::", op, ": expected floating tensors, got ", t.describe());
 }
 
+void check_sum_buffer(const Tensor& t) {
+  check_operand(t, "start_all_reduce_sum", true);
+  MP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
+           "dist::start_all_reduce_sum: expected an f32 or f64 buffer, got ", t.describe());
+  MP_CHECK(t.numel() <= INT32_MAX, "dist::start_all_reduce_sum: ", t.numel(),
+           " elements are beyond one MPI message (2^31); use smaller buckets");
+}
+
+// What a single process's collectives return: already complete.
+struct Done final : Pending {
+  bool test() override { return true; }
+  void wait() override {}
+};
+
 class SingleProcess final : public ProcessGroup {
  public:
   int rank() const override { return 0; }
@@ -32,6 +46,10 @@ class SingleProcess final : public ProcessGroup {
   std::string describe() const override { return "single process"; }
   void all_reduce_mean(std::span<const Tensor> ts) override {
     for (const Tensor& t : ts) check_operand(t, "all_reduce_mean", true);
+  }
+  std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
+    check_sum_buffer(buffer);
+    return std::make_unique<Done>();
   }
   void broadcast(std::span<const Tensor> ts, int root) override {
     MP_CHECK(root == 0, "dist::broadcast: root ", root, " is not a rank of a single process (0)");
@@ -58,6 +76,29 @@ struct MpiFinalizer {
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
   }
+};
+
+// An MPI_Iallreduce in flight; holds its buffer so that the memory outlives the request.
+class MpiPending final : public Pending {
+ public:
+  explicit MpiPending(Tensor buffer) : buffer_(std::move(buffer)) {}
+  MPI_Request* request() { return &request_; }
+  ~MpiPending() override {
+    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  }
+  bool test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  }
+  void wait() override {
+    if (request_ != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
+
+ private:
+  Tensor buffer_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
 class MpiWorld final : public ProcessGroup {
@@ -109,6 +150,16 @@ class MpiWorld final : public ProcessGroup {
         off += t.numel();
       }
     }
+  }
+
+  std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
+    check_sum_buffer(buffer);
+    auto p = std::make_unique<MpiPending>(buffer);
+    const bool wide = buffer.dtype() == DType::f64;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.raw_data(), static_cast<int>(buffer.numel()),
+                             wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, p->request()),
+              "MPI_Iallreduce");
+    return p;
   }
 
   void broadcast(std::span<const Tensor> ts, int root) override {

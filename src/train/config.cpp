@@ -130,6 +130,9 @@ void validate(const TrainConfig& c) {
   check_positive("epochs", c.epochs);
   check_positive("batch_size", c.batch_size);
   check_positive("grad_accum", c.grad_accum);
+  MP_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb >= 0 && c.bucket_mb <= 8192,
+           "--bucket_mb must be a size in MiB in [0, 8192] (0 = one all-reduce after backward), got ", c.bucket_mb,
+           "; the default 25 suits most runs");
   check_positive("eval_batch_size", c.eval_batch_size);
   check_non_negative("max_steps_per_epoch", c.max_steps_per_epoch);
   check_non_negative("train_subset", c.train_subset);

@@ -16,15 +16,16 @@
 //      amp::initialize see it (the masters and weight averages start from them). A resumed run reads the checkpoint
 //      on every rank (it must be on a file system they all see), then rank 0's model and optimizer state (masters,
 //      moments) are broadcast again.
-//   4. Steps. After the last micro-batch's backward of each optimizer step (once per step with --grad_accum): one
-//      small all-reduce agrees on the step's loss (the mean of the ranks' means: the global batch's mean loss), on
-//      inf/NaN in any rank's loss, on a stop request (a signal reaching some rank) and checks that the same gradients
-//      exist everywhere; one all-reduce (ProcessGroup::all_reduce_mean) then averages every gradient. Everything
-//      after it (unscale, clipping by the global norm, the inf/NaN check, the optimizer, the scaler's update, the
-//      schedule, the weight EMA) sees the same numbers on every rank, so the weights stay identical without being
-//      sent again. The scaler's found-inf is reduced as well (any rank's inf/NaN skips every rank's step), so the
-//      ranks skip the same steps and keep the same scale whatever the reduction does. Bucketed all-reduce overlapped
-//      with backward is the next increment: here communication follows backward.
+//   4. Steps. Gradients are averaged once per optimizer step (once per step with --grad_accum: only the last
+//      micro-batch's backward communicates): with --bucket_mb > 0 in buckets all-reduced during that backward (Note
+//      [bucketed gradient all-reduce] in grad_buckets.cpp), with 0 in one all-reduce (ProcessGroup::all_reduce_mean)
+//      after it; both compute the same numbers. Then one small all-reduce agrees on the step's loss (the mean of the
+//      ranks' means: the global batch's mean loss), on inf/NaN in any rank's loss, on a stop request (a signal
+//      reaching some rank) and checks that the same gradients exist everywhere. Everything after it (unscale,
+//      clipping by the global norm, the inf/NaN check, the optimizer, the scaler's update, the schedule, the weight
+//      EMA) sees the same numbers on every rank, so the weights stay identical without being sent again. The
+//      scaler's found-inf is reduced as well (any rank's inf/NaN skips every rank's step), so the ranks skip the same
+//      steps and keep the same scale whatever the reduction does.
 //   5. What equals one process at N x B. The mean of the ranks' mean losses is the global batch's mean loss, so the
 //      averaged gradient is the global batch's gradient up to rounding: the sums run in another order, and 16-bit
 //      gradients (O2 without accumulation) are rounded on each rank, then averaged in f32 and rounded again. Not the
@@ -44,6 +45,7 @@
 //      the others may be waiting for it in a collective.
 #include "train/data_parallel.hpp"
 
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -197,15 +199,19 @@ void DataParallel::agree_on_found_inf(amp::GradScaler& scaler) const {
 }
 
 DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Tensor>& params, double loss,
-                                                            bool loss_nonfinite, bool stop) const {
-  if (!active()) return {loss, loss_nonfinite, stop};
+                                                            bool loss_nonfinite, bool stop,
+                                                            GradBuckets* buckets) const {
+  if (!active()) {
+    if (buckets != nullptr && buckets->armed()) buckets->finish();
+    return {loss, loss_nonfinite, stop};
+  }
   autograd::NoGradGuard ng;
   std::vector<Tensor> grads;
   double k = 0, s = 0;  // how many gradients, and which (the sum of their 1-based indices)
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor g = params[i].grad();
     if (!g.defined()) continue;
-    if (!g.is_contiguous()) {
+    if (!g.is_contiguous() && buckets == nullptr) {
       g = g.contiguous();
       params[i].set_grad(g);
     }
@@ -213,6 +219,24 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
     k += 1;
     s += static_cast<double>(i + 1);
   }
+  // With buckets, their all-reduces are in flight and complete first (a collective started earlier completes
+  // earlier on every rank); they send zeros for a missing gradient, so ranks that disagree still exchange the same
+  // sizes and reach the check. Without, the check comes first: one message of differing sizes would hang.
+  // comm_wait covers both orders alike: from here (the end of backward) until the gradients are averaged and the step
+  // agreed, the wait for the slowest rank included.
+  const auto t = std::chrono::steady_clock::now();
+  int64_t all_reduces = 0;
+  auto average = [&] {
+    if (buckets != nullptr) {
+      MP_ASSERT(buckets->armed(), "average_gradients: the buckets were not armed for the step's last backward");
+      buckets->finish();
+      all_reduces = buckets->take_all_reduces();  // every start since the last step's, earlier micro-batches included
+    } else {
+      world_.all_reduce_mean(grads);
+      all_reduces = 1;
+    }
+  };
+  if (buckets != nullptr) average();
   // Small integers and their squares are exact in f64: a zero variance over the ranks means the same everywhere.
   const Tensor stats = from_vector<double>({loss, loss_nonfinite ? 1.0 : 0.0, stop ? 1.0 : 0.0, k, k * k, s, s * s},
                                            {7}, {.dtype = DType::f64});
@@ -222,8 +246,9 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
   MP_CHECK(m[4] == m[3] * m[3] && m[6] == m[5] * m[5], "data-parallel training (", where(),
            "): the ranks' backward passes left gradients on different parameters (this rank: ", k, " of ",
            params.size(), "); every rank must run the same model on batches of the same shape");
-  world_.all_reduce_mean(grads);
-  return {m[0], m[1] > 0, m[2] > 0};
+  if (buckets == nullptr) average();
+  const double wait = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return {m[0], m[1] > 0, m[2] > 0, all_reduces, wait, buckets != nullptr ? buckets->pass_hook_seconds() : 0.0};
 }
 
 Tensor DataParallel::all_gather(const Tensor& t, int64_t dim) const {

@@ -1,6 +1,7 @@
 #pragma once
 // The data-parallel side of a training run (Note [data-parallel training] in data_parallel.cpp): what the ranks of
 // `mpirun -np N mixprec train` agree on and exchange. Every member does nothing for a single process.
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "mp/dist/process_group.hpp"
 #include "mp/nn/module.hpp"
 #include "mp/train/checkpoint.hpp"
+#include "train/grad_buckets.hpp"
 
 namespace mp::train::detail {
 
@@ -51,14 +53,24 @@ class DataParallel {
 
   /// What the ranks agree on at each optimizer step.
   struct StepAgreement {
-    double loss = 0;              ///< the mean of the ranks' step losses (the global batch's loss)
-    bool loss_nonfinite = false;  ///< some rank's loss was inf/NaN
-    bool stop = false;            ///< some rank was asked to stop (a signal)
+    double loss = 0;               ///< the mean of the ranks' step losses (the global batch's loss)
+    bool loss_nonfinite = false;   ///< some rank's loss was inf/NaN
+    bool stop = false;             ///< some rank was asked to stop (a signal)
+    int64_t grad_all_reduces = 0;  ///< all-reduces of gradients this step (buckets, or 1 without them)
+    double comm_wait = 0;          ///< seconds from the end of backward until the gradients were averaged and the step
+                                   ///< agreed (waiting for the slowest rank included)
+    double comm_in_backward = 0;   ///< seconds the bucket hooks took inside backward (flatten, start, MPI_Test)
   };
-  /// Before an optimizer step: agree on the loss, non-finite losses and stop requests, then replace every gradient of
-  /// `params` by its mean over the ranks (one all-reduce for all of them). Throws when the ranks' gradients differ in
-  /// which parameters have one.
-  StepAgreement average_gradients(const std::vector<Tensor>& params, double loss, bool loss_nonfinite, bool stop) const;
+  /// Before an optimizer step: replace every gradient of `params` by its mean over the ranks, then agree on the loss,
+  /// non-finite losses and stop requests. With `buckets` armed for the backward just run, their all-reduces (started
+  /// during it) are completed (Note [bucketed gradient all-reduce] in grad_buckets.cpp); without, one all-reduce
+  /// averages every gradient. Throws when the ranks' gradients differ in which parameters have one.
+  StepAgreement average_gradients(const std::vector<Tensor>& params, double loss, bool loss_nonfinite, bool stop,
+                                  GradBuckets* buckets = nullptr) const;
+  /// Gradient buckets of `params` over this run's ranks (Note [bucketed gradient all-reduce]).
+  std::unique_ptr<GradBuckets> gradient_buckets(const std::vector<Tensor>& params, double bucket_mb) const {
+    return std::make_unique<GradBuckets>(world_, params, bucket_mb);
+  }
   /// The concatenation along `dim` of every rank's `t` (same shape on every rank), in rank order, on every rank.
   Tensor all_gather(const Tensor& t, int64_t dim) const;
 

@@ -172,6 +172,7 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
       meta_{{"config", config_to_json(c)}} {
   if (!ckpt_.empty() && writes()) std::filesystem::create_directories(c.checkpoint_dir);
   if (parts_.dp != nullptr) parts_.dp->agree_on_found_inf(parts_.scaler);  // Note [data-parallel training] 4
+  if (data_parallel() && c.bucket_mb > 0) buckets_ = parts_.dp->gradient_buckets(parts_.params, c.bucket_mb);
   snapshot_buffers();  // the state the run starts from (resumed or not) is good
   paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);
@@ -252,10 +253,11 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
            ": resume with the --grad_accum it was written with");
   if (!saved) return;
   // Settings that change what the run computes; the others (paths, workers, logging, checkpoint
-  // cadence, evaluation batch) may change freely between processes.
+  // cadence, evaluation batch, gradient buckets: Note [bucketed gradient all-reduce] 4) may change freely between
+  // processes.
   static const std::set<std::string> kFree{
       "data_dir",         "num_workers", "eval_batch_size", "checkpoint_dir", "checkpoint_every", "save_best", "resume",
-      "stop_after_steps", "log",         "label",           "quiet",          "numerics_every"};
+      "stop_after_steps", "log",         "label",           "quiet",          "numerics_every",   "bucket_mb"};
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
   std::string changed;
@@ -435,6 +437,8 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
                      const std::function<nn::StateDict()>& extra, const std::function<Tensor()>& replay) {
   amp::GradScaler& scaler = parts_.scaler;
   const int64_t n = c_.grad_accum;  // Note [gradient accumulation]
+  const bool last = static_cast<int64_t>(micro_losses_.size()) + 1 == n;
+  if (buckets_ && last) buckets_->arm();  // Note [bucketed gradient all-reduce] 2: the step's last backward only
   scaler.scale(n == 1 ? loss : mul(loss, 1.0 / static_cast<double>(n))).backward();
   micro_losses_.push_back(loss.detach());  // with a scaler, read after the step: no device sync before it is queued
   micro_replays_.push_back(replay);
@@ -452,7 +456,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     for (const Tensor& b : micro_losses_) local += b.item<double>();
     agreed =
         parts_.dp->average_gradients(parts_.params, local / static_cast<double>(n), amp::any_nonfinite(micro_losses_),
-                                     g_stop_requested.load(std::memory_order_relaxed));
+                                     g_stop_requested.load(std::memory_order_relaxed), buckets_.get());
   }
   // Note [stopping on a numerical failure]: where this step began, and the scale its gradients carry
   const Progress began{epoch_, batch + 1 - n, start_.global_step + sum_.steps};
@@ -516,16 +520,23 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   const int64_t global = start_.global_step + sum_.steps;
   if (log_) {
     const double elapsed = carry_.seconds + seconds_since(t_epoch_) - ckpt_seconds_;
-    log_->write({{"type", std::string("step")},
-                 {"epoch", epoch_ + 1},
-                 {"step", global},
-                 {"loss", l},
-                 {"lr", parts_.optimizer.lr(0)},
-                 {"scale", scaler.get_scale()},
-                 {"skipped", !stepped},
-                 {"throughput", (carry_.units + units_) / std::max(elapsed, 1e-9)},
-                 {"data_wait", carry_.data_wait + data_wait},
-                 {"memory", memory::memory_stats(dev_).allocated - baseline_}});
+    std::vector<std::pair<std::string, LogValue>> fields{
+        {"type", std::string("step")},
+        {"epoch", epoch_ + 1},
+        {"step", global},
+        {"loss", l},
+        {"lr", parts_.optimizer.lr(0)},
+        {"scale", scaler.get_scale()},
+        {"skipped", !stepped},
+        {"throughput", (carry_.units + units_) / std::max(elapsed, 1e-9)},
+        {"data_wait", carry_.data_wait + data_wait},
+        {"memory", memory::memory_stats(dev_).allocated - baseline_}};
+    if (agreed) {  // docs/RUN_LOG.md: a data-parallel step's gradient communication
+      fields.emplace_back("grad_all_reduces", agreed->grad_all_reduces);
+      fields.emplace_back("comm_wait", agreed->comm_wait);
+      fields.emplace_back("comm_in_backward", agreed->comm_in_backward);
+    }
+    log_->write(fields);
   }
   if (record && log_) write_numerics(*log_, epoch_ + 1, global, step_scale, numerics_->take());
   if (numerics_ && (global + 1) % c_.numerics_every == 0) numerics_->arm();  // before the next step's forward

@@ -134,6 +134,8 @@ class TrainLoop {
   LossEma ema_;
   Clock::time_point t_epoch_;
   std::unique_ptr<ProgressBar> bar_;
+  /// --bucket_mb > 0 in a data-parallel run: the gradient buckets (Note [bucketed gradient all-reduce])
+  std::unique_ptr<GradBuckets> buckets_;
 };
 
 }  // namespace mp::train::detail

@@ -75,6 +75,23 @@ TEST(Autograd, HooksSeeGradients) {
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{6, 6}));
 }
 
+TEST(Autograd, PostAccumulateHooksSeeTheAccumulatedGradientOncePerPass) {
+  Tensor x = ones({2}, {.dtype = DType::f64}).requires_grad_();
+  Tensor unused = ones({2}, {.dtype = DType::f64}).requires_grad_();
+  std::vector<double> seen;
+  int unused_calls = 0;
+  autograd::register_post_accumulate_grad_hook(
+      x, [&](const Tensor& leaf) { seen.push_back(sum(leaf.grad()).item<double>()); });
+  autograd::register_post_accumulate_grad_hook(unused, [&](const Tensor&) { ++unused_calls; });
+  sum(x * 3.0 + x * 2.0).backward();  // two paths into x: one AccumulateGrad call, one hook call
+  sum(x * 1.0).backward();            // a second pass adds into x.grad
+  EXPECT_EQ(seen, (std::vector<double>{10.0, 12.0}));
+  EXPECT_EQ(unused_calls, 0);
+  autograd::grad({sum(x * x)}, {x});  // autograd::grad leaves .grad alone, so no hook runs
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_THROW(autograd::register_post_accumulate_grad_hook(x * 2.0, [](const Tensor&) {}), Error);
+}
+
 TEST(Autograd, LowPrecisionCastGradFlowsBackInInputDtype) {
   Tensor w = ones({4}, {.dtype = DType::f32}).requires_grad_();
   Tensor y = sum(w.to(DType::bf16) * 2.0);

@@ -210,6 +210,53 @@ INSTANTIATE_TEST_SUITE_P(
                            1.5e-2, 0.1, 5e-3, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
+// Bucketed all-reduce during backward (Note [bucketed gradient all-reduce] in src/train/grad_buckets.cpp) trains the
+// weights one all-reduce after backward trains, bit for bit: with two ranks each gradient element is one f32 addition
+// whichever message carries it, and the division and rounding are the same. Buckets of 25 MiB (one bucket), 0.5 MiB
+// (four: mlp's two large weights, 1.0 and 1.5 MiB of f32, are buckets alone) and 1e-6 MiB (one per parameter); with
+// --grad_accum 2 each step sends each bucket once, counted in the run log.
+class BucketedGradients : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BucketedGradients, TrainTheWeightsOfOneAllReduceAfterBackward) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const Case& k = GetParam();
+  const fs::path dir = scratch_dir("dp-buckets", k.name);
+  const std::string common =
+      fmnist(2048) + "--epochs 1 --max_steps_per_epoch 4 --seed 13 --batch_size 32 --grad_accum 2 " + k.flags;
+  const std::vector<std::pair<std::string, int64_t>> sizes{{"0", 1}, {"25", 1}, {"0.5", 4}, {"1e-6", 6}};
+  for (const auto& [mb, per_step] : sizes) {
+    const fs::path run = dir / ("mb" + mb);
+    const Result r = ranks(2, common + " --bucket_mb " + mb + " --checkpoint_dir " + run.string() + " --log " +
+                                  (dir / ("mb" + mb + ".jsonl")).string());
+    ASSERT_EQ(r.code, 0) << "--bucket_mb " << mb << ": " << r.output;
+    const std::vector<nlohmann::json> steps = records_of(dir / ("mb" + mb + ".jsonl"), "step");
+    ASSERT_EQ(steps.size(), 4u) << mb;
+    for (const nlohmann::json& st : steps) {
+      EXPECT_EQ(st["grad_all_reduces"].get<int64_t>(), per_step) << "--bucket_mb " << mb << ": " << st.dump();
+      EXPECT_GE(st["comm_wait"].get<double>(), 0.0) << st.dump();
+    }
+    if (mb == "0") continue;
+    expect_close(run, dir / "mb0", 0.0, 0.0, k.name + ", --bucket_mb " + mb + " against 0");
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, BucketedGradients,
+                         ::testing::Values(Case{"fp32", "--precision fp32", 0, 0, 0, false},
+                                           Case{"bf16_O2_clip", "--precision bf16 --opt_level O2 --clip_grad_norm 1", 0,
+                                                0, 0, false},
+                                           Case{"fp16_O2_dynamic", "--precision fp16 --opt_level O2", 0, 0, 0, false}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+TEST(BucketedGradientsRefusals, ANegativeBucketSizeIsRefusedWithTheRange) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const Result r = one_process(fmnist(256) + "--epochs 1 --max_steps_per_epoch 1 --bucket_mb -1");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--bucket_mb must be a size in MiB in [0, 8192] (0 = one all-reduce after backward), got -1"),
+            std::string::npos)
+      << r.output;
+}
+
 // A run stopped on two ranks continues on one process at the same global batch as if it had never stopped: the
 // data order and the state are the run's, not the ranks'.
 TEST(DataParallelTrainerResume, StopOnTwoRanksResumeOnOne) {

@@ -13,6 +13,8 @@ class Node;
 
 /// A hook run on the gradient flowing into a tensor; may return a replacement (or undefined to keep).
 using GradHook = std::function<Tensor(const Tensor& grad)>;
+/// A hook run on a leaf once backward has accumulated its gradient into leaf.grad() (the leaf is passed).
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 
 /// Where a gradient goes: input `input_nr` of node `fn`.
 struct Edge {
@@ -88,6 +90,7 @@ struct AutogradMeta {
   std::weak_ptr<AccumulateGrad> grad_accumulator;
   std::string name;
   std::vector<GradHook> hooks;
+  std::vector<PostAccumulateGradHook> post_accumulate_hooks;
 };
 
 /// Whether gradients are being recorded on this thread.
@@ -147,5 +150,10 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 
 /// Add a hook on the gradient reaching tensor t (leaf or not).
 void register_hook(const Tensor& t, GradHook hook);
+
+/// Add a hook run each time a backward pass has added a gradient into leaf.grad() (PyTorch's
+/// register_post_accumulate_grad_hook): the point from which that gradient is final for this pass. `leaf` must be
+/// a leaf that requires grad. A pass that gives the leaf no gradient does not run it.
+void register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
 
 }  // namespace mp::autograd

@@ -10,12 +10,24 @@
 // to MPI; OpenMP threads run kernels) and finalised at exit. Collectives take CPU tensors (a CUDA tensor is
 // refused until NCCL lands); every rank must call the same collectives in the same order with tensors of the
 // same shapes and dtypes, or MPI deadlocks or errs, so the callers check their configs agree first.
+#include <memory>
 #include <span>
 #include <string>
 
 #include "mp/tensor/tensor.hpp"
 
 namespace mp::dist {
+
+/// A collective in flight (ProcessGroup::start_all_reduce_sum). Its buffer must stay alive and untouched until it
+/// completes; destroying it unfinished waits for it first.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  /// Lets the library move it along (MPI_Test); whether it has completed.
+  virtual bool test() = 0;
+  /// Returns once it has completed.
+  virtual void wait() = 0;
+};
 
 /// A group of processes that take part in collectives together.
 class ProcessGroup {
@@ -31,6 +43,10 @@ class ProcessGroup {
   /// contiguous, on the CPU; summed in f32 (f64 for f64 tensors) whatever their dtype, in one message for all
   /// of them, then divided by size() and rounded once to the tensor's dtype.
   virtual void all_reduce_mean(std::span<const Tensor> tensors) = 0;
+  /// Starts summing `buffer` in place over the ranks without waiting (MPI_Iallreduce): f32 or f64, contiguous, on the
+  /// CPU, the same numel on every rank. Completes in the order started; MPI progresses it only inside MPI calls of
+  /// this process (Note [bucketed gradient all-reduce] in src/train/grad_buckets.cpp), so call test() meanwhile.
+  virtual std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) = 0;
   /// In place: every rank's tensors get the values of rank `root`'s (any dtype, contiguous, on the CPU).
   virtual void broadcast(std::span<const Tensor> tensors, int root) = 0;
   /// Returns when every rank has called it.

@@ -68,9 +68,10 @@ struct TrainConfig {
   std::string memory_format = "auto";  ///< conv nets: auto, channels_last or contiguous (activation layout)
   int64_t max_vocab = 10000;           ///< vocabulary cap (others become <unk>)
   // ---- run ----
-  uint64_t seed = 0;                         ///< seeds initialisation, dropout, data order and augmentation
-  int num_workers = 2;                       ///< loader threads (0 = load on the training thread)
-  std::string device = "cpu";                ///< cpu, cuda or cuda:N: where the model and batches live
+  uint64_t seed = 0;           ///< seeds initialisation, dropout, data order and augmentation
+  int num_workers = 2;         ///< loader threads (0 = load on the training thread)
+  double bucket_mb = 25;       ///< data-parallel: MiB per gradient all-reduce bucket (0 = one after backward)
+  std::string device = "cpu";  ///< cpu, cuda or cuda:N: where the model and batches live
   std::string matmul_precision = "highest";  ///< f32 matmuls/convs on CUDA: highest (f32) or high (TF32)
   int64_t eval_batch_size = 500;             ///< images per evaluation batch (text: 10 streams)
   std::string checkpoint_dir;                ///< write checkpoint.safetensors here (empty = none)
@@ -161,6 +162,10 @@ void visit_fields(TrainConfig& c, F&& f) {
   f("max_vocab", c.max_vocab, "word LM: vocabulary cap, other words become <unk> (0 = all)");
   f("seed", c.seed, "random seed (initialisation, dropout, data order, augmentation)");
   f("num_workers", c.num_workers, "data loader threads (0 = load on the training thread)");
+  f("bucket_mb", c.bucket_mb,
+    "data-parallel runs (mpirun): gradients are averaged over the ranks in buckets of about this many MiB (f32), "
+    "each all-reduced during backward as soon as its gradients are final (PyTorch DDP's bucket_cap_mb); 0 = one "
+    "all-reduce of every gradient after backward");
   f("device", c.device, "cpu, cuda or cuda:N (the model, batches and optimizer state live there)");
   f("matmul_precision", c.matmul_precision, "f32 matmuls and convolutions on CUDA: highest (true f32) or high (TF32)");
   f("eval_batch_size", c.eval_batch_size, "images per evaluation batch");
