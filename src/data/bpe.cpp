@@ -254,9 +254,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
   }
   try {
     t.index();
-  } catch (const Error& e) {
-    MP_FAIL(what, ": ", e.what());
-  }
+  } catch (const Error& e) { MP_FAIL(what, ": ", e.what()); }
   return t;
 }
 
