@@ -8,28 +8,10 @@
 #include "commands.hpp"
 #include "mp/core/error.hpp"
 #include "mp/data/bpe.hpp"
-#include "mp/data/idx.hpp"
 #include "mp/data/text.hpp"
 
 namespace mixprec {
 namespace {
-
-// The lines of a UTF-8 text file (the training texts of --dataset text).
-std::vector<std::string> file_lines(const std::string& path) {
-  const std::vector<uint8_t> bytes = mp::data::read_file_bytes(path);
-  std::vector<std::string> lines;
-  std::string line;
-  for (const uint8_t c : bytes) {
-    if (c == '\n') {
-      lines.push_back(std::move(line));
-      line.clear();
-    } else {
-      line += static_cast<char>(c);
-    }
-  }
-  if (!line.empty()) lines.push_back(std::move(line));
-  return lines;
-}
 
 // A verse or line joined to the next with its newline kept, so that the tokenizer learns line breaks too.
 std::vector<std::string> with_newlines(std::vector<std::string> lines) {
@@ -65,7 +47,7 @@ void add_tokenizer_command(CLI::App& app) {
       texts = with_newlines(mp::data::kjv_verses(t->data_dir));
     } else if (t->dataset == "text") {
       MP_CHECK(!t->data_dir.empty(), "--dataset text: give the UTF-8 file with --data_dir FILE");
-      texts = with_newlines(file_lines(t->data_dir));
+      texts = with_newlines(mp::data::read_lines(t->data_dir));
     } else {
       MP_FAIL("--dataset: expected kjv or text, got '", t->dataset, "'");
     }

@@ -37,7 +37,7 @@ void BpeTokenizer::index() {
     const auto ia = ids_.find(a), ib = ids_.find(b), iab = ids_.find(a + b);
     MP_CHECK(ia != ids_.end() && ib != ids_.end() && iab != ids_.end(), "BpeTokenizer: merge ", r, " ('", a, "' '", b,
              "') names a token that is not in the vocabulary; the file's vocab and merges do not belong together");
-    ranks_.emplace(std::pair{ia->second, ib->second}, static_cast<int64_t>(r));
+    ranks_.emplace(std::pair{ia->second, ib->second}, Merge{static_cast<int64_t>(r), iab->second});
   }
   for (uint32_t byte = 0; byte < 256; ++byte)
     MP_CHECK(ids_.count(byte_symbol(static_cast<uint8_t>(byte))) == 1,
@@ -57,34 +57,43 @@ const std::string& BpeTokenizer::token(int64_t id) const {
   return tokens_[static_cast<size_t>(id)];
 }
 
+void BpeTokenizer::merge_pair(std::vector<int64_t>& sym, int64_t a, int64_t b, int64_t ab) {
+  size_t w = 0;
+  for (size_t i = 0; i < sym.size(); ++i, ++w) {
+    if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
+      sym[w] = ab;
+      ++i;
+    } else {
+      sym[w] = sym[i];
+    }
+  }
+  sym.resize(w);
+}
+
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>& out) const {
   std::vector<int64_t> sym;
   sym.reserve(piece.size());
   for (const char c : piece) sym.push_back(ids_.at(byte_symbol(static_cast<uint8_t>(c))));
   while (sym.size() > 1) {
-    int64_t best = std::numeric_limits<int64_t>::max();
+    const Merge* best = nullptr;
     size_t at = 0;
     for (size_t i = 0; i + 1 < sym.size(); ++i) {
       const auto it = ranks_.find({sym[i], sym[i + 1]});
-      if (it != ranks_.end() && it->second < best) best = it->second, at = i;
+      if (it != ranks_.end() && (best == nullptr || it->second.rank < best->rank)) best = &it->second, at = i;
     }
-    if (best == std::numeric_limits<int64_t>::max()) break;
-    // Merge every occurrence of the best pair, left to right (GPT-2 does the same).
-    const auto [a, b] = std::pair{sym[at], sym[at + 1]};
-    const int64_t ab = ids_.at(merges_[static_cast<size_t>(best)].first + merges_[static_cast<size_t>(best)].second);
-    std::vector<int64_t> next;
-    next.reserve(sym.size());
-    for (size_t i = 0; i < sym.size(); ++i) {
-      if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
-        next.push_back(ab);
-        ++i;
-      } else {
-        next.push_back(sym[i]);
-      }
-    }
-    sym.swap(next);
+    if (best == nullptr) break;
+    merge_pair(sym, sym[at], sym[at + 1], best->id);
   }
   out.insert(out.end(), sym.begin(), sym.end());
+}
+
+std::pair<size_t, size_t> BpeTokenizer::next_special(std::string_view text, size_t pos) const {
+  size_t found = std::string_view::npos, len = 0;
+  for (const std::string& s : specials_) {
+    const size_t f = s.empty() ? std::string_view::npos : text.find(s, pos);
+    if (f != std::string_view::npos && (f < found || (f == found && s.size() > len))) found = f, len = s.size();
+  }
+  return {found, len};
 }
 
 std::vector<int64_t> BpeTokenizer::encode(std::string_view text) const {
@@ -103,12 +112,7 @@ std::vector<int64_t> BpeTokenizer::encode(std::string_view text) const {
   };
   size_t pos = 0;
   while (pos < text.size()) {
-    // The earliest special token from pos (the longest when two start at the same byte).
-    size_t found = std::string_view::npos, len = 0;
-    for (const std::string& s : specials_) {
-      const size_t f = s.empty() ? std::string_view::npos : text.find(s, pos);
-      if (f != std::string_view::npos && (f < found || (f == found && s.size() > len))) found = f, len = s.size();
-    }
+    const auto [found, len] = next_special(text, pos);
     plain(text.substr(pos, found == std::string_view::npos ? std::string_view::npos : found - pos));
     if (found == std::string_view::npos) break;
     out.push_back(ids_.at(std::string(text.substr(found, len))));

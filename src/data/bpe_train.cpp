@@ -21,9 +21,6 @@ namespace mp::data {
 namespace {
 
 using Pair = std::pair<int64_t, int64_t>;
-struct PairHash {
-  size_t operator()(const Pair& p) const noexcept { return std::hash<int64_t>()(p.first * 1000003 ^ p.second); }
-};
 
 struct Word {
   std::vector<int64_t> sym;
@@ -48,17 +45,13 @@ BpeTokenizer BpeTokenizer::train(std::span<const std::string> texts, const BpeTr
 
   // Count the pieces (between special tokens, which training skips).
   std::unordered_map<std::string, int64_t> piece_counts;
-  for (const std::string& text : texts) {
-    std::string_view rest = text;
-    while (!rest.empty()) {
-      size_t cut = std::string_view::npos, len = 0;
-      for (const std::string& s : t.specials_) {
-        const size_t f = rest.find(s);
-        if (f < cut) cut = f, len = s.size();
-      }
-      for (const std::string_view piece : gpt2_pretokenize(rest.substr(0, cut))) ++piece_counts[std::string(piece)];
+  for (const std::string_view text : texts) {
+    for (size_t pos = 0; pos < text.size();) {
+      const auto [cut, len] = t.next_special(text, pos);
+      const std::string_view part = text.substr(pos, cut == std::string_view::npos ? cut : cut - pos);
+      for (const std::string_view piece : gpt2_pretokenize(part)) ++piece_counts[std::string(piece)];
       if (cut == std::string_view::npos) break;
-      rest.remove_prefix(cut + len);
+      pos = cut + len;
     }
   }
   std::vector<Word> words;
@@ -128,17 +121,7 @@ BpeTokenizer BpeTokenizer::train(std::span<const std::string> texts, const BpeTr
       for (size_t i = 0; i + 1 < w.sym.size() && !has; ++i) has = w.sym[i] == a && w.sym[i + 1] == b;
       if (!has) continue;  // an earlier merge rewrote it
       add_pairs(wi, -1);
-      std::vector<int64_t> next;
-      next.reserve(w.sym.size());
-      for (size_t i = 0; i < w.sym.size(); ++i) {
-        if (i + 1 < w.sym.size() && w.sym[i] == a && w.sym[i + 1] == b) {
-          next.push_back(ab);
-          ++i;
-        } else {
-          next.push_back(w.sym[i]);
-        }
-      }
-      w.sym.swap(next);
+      merge_pair(w.sym, a, b, ab);
       add_pairs(wi, +1);
       for (size_t i = 0; i + 1 < w.sym.size(); ++i)
         if (w.sym[i] == ab || w.sym[i + 1] == ab) touched[{w.sym[i], w.sym[i + 1]}] = 0;

@@ -207,9 +207,8 @@ Corpus load_corpus(const std::string& path, const CorpusOptions& options) {
                  layout[2]);
       std::string name = p.filename().string();
       if (name.empty() || name == ".") name = p.parent_path().filename().string();
-      return make_corpus(name, split_lines(read_file_bytes((p / layout[0]).string())),
-                         split_lines(read_file_bytes((p / layout[1]).string())),
-                         split_lines(read_file_bytes((p / layout[2]).string())), options);
+      return make_corpus(name, read_lines((p / layout[0]).string()), read_lines((p / layout[1]).string()),
+                         read_lines((p / layout[2]).string()), options);
     }
     MP_FAIL("load_corpus: ", path,
             " is a folder without corpus files: expected train.txt/valid.txt/test.txt, "
@@ -220,7 +219,7 @@ Corpus load_corpus(const std::string& path, const CorpusOptions& options) {
            ": no such file or folder; expected a folder with "
            "train/valid/test files or one plain-text file");
   std::vector<std::string> train, valid, test;
-  split_single_file(split_lines(read_file_bytes(path)), train, valid, test);
+  split_single_file(read_lines(path), train, valid, test);
   return make_corpus(p.stem().string(), train, valid, test, options);
 }
 
@@ -287,6 +286,8 @@ std::vector<uint8_t> run_bible() {
 }
 
 }  // namespace
+
+std::vector<std::string> read_lines(const std::string& path) { return split_lines(read_file_bytes(path)); }
 
 std::vector<std::string> kjv_verses(const std::string& dump_path) {
   const std::vector<uint8_t> text = dump_path.empty() ? run_bible() : read_file_bytes(dump_path);

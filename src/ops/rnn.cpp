@@ -180,9 +180,10 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
   Tensor cs = empty({T + 1, B, H}, {.dtype = state_dt, .device = dev});
   std::vector<Tensor> gates(static_cast<size_t>(T));
   auto* const compute_dtype = backend::matmul_compute_dtype.find(dev.type);
-  // The per-step GEMMs: [B, H] x [H, 4H] forward, [B, 4H] x [4H, H] for the data gradient.
-  const DType mm = compute_dtype != nullptr ? compute_dtype(dt, dt, 1, B, 4 * H, H) : dt;
-  const DType mm_bwd = compute_dtype != nullptr ? compute_dtype(dt, dt, 1, B, H, 4 * H) : dt;
+  // The per-step GEMMs: [B, H] x [H, 4H] forward (w^T, column-major: linear's operand), [B, 4H] x [4H, H] (w,
+  // row-major) for the data gradient; asked with their layouts, as the kernel's own choice is made.
+  const DType mm = compute_dtype != nullptr ? compute_dtype(dt, dt, 1, B, 4 * H, H, false, true) : dt;
+  const DType mm_bwd = compute_dtype != nullptr ? compute_dtype(dt, dt, 1, B, H, 4 * H, false, false) : dt;
   const Tensor w = w_hh.detach(), b = b_hh.defined() ? b_hh.detach() : Tensor();
   // Widened once (above), in w's own layout: the kernel widens linear's w^T operand in memory order too (Note
   // [widening in memory order] in backend/cpu/linalg.cpp), so the f32 GEMM sees the same layout.

@@ -64,14 +64,22 @@ class BpeTokenizer {
       return std::hash<int64_t>()(p.first * 1000003 ^ p.second);
     }
   };
+  struct Merge {
+    int64_t rank, id;  // the merge's rank and the id of the token it makes
+  };
   void index();  // fills ids_ and ranks_ from tokens_ and merges_
   void encode_piece(std::string_view piece, std::vector<int64_t>& out) const;
+  // The first special token in `text` at or after `pos` (the longest of those starting there): its position and
+  // length, or npos.
+  std::pair<size_t, size_t> next_special(std::string_view text, size_t pos) const;
+  // Replaces every adjacent (a, b) in `sym`, left to right, with `ab` (GPT-2's bpe() and training alike).
+  static void merge_pair(std::vector<int64_t>& sym, int64_t a, int64_t b, int64_t ab);
 
   std::vector<std::string> tokens_;                          // id -> token string (byte-symbol form)
   std::vector<std::pair<std::string, std::string>> merges_;  // rank -> the pair it merges
   std::vector<std::string> specials_;
   std::unordered_map<std::string, int64_t> ids_;
-  std::unordered_map<std::pair<int64_t, int64_t>, int64_t, PairHash> ranks_;  // (left id, right id) -> rank
+  std::unordered_map<std::pair<int64_t, int64_t>, Merge, PairHash> ranks_;  // (left id, right id) -> merge
 };
 
 /// GPT-2's pre-tokenization of `text` into pieces (views into `text`); throws when the library was built without

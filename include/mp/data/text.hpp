@@ -57,6 +57,9 @@ Corpus make_corpus(std::string name, const std::vector<std::string>& train, cons
 /// max_vocab as given (use 10000 in the CLI default).
 Corpus load_kjv(const CorpusOptions& options = {.max_vocab = 10000}, const std::string& dump_path = "");
 
+/// The lines of a file (split at '\n', the newlines dropped; a last line without one kept), errors naming the file.
+std::vector<std::string> read_lines(const std::string& path);
+
 /// The verses of the King James Bible as load_kjv reads them (headings dropped, verse numbers stripped), with their
 /// case and punctuation: one verse per entry, in book order (the text a BPE tokenizer is trained on).
 std::vector<std::string> kjv_verses(const std::string& dump_path = "");

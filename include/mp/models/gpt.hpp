@@ -69,7 +69,7 @@ class Gpt : public nn::Module {
   explicit Gpt(const GptOptions& options);
   /// Token ids [B, T] (i64/i32, T <= block_size) -> logits [B, T, V].
   Tensor forward(const Tensor& idx);
-  /// Parameters without the position embedding (nanoGPT's get_num_params(non_embedding=True) + wte's).
+  /// nanoGPT's get_num_params(): every parameter once (the tied head counted with wte), less the position embedding.
   int64_t num_parameters() const;
   /// The options it was built with.
   const GptOptions& options() const { return options_; }

@@ -175,9 +175,10 @@ void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
   matmul_on_path(path, out, a, b, bias, accumulate, epilogue);
 }
 
-DType matmul_compute_dtype_cpu(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k) {
+DType matmul_compute_dtype_cpu(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k, bool a_cm,
+                               bool b_cm) {
   if (ab != DType::bf16 && ab != DType::f16) return ab;
-  return matmul_path(ab, c, batch, m, n, k, false, false) == KernelPath::via_f32 ? DType::f32 : ab;
+  return matmul_path(ab, c, batch, m, n, k, a_cm, b_cm) == KernelPath::via_f32 ? DType::f32 : ab;
 }
 
 }  // namespace
