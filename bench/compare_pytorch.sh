@@ -378,7 +378,7 @@ export OMP_NUM_THREADS=$THREADS
 declare -A CONFIG=(
   [mlp]="--model mlp-2048x2 --batch_size 512 --image_size 28 --in_channels 1 --num_classes 10 --optimizer sgd"
   [resnet18]="--model resnet18 --batch_size 32 --image_size 32 --in_channels 3 --num_classes 10 --optimizer sgd"
-  [lstm]="--model lstm --batch_size 20 --seq_len 35 --vocab_size 10000 --embed_size 650 --hidden_size 650 --num_layers 2 --dropout 0 --optimizer sgd"
+  [lstm]="--model lstm --batch_size 20 --bptt 35 --vocab_size 10000 --embed_size 650 --hidden_size 650 --num_layers 2 --dropout 0 --optimizer sgd"
 )
 NAMES=(mlp resnet18 lstm)
 if [[ -n "$ONLY" ]]; then

@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = {
     "resnet18": ["--model", "resnet18", "--batch_size", "128", "--image_size", "32", "--in_channels", "3",
                  "--num_classes", "10", "--optimizer", "sgd"],
-    "lstm": ["--model", "lstm", "--batch_size", "64", "--seq_len", "35", "--vocab_size", "10000", "--embed_size",
+    "lstm": ["--model", "lstm", "--batch_size", "64", "--bptt", "35", "--vocab_size", "10000", "--embed_size",
              "1500", "--hidden_size", "1500", "--num_layers", "2", "--optimizer", "sgd"],
 }
 TITLE = {"resnet18": "ResNet-18 32x32x3, batch 128", "lstm": "LSTM LM 2x1500, V 10k, seq 35, batch 64"}

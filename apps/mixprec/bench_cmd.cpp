@@ -51,6 +51,17 @@ using Json = nlohmann::ordered_json;
 
 bool is_lm(const std::string& model) { return model == "lstm" || model == "gru" || model == "rnn"; }
 
+}  // namespace
+
+const std::vector<std::string>& bench_config_fields() {
+  static const std::vector<std::string> names{
+      "model",       "batch_size", "precision", "opt_level", "optimizer",     "lr",   "bptt",   "embed_size",
+      "hidden_size", "num_layers", "dropout",   "lstm_impl", "memory_format", "seed", "device", "matmul_precision"};
+  return names;
+}
+
+namespace {
+
 // The --device of a bench configuration (throws naming the flag when it does not parse or exist).
 Device bench_device(const BenchStepOptions& o) { return device_from_flag(o.device, "bench step: --device"); }
 
@@ -62,27 +73,12 @@ Device bench_device(const BenchStepOptions& o) { return device_from_flag(o.devic
 // read.
 train::TrainConfig run_config(const BenchStepOptions& o) {
   const bool lm = is_lm(o.model);
-  train::TrainConfig c;
-  c.model = o.model;
+  train::TrainConfig c = o;
   c.dataset = lm ? "kjv" : "fashion-mnist";
-  c.batch_size = o.batch_size;
-  c.optimizer = o.optimizer;
   c.lr = o.lr != 0 ? o.lr : o.optimizer == "sgd" ? 0.01 : 1e-3;
   c.momentum = 0.9;
   c.weight_decay = o.optimizer == "adamw" ? optim::AdamWOptions{}.weight_decay : 0.0;  // torch.optim.AdamW's too
   c.clip_grad_norm = lm ? 0.25 : 0;
-  c.precision = o.precision;
-  c.opt_level = o.opt_level;
-  c.bptt = o.seq_len;
-  c.embed_size = o.embed_size;
-  c.hidden_size = o.hidden_size;
-  c.num_layers = o.num_layers;
-  c.dropout = o.dropout;
-  c.lstm_impl = o.lstm_impl;
-  c.memory_format = o.memory_format;
-  c.seed = o.seed;
-  c.device = o.device;
-  c.matmul_precision = o.matmul_precision;
   return c;
 }
 
@@ -100,7 +96,7 @@ BenchStepOptions resolved(BenchStepOptions o) {
   positive("steps", o.steps);
   if (lm) {
     positive("vocab_size", o.vocab_size);
-    positive("seq_len", o.seq_len);
+    positive("bptt", o.bptt);
   } else {
     positive("image_size", o.image_size);
     positive("in_channels", o.in_channels);
@@ -187,8 +183,8 @@ Workload lm_workload(const BenchStepOptions& o) {
   const amp::AmpOptions r = amp::prepare(*model, *opt, train::amp_options(c));
   auto scaler = std::make_shared<amp::GradScaler>(r.scaler);
   const std::vector<Tensor> params = model->parameters();  // the converted ones (O2/O3)
-  const Tensor tokens = randint(0, o.vocab_size, {o.seq_len, o.batch_size}).to(dev);
-  const Tensor targets = randint(0, o.vocab_size, {o.seq_len * o.batch_size}).to(dev);
+  const Tensor tokens = randint(0, o.vocab_size, {o.bptt, o.batch_size}).to(dev);
+  const Tensor targets = randint(0, o.vocab_size, {o.bptt * o.batch_size}).to(dev);
   Workload w;
   const double clip = c.clip_grad_norm;
   w.step = [model, opt, scaler, params, tokens, targets, r, clip] {
@@ -207,12 +203,18 @@ Workload lm_workload(const BenchStepOptions& o) {
     return loss;
   };
   w.skipped = [scaler] { return scaler->skipped_steps(); };
-  w.units_per_step = static_cast<double>(o.batch_size * o.seq_len);
+  w.units_per_step = static_cast<double>(o.batch_size * o.bptt);
   w.unit = "tok/s";
   w.amp = describe(r);
-  w.config = {{"batch_size", o.batch_size}, {"seq_len", o.seq_len},         {"vocab_size", o.vocab_size},
-              {"embed_size", o.embed_size}, {"hidden_size", o.hidden_size}, {"num_layers", o.num_layers},
-              {"dropout", o.dropout},       {"optimizer", o.optimizer},     {"lr", o.lr},
+  w.config = {{"batch_size", o.batch_size},
+              {"seq_len", o.bptt},
+              {"vocab_size", o.vocab_size},
+              {"embed_size", o.embed_size},
+              {"hidden_size", o.hidden_size},
+              {"num_layers", o.num_layers},
+              {"dropout", o.dropout},
+              {"optimizer", o.optimizer},
+              {"lr", o.lr},
               {"parameters", num_params}};
   return w;
 }
@@ -280,8 +282,8 @@ Json run_bench_step(const BenchStepOptions& raw) {
   j["version"] = s.version;
   j["model"] = o.model;
   j["config"] = w.config;
-  j["precision"] = o.precision;
-  j["opt_level"] = o.opt_level;
+  j["precision"] = train::precision_name(o.precision);
+  j["opt_level"] = train::FieldText<std::optional<amp::OptLevel>>::format(o.opt_level);
   j["matmul_precision"] = o.matmul_precision;
   j["amp"] = w.amp;
   j["warmup"] = o.warmup;
@@ -346,7 +348,12 @@ void add_bench_command(CLI::App& app) {
   auto* cmd = bench->add_subcommand(
       "step", "Time training steps of one configuration on a fixed synthetic batch and print them as JSON");
   auto o = std::make_shared<BenchStepOptions>();
-  visit_fields(*o, [&](const char* name, auto& field, const char* help) {
+  add_config_options_only(cmd, *o, bench_config_fields());  // Note [one table of settings]
+  // What a benchmark step means differently from a training run (PyTorch's side, bench/pytorch/bench_step.py,
+  // has the same): run_config().
+  cmd->get_option("--optimizer")->description("sgd (momentum 0.9, no weight decay) or adamw (its default decay)");
+  cmd->get_option("--lr")->description("learning rate (0 = 0.01 for sgd, 1e-3 for adamw)");
+  visit_bench_fields(*o, [&](const char* name, auto& field, const char* help) {
     if constexpr (std::is_same_v<std::remove_reference_t<decltype(field)>, bool>)
       cmd->add_flag(std::string("--") + name, field, help);
     else

@@ -105,10 +105,10 @@ class PyTorchSide {
     std::ostringstream cmd;
     cmd << a_.python << " " << a_.script << " --model " << o.model << " --batch_size " << o.batch_size
         << " --image_size " << o.image_size << " --in_channels " << o.in_channels << " --num_classes " << o.num_classes
-        << " --vocab_size " << o.vocab_size << " --seq_len " << o.seq_len << " --embed_size " << o.embed_size
+        << " --vocab_size " << o.vocab_size << " --bptt " << o.bptt << " --embed_size " << o.embed_size
         << " --hidden_size " << o.hidden_size << " --num_layers " << o.num_layers << " --dropout " << o.dropout
-        << " --precision " << o.precision << " --optimizer " << o.optimizer << " --warmup " << o.warmup << " --steps "
-        << o.steps << " --seed " << o.seed << " --device " << o.device << " 2>&1";
+        << " --precision " << mp::train::precision_name(o.precision) << " --optimizer " << o.optimizer << " --warmup "
+        << o.warmup << " --steps " << o.steps << " --seed " << o.seed << " --device " << o.device << " 2>&1";
     FILE* p = popen(cmd.str().c_str(), "r");
     if (p == nullptr) return {{"error", "could not start " + a_.python}};
     std::string out, line;
@@ -215,11 +215,11 @@ void op_breakdown(const SuiteArgs& a, const OpBreakdownArgs& ob, std::ostream& o
   o.embed_size = o.hidden_size = ob.hidden_size;
   o.profile = true;
   progress("op-breakdown: " + o.model + " fp32");
-  o.precision = "fp32";
+  o.precision = mp::DType::f32;
   const Json f = run_bench_step(o);
   progress("op-breakdown: " + o.model + " " + ob.precision);
-  o.precision = ob.precision;
-  o.opt_level = "O2";
+  o.precision = mp::train::FieldText<mp::DType>::parse(ob.precision, "precision");
+  o.opt_level = mp::amp::OptLevel::O2;
   const Json m = run_bench_step(o);
   struct Row {
     double ms32 = 0, ms16 = 0, by32 = 0, by16 = 0;
@@ -303,7 +303,7 @@ void lstm_impl(const SuiteArgs& a, std::ostream& out) {
       o.model = "lstm";
       o.hidden_size = o.embed_size = s.hidden;
       o.batch_size = s.batch;
-      o.precision = prec;
+      o.precision = mp::train::FieldText<mp::DType>::parse(prec, "precision");
       Json r[3];
       for (size_t impl = 0; impl < impls.size(); ++impl) {
         o.lstm_impl = impls[impl];
@@ -400,12 +400,12 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
           o.num_layers = L;
           o.batch_size = B;
           o.hidden_size = o.embed_size = N;
-          o.seq_len = T;
+          o.bptt = T;
           o.vocab_size = V;
-          o.precision = p == 0 ? "fp32" : "bf16";
+          o.precision = p == 0 ? mp::DType::f32 : mp::DType::bf16;
           o.profile = true;
           progress("lstm-sweep: L " + std::to_string(L) + " B " + std::to_string(B) + " N " + std::to_string(N) + " " +
-                   o.precision);
+                   mp::train::precision_name(o.precision));
           r[p] = try_step(o);
           if (ok(r[p])) {
             double mm = 0;
@@ -421,7 +421,7 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
           r[p]["layers"] = L;
           if (torch.enabled()) {
             progress("lstm-sweep: L " + std::to_string(L) + " B " + std::to_string(B) + " N " + std::to_string(N) +
-                     " " + o.precision + " PyTorch");
+                     " " + mp::train::precision_name(o.precision) + " PyTorch");
             o.profile = false;
             pt[p] = torch.step(o);
             pt[p].erase("step_ms");
@@ -532,15 +532,16 @@ void resnets(const SuiteArgs& a, const ResnetArgs& ra, const PyTorchSide& torch,
       BenchStepOptions o = base_step(a, a.quick ? 1 : 3, a.quick ? 3 : 10);
       o.model = m;
       o.batch_size = batch;
-      o.precision = p == 0 ? "fp32" : "bf16";
-      progress("resnets: " + m + " " + o.precision + " step");
+      o.precision = p == 0 ? mp::DType::f32 : mp::DType::bf16;
+      progress("resnets: " + m + " " + mp::train::precision_name(o.precision) + " step");
       r[p] = try_step(o);
       if (ok(r[p]) && first.is_null()) first = r[p];
       if (torch.enabled()) {
-        progress("resnets: " + m + " " + o.precision + " PyTorch step");
+        progress("resnets: " + m + " " + mp::train::precision_name(o.precision) + " PyTorch step");
         pt[p] = torch.step(o);
       }
-      progress("resnets: " + m + " " + o.precision + " max batch within " + fmt("%.2f", budget_gib) + " GiB");
+      progress("resnets: " + m + " " + mp::train::precision_name(o.precision) + " max batch within " +
+               fmt("%.2f", budget_gib) + " GiB");
       Json trials;
       std::tie(mb[p], trials) = max_batch(o, budget, batch);
       r[p]["max_batch"] = mb[p];

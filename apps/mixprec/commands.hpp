@@ -1,5 +1,6 @@
 #pragma once
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -74,18 +75,41 @@ mp::train::TrainConfig resolve_config(const CLI::App* cmd, const mp::train::Trai
 /// The JSON `--print_config` writes (two-space indented, keys in declaration order).
 std::string config_json_pretty(const mp::train::TrainConfig& c);
 
-/// Register every TrainConfig field as a flag --name (bools as --name / --no-name), except `skip`.
-inline void add_config_options(CLI::App* cmd, mp::train::TrainConfig& c, const std::set<std::string>& skip = {}) {
+/// Register the TrainConfig fields for which keep(name) holds as flags --name (Note [one table of settings]): bools
+/// as --name / --no-name, typed fields through their text (FieldText), with the table's help (and the value in c
+/// as the default shown, unless !show_defaults: flags that override a file's settings).
+template <class Keep>
+void add_config_options_if(CLI::App* cmd, mp::train::TrainConfig& c, Keep keep, bool show_defaults = true) {
   mp::train::visit_fields(c, [&](const char* name, auto& field, const char* help) {
-    if (skip.count(name) != 0) return;
+    if (!keep(std::string(name))) return;
     using T = std::remove_reference_t<decltype(field)>;
     const std::string flag = std::string("--") + name;
     if constexpr (std::is_same_v<T, bool>) {
       cmd->add_flag(flag + ",!--no-" + name, field, help);
+    } else if constexpr (mp::train::TextField<T>) {
+      CLI::Option* o = cmd->add_option_function<std::string>(
+          flag, [&field, name](const std::string& s) { field = mp::train::FieldText<T>::parse(s, name); }, help);
+      if (show_defaults) o->default_str(mp::train::FieldText<T>::format(field));
     } else {
-      cmd->add_option(flag, field, help)->capture_default_str();
+      CLI::Option* o = cmd->add_option(flag, field, help);
+      if (show_defaults) o->capture_default_str();
     }
   });
 }
+
+/// Register every TrainConfig field as a flag, except those in `skip`.
+inline void add_config_options(CLI::App* cmd, mp::train::TrainConfig& c, const std::set<std::string>& skip = {}) {
+  add_config_options_if(cmd, c, [&](const std::string& n) { return skip.count(n) == 0; });
+}
+
+/// Register the TrainConfig fields named in `only` as flags.
+inline void add_config_options_only(CLI::App* cmd, mp::train::TrainConfig& c, const std::vector<std::string>& only,
+                                    bool show_defaults = true) {
+  add_config_options_if(
+      cmd, c, [&](const std::string& n) { return std::count(only.begin(), only.end(), n) != 0; }, show_defaults);
+}
+
+/// The names of cmd's flags that were given on its command line among the TrainConfig fields.
+std::set<std::string> given_config_fields(const CLI::App* cmd);
 
 }  // namespace mixprec

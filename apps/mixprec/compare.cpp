@@ -32,7 +32,9 @@ std::string fmt(const char* f, double v) {
 // properties, stochastic rounding). Suffixes: +sr (stochastic rounding), +bn32 / +bn16 (keep_batchnorm_fp32
 // true / false), +masters / +nomasters (master_weights true / false), in any number and order.
 struct RunItem {
-  std::string precision, opt_level, keep_batchnorm_fp32, master_weights;
+  mp::DType precision = mp::DType::f32;
+  std::optional<mp::amp::OptLevel> opt_level;
+  std::optional<bool> keep_batchnorm_fp32, master_weights;
   bool stochastic_rounding = false;
 };
 RunItem parse_run(const std::string& item) {
@@ -42,17 +44,17 @@ RunItem parse_run(const std::string& item) {
   for (size_t at = plus; at != std::string::npos;) {
     const size_t next = item.find('+', at + 1);
     const std::string suffix = item.substr(at, next == std::string::npos ? std::string::npos : next - at);
-    auto set = [&](std::string& field, const char* value) {
-      MP_CHECK(field.empty() || field == value, "--runs: '", item, "' sets one property twice (", suffix,
+    auto set = [&](std::optional<bool>& field, bool value) {
+      MP_CHECK(!field || *field == value, "--runs: '", item, "' sets one property twice (", suffix,
                " after its opposite); keep one of them");
       field = value;
     };
     if (suffix == "+sr")
       r.stochastic_rounding = true;
     else if (suffix == "+bn32" || suffix == "+bn16")
-      set(r.keep_batchnorm_fp32, suffix == "+bn32" ? "true" : "false");
+      set(r.keep_batchnorm_fp32, suffix == "+bn32");
     else if (suffix == "+masters" || suffix == "+nomasters")
-      set(r.master_weights, suffix == "+masters" ? "true" : "false");
+      set(r.master_weights, suffix == "+masters");
     else
       MP_FAIL("--runs: unknown suffix '", suffix, "' in '", item, "'; expected +sr (stochastic rounding), +bn32 or ",
               "+bn16 (batch-norm weights f32 or 16-bit), +masters or +nomasters (f32 master weights or none), e.g. ",
@@ -60,10 +62,13 @@ RunItem parse_run(const std::string& item) {
     at = next;
   }
   const auto colon = rest.find(':');
-  r.precision = rest.substr(0, colon);
-  r.opt_level = colon == std::string::npos ? "" : rest.substr(colon + 1);
-  MP_CHECK(r.precision == "fp32" || r.precision == "fp16" || r.precision == "bf16", "--runs: unknown precision '",
-           r.precision, "' in '", item, "'; expected fp32, fp16 or bf16, optionally with an opt level (bf16:O1)");
+  try {
+    r.precision = tr::FieldText<mp::DType>::parse(rest.substr(0, colon), "precision");
+    if (colon != std::string::npos)
+      r.opt_level = tr::FieldText<std::optional<mp::amp::OptLevel>>::parse(rest.substr(colon + 1), "opt_level");
+  } catch (const mp::Error& e) {
+    MP_FAIL("--runs: '", item, "': ", e.what(), " (an item is a precision, optionally with an opt level: bf16:O1)");
+  }
   return r;
 }
 
@@ -107,8 +112,8 @@ tr::TrainConfig compare_run_config(const tr::TrainConfig& base, const std::strin
 // How the run's 16-bit matmuls and convolutions computed on the CPU: shapes per kernel path among the choices
 // of the run's dtype (Note [kernel paths chosen by measurement]); f16 computes through f32 on the CPU.
 std::string kernel_paths_cell(const tr::RunSummary& r) {
-  if (r.config.precision == "fp32" || r.config.device != "cpu") return "-";
-  const std::string dt = r.config.precision == "bf16" ? "bf16" : "f16";
+  if (r.config.precision == mp::DType::f32 || r.config.device != "cpu") return "-";
+  const std::string dt = mp::dtype_name(r.config.precision);
   std::map<std::string, std::string> own;  // the choices of the run's dtype
   for (const auto& [key, path] : r.kernel_paths.choices) {
     const size_t sp = key.find(' ');
@@ -123,7 +128,7 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
   const bool text = runs.front().metric_name == "perplexity";
   size_t ref = 0;
   for (size_t i = 0; i < runs.size(); ++i)
-    if (runs[i].config.precision == "fp32") {
+    if (runs[i].config.precision == mp::DType::f32) {
       ref = i;
       break;
     }

@@ -16,18 +16,21 @@ mp::train::TrainConfig resolve_config(const CLI::App* cmd, const mp::train::Trai
            cmd->get_name(), " --print_config` writes");
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::ordered_json merged;
-  try {
-    // The file's settings, checked field by field (unknown keys and wrong types are refused, naming them).
-    merged = nlohmann::ordered_json::parse(mp::train::config_to_json(mp::train::config_from_json(text.str())));
+  mp::train::TrainConfig file;
+  try {  // the file's settings, checked field by field (unknown keys and wrong types are refused, naming them)
+    file = mp::train::config_from_json(text.str());
   } catch (const mp::Error& e) { MP_FAIL("--config '", path, "': ", e.what()); }
-  // Each flag given on the command line wins over the file.
-  mp::train::TrainConfig given = flags;
-  mp::train::visit_fields(given, [&](const char* name, auto& field, const char*) {
+  return mp::train::with_fields(file, flags, given_config_fields(cmd));  // each flag given wins over the file
+}
+
+std::set<std::string> given_config_fields(const CLI::App* cmd) {
+  std::set<std::string> given;
+  mp::train::TrainConfig names;
+  mp::train::visit_fields(names, [&](const char* name, auto&, const char*) {
     const CLI::Option* o = cmd->get_option_no_throw(std::string("--") + name);
-    if (o != nullptr && o->count() > 0) merged[name] = field;
+    if (o != nullptr && o->count() > 0) given.insert(name);
   });
-  return mp::train::config_from_json(merged.dump());
+  return given;
 }
 
 std::string config_json_pretty(const mp::train::TrainConfig& c) {

@@ -134,30 +134,20 @@ void add_eval_command(CLI::App& app) {
                                  "or `mixprec export`'s) with --model (accuracy or perplexity)");
   struct Args {
     std::string path, split = "test";
-    mp::train::TrainConfig overrides;
+    mp::train::EvalOverrides overrides;
     bool ema = false;
   };
   auto a = std::make_shared<Args>();
-  a->overrides.precision.clear();
-  a->overrides.model.clear();  // empty: as the file's config says
-  a->overrides.dataset.clear();
   cmd->add_option("checkpoint", a->path,
                   "checkpoint.safetensors written by mixprec train, or a bare state dict (then --model is needed)")
       ->required();
-  cmd->add_option("--model", a->overrides.model,
-                  "the model of a bare state dict (a file without a training config, e.g. PyTorch's): resnet8, mlp, "
-                  "...; torch names (mixprec export, README)");
-  cmd->add_option("--dataset", a->overrides.dataset,
-                  "evaluate on this dataset (default: the one it was trained on; fashion-mnist for a bare state dict)");
   cmd->add_option("--split", a->split, "test, or valid (text corpora)")->capture_default_str();
-  cmd->add_option("--data_dir", a->overrides.data_dir, "dataset folder or file (default: the one it was trained on)");
-  cmd->add_option("--precision", a->overrides.precision, "evaluate in fp32, fp16 or bf16 (default: as trained)");
-  cmd->add_option("--opt_level", a->overrides.opt_level, "O0..O3 (default: as trained)");
-  cmd->add_option("--eval_batch_size", a->overrides.eval_batch_size, "images per batch")->capture_default_str();
-  cmd->add_option("--num_workers", a->overrides.num_workers, "loader threads")->capture_default_str();
-  cmd->add_option("--device", a->overrides.device, "cpu, cuda or cuda:N")->capture_default_str();
+  // The settings an evaluation may change, each flag from the run's table (Note [one table of settings]); a flag
+  // not given keeps what the checkpoint says. --model names a bare state dict's model (torch names: README).
+  add_config_options_only(cmd, a->overrides.values, mp::train::eval_override_fields(), /*show_defaults=*/false);
   cmd->add_flag("--ema", a->ema, "evaluate the checkpoint's f32 weight averages (trained with --ema_decay)");
-  cmd->callback([a] {
+  cmd->callback([cmd, a] {
+    a->overrides.given = given_config_fields(cmd);
     const mp::train::EvalResult r = mp::train::evaluate_checkpoint(a->path, a->split, &a->overrides, std::cout, a->ema);
     if (r.metric_name == "accuracy")
       std::printf("%s: %lld images, loss %.4f, accuracy %.2f%% (%.1f s)\n", a->path.c_str(),

@@ -71,7 +71,8 @@ def parse_args(argv):
     p.add_argument("--in_channels", type=int, default=3, help="images: channels")
     p.add_argument("--num_classes", type=int, default=10, help="images: classes")
     p.add_argument("--vocab_size", type=int, default=10000, help="word LM: vocabulary size")
-    p.add_argument("--seq_len", type=int, default=35, help="word LM: tokens per stream per step")
+    p.add_argument("--bptt", "--seq_len", dest="seq_len", type=int, default=35,
+                   help="word LM: tokens per stream per step (mixprec's --bptt)")
     p.add_argument("--embed_size", type=int, default=650, help="word LM: embedding size")
     p.add_argument("--hidden_size", type=int, default=650, help="word LM: recurrent state size")
     p.add_argument("--num_layers", type=int, default=2, help="word LM: stacked recurrent layers")

@@ -84,10 +84,10 @@ void validate_loss_scaling(const TrainConfig& c) {
   if (given.empty()) return;
   MP_CHECK(r.scaler.enabled && r.scaler.dynamic, given, " set dynamic loss scaling, but this run has ",
            r.scaler.enabled
-               ? "a static loss scale (--loss_scale " + c.loss_scale + "); for a scale that starts at " + c.loss_scale +
-                     " and adapts use --loss_scale dynamic --init_scale " + c.loss_scale
-               : "no loss scaling (--precision " + c.precision +
-                     (c.loss_scale.empty() ? std::string(", whose default is none") : " --loss_scale " + c.loss_scale) +
+               ? "a static loss scale (--loss_scale " + r.loss_scale->str() + "); for a scale that starts at " +
+                     r.loss_scale->str() + " and adapts use --loss_scale dynamic --init_scale " + r.loss_scale->str()
+               : "no loss scaling (--precision " + precision_name(c.precision) +
+                     (c.loss_scale ? " --loss_scale " + c.loss_scale->str() : std::string(", whose default is none")) +
                      "); add --loss_scale dynamic, or drop " + given);
   // Dynamic scaling runs. The scaler would clamp a starting scale outside its bounds without a word: say so instead.
   MP_CHECK(c.init_scale >= c.min_scale && c.init_scale <= c.max_scale, "--init_scale ", num(c.init_scale),
@@ -161,34 +161,25 @@ void validate(const TrainConfig& c) {
            c.optimizer, "': expected sgd, adam or adamw");
   MP_CHECK(c.schedule == "constant" || c.schedule == "linear" || c.schedule == "cosine" || c.schedule == "step",
            "unknown --schedule '", c.schedule, "': expected constant, linear, cosine or step");
-  MP_CHECK(c.precision == "fp32" || c.precision == "fp16" || c.precision == "bf16", "unknown --precision '",
-           c.precision, "': expected fp32, fp16 or bf16");
-  if (!c.opt_level.empty()) {
-    const amp::OptLevel l = amp::opt_level_from_string(c.opt_level);
-    MP_CHECK((c.precision == "fp32") == (l == amp::OptLevel::O0), "--opt_level ", c.opt_level,
-             " does not fit --precision ", c.precision, ": O0 is fp32, O1-O3 need fp16 or bf16");
-  }
-  if (!c.loss_scale.empty()) (void)amp::LossScale::parse(c.loss_scale);
-  // Apex's two properties of O2/O3: "true", "false" or unset (the level's default).
-  const bool sixteen_bit_weights =
-      c.precision != "fp32" && (c.opt_level.empty() || amp::opt_level_from_string(c.opt_level) != amp::OptLevel::O1);
+  const std::string precision = precision_name(c.precision);  // also refuses a dtype that is not a run's precision
+  const std::string level = FieldText<std::optional<amp::OptLevel>>::format(c.opt_level);
+  MP_CHECK(!c.opt_level || (c.precision == DType::f32) == (*c.opt_level == amp::OptLevel::O0), "--opt_level ", level,
+           " does not fit --precision ", precision, ": O0 is fp32, O1-O3 need fp16 or bf16");
+  // Apex's two properties of O2/O3: true, false or unset (the level's default).
+  const bool sixteen_bit_weights = c.precision != DType::f32 && c.opt_level != amp::OptLevel::O1;
   for (const auto& [flag, value] :
-       {std::pair<const char*, const std::string&>{"keep_batchnorm_fp32", c.keep_batchnorm_fp32},
+       {std::pair<const char*, const std::optional<bool>&>{"keep_batchnorm_fp32", c.keep_batchnorm_fp32},
         {"master_weights", c.master_weights}}) {
-    if (value.empty()) continue;
-    MP_CHECK(value == "true" || value == "false", "--", flag, " must be true or false, got '", value,
-             "' (leave it out for the opt level's default)");
-    MP_CHECK(sixteen_bit_weights, "--", flag, " applies to O2 and O3 (16-bit weights), got --precision ", c.precision,
-             c.opt_level.empty() ? std::string() : " --opt_level " + c.opt_level,
-             ": O0 and O1 keep every weight in f32");
+    MP_CHECK(!value || sixteen_bit_weights, "--", flag, " applies to O2 and O3 (16-bit weights), got --precision ",
+             precision, c.opt_level ? " --opt_level " + level : std::string(), ": O0 and O1 keep every weight in f32");
   }
-  const bool o3 = !c.opt_level.empty() && amp::opt_level_from_string(c.opt_level) == amp::OptLevel::O3;
-  const bool masters = c.master_weights.empty() ? !o3 : c.master_weights == "true";
+  const bool masters = c.master_weights.value_or(c.opt_level != amp::OptLevel::O3);
   MP_CHECK(!c.stochastic_rounding || (sixteen_bit_weights && !masters),
            "--stochastic_rounding needs 16-bit weights without f32 masters (--opt_level O3, or O2 with ",
-           "--master_weights false) and --precision fp16 or bf16, got --precision ", c.precision, " --opt_level ",
-           c.opt_level.empty() ? "(default)" : c.opt_level,
-           c.master_weights.empty() ? std::string() : " --master_weights " + c.master_weights,
+           "--master_weights false) and --precision fp16 or bf16, got --precision ", precision, " --opt_level ",
+           c.opt_level ? level : "(default)",
+           c.master_weights ? " --master_weights " + FieldText<std::optional<bool>>::format(c.master_weights)
+                            : std::string(),
            "; f32 masters keep the small updates themselves and need no stochastic rounding");
   validate_loss_scaling(c);
   (void)run_device(c);
@@ -210,11 +201,10 @@ Device run_device(const TrainConfig& c) { return device_from_flag(c.device, "--d
 
 std::string run_label(const TrainConfig& c) {
   if (!c.label.empty()) return c.label;
-  if (c.precision == "fp32") return "fp32";
-  const std::string level = c.opt_level.empty() ? "O2" : amp::opt_level_name(amp::opt_level_from_string(c.opt_level));
-  std::string label = c.precision + " " + level;
-  if (!c.keep_batchnorm_fp32.empty()) label += c.keep_batchnorm_fp32 == "true" ? " BN-f32" : " BN-16";
-  if (!c.master_weights.empty()) label += c.master_weights == "true" ? " masters" : " no-masters";
+  if (c.precision == DType::f32) return "fp32";
+  std::string label = precision_name(c.precision) + " " + amp::opt_level_name(c.opt_level.value_or(amp::OptLevel::O2));
+  if (c.keep_batchnorm_fp32) label += *c.keep_batchnorm_fp32 ? " BN-f32" : " BN-16";
+  if (c.master_weights) label += *c.master_weights ? " masters" : " no-masters";
   return label + (c.stochastic_rounding ? " SR" : "");
 }
 

@@ -16,19 +16,17 @@ TrainConfig with_task_defaults(const TrainConfig& in) {
   if (c.momentum < 0) c.momentum = text ? 0.0 : 0.9;
   if (c.weight_decay < 0) c.weight_decay = text ? 0.0 : 5e-4;
   if (c.clip_grad_norm < 0) c.clip_grad_norm = text ? 0.25 : 0.0;
-  if (c.opt_level.empty()) c.opt_level = c.precision == "fp32" ? "O0" : "O2";
-  c.opt_level = amp::opt_level_name(amp::opt_level_from_string(c.opt_level));
+  if (!c.opt_level) c.opt_level = c.precision == DType::f32 ? amp::OptLevel::O0 : amp::OptLevel::O2;
   return c;
 }
 
 amp::AmpOptions amp_options(const TrainConfig& c) {
   amp::AmpOptions o;
-  o.opt_level =
-      c.precision == "fp32" ? amp::OptLevel::O0 : amp::opt_level_from_string(c.opt_level.empty() ? "O2" : c.opt_level);
-  o.dtype = c.precision == "fp16" ? DType::f16 : DType::bf16;
-  if (!c.loss_scale.empty()) o.loss_scale = amp::LossScale::parse(c.loss_scale);
-  if (!c.keep_batchnorm_fp32.empty()) o.keep_batchnorm_fp32 = c.keep_batchnorm_fp32 == "true";
-  if (!c.master_weights.empty()) o.master_weights = c.master_weights == "true";
+  o.opt_level = c.precision == DType::f32 ? amp::OptLevel::O0 : c.opt_level.value_or(amp::OptLevel::O2);
+  o.dtype = c.precision == DType::f16 ? DType::f16 : DType::bf16;
+  o.loss_scale = c.loss_scale;
+  o.keep_batchnorm_fp32 = c.keep_batchnorm_fp32;
+  o.master_weights = c.master_weights;
   o.stochastic_rounding = c.stochastic_rounding;
   o.rounding_seed = c.seed;
   // The scaler's settings (resolve() sets enabled/dynamic, and a static scale's value, from the loss scale);

@@ -473,7 +473,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
           std::string(loss_bad ? "the loss" : "the gradients (of a finite loss)") + " became inf/NaN at step " +
           std::to_string(began.global_step + 1) + " with no loss scaling to skip it; lower --lr" +
           (c_.clip_grad_norm > 0 ? "" : ", or add --clip_grad_norm") +
-          (c_.precision == "fp16" ? ", or train in bf16 (f32's exponent range: no overflow at 65504)" : "");
+          (c_.precision == DType::f16 ? ", or train in bf16 (f32's exponent range: no overflow at 65504)" : "");
       sum_.numerical_failure = stop_for_numerical_failure(what, began, step_scale);
       sum_.diverged = true;
       parts_.optimizer.zero_grad();

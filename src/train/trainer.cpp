@@ -1,6 +1,7 @@
 // The image-classification training loop and the pieces both loops share.
 #include "mp/train/trainer.hpp"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cmath>
@@ -350,12 +351,23 @@ RunSummary train(const TrainConfig& config, std::ostream& out) {
   return run(silent, discard);
 }
 
-EvalResult evaluate_checkpoint(const std::string& path, const std::string& split, const TrainConfig* overrides,
+const std::vector<std::string>& eval_override_fields() {
+  static const std::vector<std::string> names{"model",     "dataset",         "data_dir",    "precision",
+                                              "opt_level", "eval_batch_size", "num_workers", "device"};
+  return names;
+}
+
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& split, const EvalOverrides* overrides,
                                std::ostream& out, bool ema) {
   std::map<std::string, std::string> md;
   nn::StateDict weights = read_model_state(path, &md, ema);
   auto it = md.find("config");
-  const std::string model_flag = overrides != nullptr ? overrides->model : "";
+  auto given = [&](const char* name) { return overrides != nullptr && overrides->given.count(name) != 0; };
+  if (overrides != nullptr)
+    for (const std::string& n : overrides->given)
+      MP_CHECK(std::count(eval_override_fields().begin(), eval_override_fields().end(), n) != 0, "eval: --", n,
+               " cannot be changed for an evaluation");
+  const std::string model_flag = given("model") ? overrides->values.model : "";
   TrainConfig c;
   if (it != md.end()) {  // a checkpoint, or a file `mixprec export` wrote from one: its run names the model
     c = config_from_json(it->second);
@@ -368,24 +380,18 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
     c.model = model_flag;
   }
   if (overrides != nullptr) {
-    if (!overrides->dataset.empty()) c.dataset = overrides->dataset;
-    if (!overrides->data_dir.empty()) c.data_dir = overrides->data_dir;
-    const bool other_precision = !overrides->precision.empty() && overrides->precision != c.precision;
-    if (other_precision || (!overrides->opt_level.empty() && overrides->opt_level != c.opt_level)) {
+    const TrainConfig& o = overrides->values;
+    const bool other_precision = given("precision") && o.precision != c.precision;
+    if (other_precision || (given("opt_level") && o.opt_level != c.opt_level)) {
       // the trained run's O2/O3 properties belong to its level; the new one takes its own defaults
-      c.keep_batchnorm_fp32.clear();
-      c.master_weights.clear();
+      c.keep_batchnorm_fp32.reset();
+      c.master_weights.reset();
       c.stochastic_rounding = false;
     }
-    if (other_precision) {
-      c.precision = overrides->precision;
-      c.opt_level = overrides->opt_level;
-    } else if (!overrides->opt_level.empty()) {
-      c.opt_level = overrides->opt_level;
-    }
-    c.eval_batch_size = overrides->eval_batch_size;
-    c.num_workers = overrides->num_workers;
-    c.device = overrides->device;
+    if (other_precision && !given("opt_level")) c.opt_level.reset();  // the new precision's default level
+    std::set<std::string> rest = overrides->given;
+    rest.erase("model");
+    c = with_fields(c, o, rest);
   }
   c.resume = false;
   validate(c);
@@ -402,8 +408,8 @@ std::string summary_to_json(const RunSummary& s) {
   j["label"] = s.label;
   j["model"] = s.config.model;
   j["dataset"] = s.config.dataset;
-  j["precision"] = s.config.precision;
-  j["opt_level"] = s.config.opt_level;
+  j["precision"] = precision_name(s.config.precision);
+  j["opt_level"] = FieldText<std::optional<amp::OptLevel>>::format(s.config.opt_level);
   j["metric"] = s.metric_name;
   j["val_metric"] = num(s.val_metric);
   j["val_loss"] = num(s.val_loss);

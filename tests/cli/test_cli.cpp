@@ -330,7 +330,7 @@ TEST(Cli, BenchStepPrintsJsonAndRefusesBadFlags) {
   for (const char* key : {"\"median_ms\"", "\"throughput\"", "\"peak_bytes\"", "\"opt_level\":\"O2\""})
     EXPECT_CONTAINS(r.output, key);
   r =
-      run("bench step --model lstm --vocab_size 50 --embed_size 8 --hidden_size 8 --seq_len 4 --batch_size 2 "
+      run("bench step --model lstm --vocab_size 50 --embed_size 8 --hidden_size 8 --bptt 4 --batch_size 2 "
           "--warmup 1 --steps 1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(r.output, "\"tok/s\"");

@@ -14,7 +14,7 @@ TEST(ConfigJson, RoundTrip) {
   c.epochs = 7;
   c.lr = 0.25;
   c.seed = 18446744073709551615ull;
-  c.precision = "bf16";
+  c.precision = mp::DType::bf16;
   const std::string json = config_to_json(c);
   EXPECT_EQ(config_to_json(config_from_json(json)), json);
   EXPECT_EQ(config_from_json(json).seed, 18446744073709551615ull);

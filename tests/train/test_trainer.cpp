@@ -49,7 +49,7 @@ TEST(Trainer, ExactResumeImageBf16O2AtEpochBoundary) {
 
 TEST(Trainer, ExactResumeImageFp16DynamicScale) {
   TrainConfig c = image_config("fp16");
-  c.opt_level = "O1";  // f16 on the CPU: autocast casts, the scaler runs (f16 is storage-only here)
+  c.opt_level = mp::amp::OptLevel::O1;  // f16 on the CPU: autocast casts, the scaler runs (f16 is storage-only here)
   expect_exact_resume(c, 7, "img_fp16");
 }
 
@@ -147,7 +147,7 @@ TEST(Trainer, ExactResumeWithStochasticRounding) {
   // O3 bf16 without masters, rounded stochastically: the random bits follow from (seed, step, tensor,
   // element), so the resumed run draws what the uninterrupted one did.
   TrainConfig c = image_config("bf16");
-  c.opt_level = "O3";
+  c.opt_level = mp::amp::OptLevel::O3;
   c.stochastic_rounding = true;
   expect_exact_resume(c, 7, "img_bf16_o3_sr");
   // ... and the rounding is in effect: the third step's loss differs from nearest-even rounding's.
@@ -177,9 +177,9 @@ TEST(Trainer, KeepBatchnormFp32AndMasterWeightsChooseTheWeightsDtypes) {
   };
   for (const Case& k : cases) {
     TrainConfig c = image_config("bf16");
-    c.opt_level = k.level;
-    c.keep_batchnorm_fp32 = k.keep_bn;
-    c.master_weights = k.masters;
+    c.opt_level = mp::train::FieldText<std::optional<mp::amp::OptLevel>>::parse(k.level, "opt_level");
+    c.keep_batchnorm_fp32 = mp::train::FieldText<std::optional<bool>>::parse(k.keep_bn, "keep_batchnorm_fp32");
+    c.master_weights = mp::train::FieldText<std::optional<bool>>::parse(k.masters, "master_weights");
     c.epochs = 1;
     c.max_steps_per_epoch = 2;
     c.checkpoint_dir = scratch_dir("trainer", "apex_properties").string();
@@ -204,9 +204,10 @@ TEST(Trainer, KeepBatchnormFp32AndMasterWeightsChooseTheWeightsDtypes) {
     EXPECT_EQ(ev.loss, s.val_loss) << k.label;
     // ... and at another precision the level's own defaults apply (the trained run's properties belong
     // to its level: fp32 has none)
-    TrainConfig fp32;
-    fp32.precision = "fp32";
-    fp32.model = c.model;  // an override names the checkpoint's model or none (evaluate_checkpoint refuses another)
+    mp::train::EvalOverrides fp32;
+    fp32.values.precision = mp::DType::f32;
+    fp32.values.model = c.model;  // an override names the checkpoint's model or none (it refuses another)
+    fp32.given = {"precision", "model"};
     const mp::train::EvalResult f = mp::train::evaluate_checkpoint(
         (fs::path(c.checkpoint_dir) / "checkpoint.safetensors").string(), "test", &fp32, sink);
     EXPECT_GT(f.metric, 0.25) << k.label;  // 4 classes: better than chance
@@ -439,8 +440,8 @@ TEST(Trainer, EvaluateCheckpointMatchesFinalAccuracy) {
 
 TEST(Trainer, ConfigJsonRoundTrip) {
   TrainConfig c = text_config("fp16");
-  c.opt_level = "O3";
-  c.loss_scale = "128";
+  c.opt_level = mp::amp::OptLevel::O3;
+  c.loss_scale = mp::amp::LossScale::parse("128");
   c.seed = 1234567890123ull;
   const TrainConfig back = mp::train::config_from_json(mp::train::config_to_json(c));
   EXPECT_EQ(mp::train::config_to_json(back), mp::train::config_to_json(c));
@@ -454,11 +455,11 @@ TEST(Trainer, ValidationNamesTheProblem) {
   TrainConfig c = image_config("bf16");
   c.model = "resnet19";
   EXPECT_NE(message(c).find("resnet18"), std::string::npos) << message(c);  // lists the known models
-  c = image_config("bf16");
-  c.precision = "fp8";
-  EXPECT_NE(message(c).find("fp8"), std::string::npos);
+  // Typed fields are parsed at the edge (flags, configs), naming the field and the valid values.
+  const std::string fp8 = mp::test::error_of([] { mp::train::FieldText<mp::DType>::parse("fp8", "precision"); });
+  EXPECT_NE(fp8.find("unknown --precision 'fp8': expected fp32, fp16 or bf16"), std::string::npos) << fp8;
   c = image_config("fp32");
-  c.opt_level = "O2";
+  c.opt_level = mp::amp::OptLevel::O2;
   EXPECT_NE(message(c).find("O0 is fp32"), std::string::npos);
   c = image_config("bf16");
   c.resume = true;
@@ -482,16 +483,17 @@ TEST(Trainer, ValidationNamesTheProblem) {
   c.stochastic_rounding = true;  // O2 (the default) keeps f32 masters
   EXPECT_NE(message(c).find("--stochastic_rounding needs 16-bit weights without f32 masters"), std::string::npos)
       << message(c);
-  c.master_weights = "false";  // ... unless told not to
+  c.master_weights = false;  // ... unless told not to
   EXPECT_EQ(message(c), "(no error)");
-  c.master_weights = "no";
-  EXPECT_NE(message(c).find("--master_weights must be true or false, got 'no'"), std::string::npos) << message(c);
+  const std::string no =
+      mp::test::error_of([] { mp::train::FieldText<std::optional<bool>>::parse("no", "master_weights"); });
+  EXPECT_NE(no.find("--master_weights must be true or false, got 'no'"), std::string::npos) << no;
   c = image_config("bf16");
-  c.opt_level = "O1";
-  c.keep_batchnorm_fp32 = "true";
+  c.opt_level = mp::amp::OptLevel::O1;
+  c.keep_batchnorm_fp32 = true;
   EXPECT_NE(message(c).find("--keep_batchnorm_fp32 applies to O2 and O3"), std::string::npos) << message(c);
   c = image_config("fp32");
-  c.master_weights = "true";
+  c.master_weights = true;
   EXPECT_NE(message(c).find("O0 and O1 keep every weight in f32"), std::string::npos) << message(c);
   c = image_config("fp32");
   c.grad_accum = 0;

@@ -90,7 +90,7 @@ inline TrainConfig image_config(const std::string& precision) {
   c.optimizer = "adamw";
   c.lr = 3e-3;
   c.warmup_epochs = 0.25;
-  c.precision = precision;
+  c.precision = mp::train::FieldText<mp::DType>::parse(precision, "precision");
   c.num_workers = 2;
   c.eval_batch_size = 64;
   c.quiet = true;
@@ -112,7 +112,7 @@ inline TrainConfig text_config(const std::string& precision) {
   c.dropout = 0.3;  // dropout draws must continue the same random stream after a resume
   c.optimizer = "sgd";
   c.lr = 5;
-  c.precision = precision;
+  c.precision = mp::train::FieldText<mp::DType>::parse(precision, "precision");
   c.quiet = true;
   c.seed = 5;
   return c;
