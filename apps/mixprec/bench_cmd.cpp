@@ -29,6 +29,7 @@
 #include "mp/core/philox.hpp"
 #include "mp/memory/allocator.hpp"
 #include "mp/models/models.hpp"
+#include "mp/models/gpt.hpp"
 #include "mp/ops/ops.hpp"
 #include "mp/optim/optim.hpp"
 #include "mp/system.hpp"
@@ -50,13 +51,15 @@ double process_cpu_ms() {
 using Json = nlohmann::ordered_json;
 
 bool is_lm(const std::string& model) { return model == "lstm" || model == "gru" || model == "rnn"; }
+bool is_gpt(const std::string& model) { return models::is_gpt_model(model); }
 
 }  // namespace
 
 const std::vector<std::string>& bench_config_fields() {
   static const std::vector<std::string> names{
-      "model",       "batch_size", "precision", "opt_level", "optimizer",     "lr",   "bptt",   "embed_size",
-      "hidden_size", "num_layers", "dropout",   "lstm_impl", "memory_format", "seed", "device", "matmul_precision"};
+      "model",     "batch_size",    "precision",  "opt_level",   "optimizer",       "lr",
+      "bptt",      "context",       "embed_size", "hidden_size", "num_layers",      "dropout",
+      "lstm_impl", "memory_format", "seed",       "device",      "matmul_precision"};
   return names;
 }
 
@@ -74,21 +77,23 @@ Device bench_device(const BenchStepOptions& o) { return device_from_flag(o.devic
 train::TrainConfig run_config(const BenchStepOptions& o) {
   const bool lm = is_lm(o.model);
   train::TrainConfig c = o;
-  c.dataset = lm ? "kjv" : "fashion-mnist";
+  c.dataset = lm || is_gpt(o.model) ? "kjv" : "fashion-mnist";
   c.lr = o.lr != 0 ? o.lr : o.optimizer == "sgd" ? 0.01 : 1e-3;
   c.momentum = 0.9;
   c.weight_decay = o.optimizer == "adamw" ? optim::AdamWOptions{}.weight_decay : 0.0;  // torch.optim.AdamW's too
-  c.clip_grad_norm = lm ? 0.25 : 0;
+  c.clip_grad_norm = lm ? 0.25 : is_gpt(o.model) ? 1.0 : 0;                            // nanoGPT's grad_clip
   return c;
 }
 
 // The options with defaults filled in; throws mp::Error naming the flag for any invalid value (the shared
 // settings through train's validate()).
 BenchStepOptions resolved(BenchStepOptions o) {
-  MP_CHECK(models::is_image_model(o.model) || is_lm(o.model), "bench step: unknown --model '", o.model,
-           "'; expected an image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) or lstm, gru, rnn");
-  const bool lm = is_lm(o.model);
-  if (o.batch_size == 0) o.batch_size = lm ? 20 : 32;
+  MP_CHECK(models::is_image_model(o.model) || is_lm(o.model) || is_gpt(o.model), "bench step: unknown --model '",
+           o.model,
+           "'; expected an image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K), lstm, gru, rnn or "
+           "gpt-nano, gpt-mini, gpt2");
+  const bool lm = is_lm(o.model) || is_gpt(o.model);
+  if (o.batch_size == 0) o.batch_size = is_gpt(o.model) ? 16 : lm ? 20 : 32;
   auto positive = [](const char* flag, int64_t v) {
     MP_CHECK(v > 0, "bench step: --", flag, " must be positive, got ", v);
   };
@@ -106,7 +111,13 @@ BenchStepOptions resolved(BenchStepOptions o) {
   MP_CHECK(o.optimizer != "adam",
            "bench step: --optimizer adam is not a benchmark configuration; expected sgd or "
            "adamw (PyTorch's side has the same two)");
-  train::validate(run_config(o));
+  if (is_gpt(o.model)) {  // train's check of a gpt config asks for a tokenizer size; a benchmark draws random ids
+    train::TrainConfig v = run_config(o);
+    v.max_vocab = std::max<int64_t>(v.max_vocab, 258);
+    train::validate(v);
+  } else {
+    train::validate(run_config(o));
+  }
   const train::TrainConfig c = train::with_task_defaults(run_config(o));
   o.opt_level = c.opt_level;
   o.lr = c.lr;
@@ -219,6 +230,59 @@ Workload lm_workload(const BenchStepOptions& o) {
   return w;
 }
 
+// A GPT step: random token windows [B, T] and next-token targets; nanoGPT's train.py step (AdamW, gradient
+// norm clipped at 1).
+Workload gpt_workload(const BenchStepOptions& o) {
+  models::GptOptions mo = models::gpt_preset(o.model, o.vocab_size);
+  if (o.context > 0) mo.block_size = o.context;
+  mo.dropout = o.dropout;
+  auto model = std::make_shared<models::Gpt>(mo);
+  const Device dev = bench_device(o);
+  model->to(dev);
+  model->train();
+  const int64_t num_params = model->num_parameters();
+  const train::TrainConfig c = run_config(o);
+  std::shared_ptr<optim::Optimizer> opt = train::make_optimizer(c, model->parameters());
+  const amp::AmpOptions r = amp::prepare(*model, *opt, train::amp_options(c));
+  auto scaler = std::make_shared<amp::GradScaler>(r.scaler);
+  const std::vector<Tensor> params = model->parameters();
+  const int64_t T = mo.block_size;
+  const Tensor tokens = randint(0, o.vocab_size, {o.batch_size, T}).to(dev);
+  const Tensor targets = randint(0, o.vocab_size, {o.batch_size * T}).to(dev);
+  Workload w;
+  const double clip = c.clip_grad_norm;
+  w.step = [model, opt, scaler, params, tokens, targets, r, clip] {
+    opt->zero_grad();
+    Tensor logits;
+    {
+      const train::ForwardScope scope(r);
+      logits = model->forward(tokens);
+    }
+    Tensor loss = cross_entropy(logits.to(DType::f32).view({targets.numel(), -1}), targets);
+    scaler->scale(loss).backward();
+    scaler->unscale_(*opt);
+    optim::clip_grad_norm_(params, clip);
+    scaler->step(*opt);
+    scaler->update();
+    return loss;
+  };
+  w.skipped = [scaler] { return scaler->skipped_steps(); };
+  w.units_per_step = static_cast<double>(o.batch_size * T);
+  w.unit = "tok/s";
+  w.amp = describe(r);
+  w.config = {{"batch_size", o.batch_size},
+              {"context", T},
+              {"vocab_size", o.vocab_size},
+              {"n_layer", mo.n_layer},
+              {"n_head", mo.n_head},
+              {"n_embd", mo.n_embd},
+              {"dropout", o.dropout},
+              {"optimizer", o.optimizer},
+              {"lr", o.lr},
+              {"parameters", num_params}};
+  return w;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -239,7 +303,7 @@ Json run_bench_step(const BenchStepOptions& raw) {
   const BenchStepOptions o = resolved(raw);
   set_float32_matmul_precision(float32_matmul_precision_from_string(o.matmul_precision));
   manual_seed(o.seed);
-  Workload w = is_lm(o.model) ? lm_workload(o) : image_workload(o);
+  Workload w = is_gpt(o.model) ? gpt_workload(o) : is_lm(o.model) ? lm_workload(o) : image_workload(o);
 
   const Device dev = bench_device(o);
   for (int64_t i = 0; i < o.warmup; ++i) w.step();

@@ -24,6 +24,7 @@ struct BenchStepOptions : mp::train::TrainConfig {
   /// (650 wide, dropout 0.5); batch 0 = 32 images or 20 token streams; lr 0 = 0.01 for sgd, 1e-3 for adamw.
   BenchStepOptions() {
     model = "resnet18";
+    optimizer = "sgd";
     batch_size = 0;
     embed_size = 650;
     hidden_size = 650;

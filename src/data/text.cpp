@@ -186,7 +186,7 @@ Corpus make_corpus(std::string name, const std::vector<std::string>& train, cons
   return c;
 }
 
-Corpus load_corpus(const std::string& path, const CorpusOptions& options) {
+TextSplits text_splits(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path p(path);
@@ -207,8 +207,8 @@ Corpus load_corpus(const std::string& path, const CorpusOptions& options) {
                  layout[2]);
       std::string name = p.filename().string();
       if (name.empty() || name == ".") name = p.parent_path().filename().string();
-      return make_corpus(name, read_lines((p / layout[0]).string()), read_lines((p / layout[1]).string()),
-                         read_lines((p / layout[2]).string()), options);
+      return {name, read_lines((p / layout[0]).string()), read_lines((p / layout[1]).string()),
+              read_lines((p / layout[2]).string())};
     }
     MP_FAIL("load_corpus: ", path,
             " is a folder without corpus files: expected train.txt/valid.txt/test.txt, "
@@ -218,9 +218,14 @@ Corpus load_corpus(const std::string& path, const CorpusOptions& options) {
   MP_CHECK(fs::is_regular_file(p, ec), "load_corpus: ", path,
            ": no such file or folder; expected a folder with "
            "train/valid/test files or one plain-text file");
-  std::vector<std::string> train, valid, test;
-  split_single_file(read_lines(path), train, valid, test);
-  return make_corpus(p.stem().string(), train, valid, test, options);
+  TextSplits t{p.stem().string(), {}, {}, {}};
+  split_single_file(read_lines(path), t.train, t.valid, t.test);
+  return t;
+}
+
+Corpus load_corpus(const std::string& path, const CorpusOptions& options) {
+  const TextSplits t = text_splits(path);
+  return make_corpus(t.name, t.train, t.valid, t.test, options);
 }
 
 namespace {
@@ -303,14 +308,18 @@ std::vector<std::string> kjv_verses(const std::string& dump_path) {
   return verses;
 }
 
+TextSplits kjv_splits(const std::string& dump_path) {
+  TextSplits t{"kjv", {}, {}, {}};
+  split_single_file(kjv_verses(dump_path), t.train, t.valid, t.test);
+  return t;
+}
+
 Corpus load_kjv(const CorpusOptions& options, const std::string& dump_path) {
-  const std::vector<std::string> verses = kjv_verses(dump_path);
-  std::vector<std::string> train, valid, test;
-  split_single_file(verses, train, valid, test);
+  const TextSplits t = kjv_splits(dump_path);
   CorpusOptions opt = options;
   opt.lowercase = true;
   opt.split_punctuation = true;
-  return make_corpus("kjv", train, valid, test, opt);
+  return make_corpus("kjv", t.train, t.valid, t.test, opt);
 }
 
 Tensor batchify(const Tensor& tokens, int64_t batch_size) {

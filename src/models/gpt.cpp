@@ -24,6 +24,8 @@ GptOptions gpt_preset(const std::string& name, int64_t vocab_size) {
   return o;
 }
 
+bool is_gpt_model(const std::string& name) { return name == "gpt-nano" || name == "gpt-mini" || name == "gpt2"; }
+
 namespace {
 
 GptOptions checked(const GptOptions& o) {

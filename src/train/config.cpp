@@ -8,6 +8,7 @@
 #include "mp/amp/initialize.hpp"
 #include "mp/core/error.hpp"
 #include "mp/core/math_mode.hpp"
+#include "mp/models/gpt.hpp"
 #include "mp/models/registry.hpp"
 #include "mp/nn/rnn.hpp"
 #include "mp/system.hpp"
@@ -101,8 +102,23 @@ void validate(const TrainConfig& c) {
   MP_CHECK(kImageDatasets.count(c.dataset) != 0 || is_text_task(c), "unknown --dataset '", c.dataset,
            "': expected fashion-mnist, mnist, cifar10, cifar100 (images) or kjv, text (word language model)");
   if (is_text_task(c)) {
-    MP_CHECK(c.model == "lstm" || c.model == "gru" || c.model == "rnn", "--model '", c.model,
-             "' is not a word language model; for --dataset ", c.dataset, " use lstm, gru or rnn");
+    const bool gpt = models::is_gpt_model(c.model);
+    MP_CHECK(c.model == "lstm" || c.model == "gru" || c.model == "rnn" || gpt, "--model '", c.model,
+             "' is not a language model; for --dataset ", c.dataset,
+             " use lstm, gru or rnn (word LM) or gpt-nano, gpt-mini, gpt2 (GPT on BPE tokens)");
+    if (gpt) {
+      check_non_negative("context", c.context);
+      check_non_negative("epoch_tokens", c.epoch_tokens);
+      MP_CHECK(!c.tokenizer.empty() || c.max_vocab >= 258, "--model ", c.model,
+               " trains a BPE tokenizer of --max_vocab ",
+               "tokens (256 bytes, <|endoftext|> and merges), got --max_vocab ", c.max_vocab,
+               "; give at least 258 (8192 suits the KJV), or a --tokenizer file");
+      MP_CHECK(!c.tie_weights, "--tie_weights is a word-LM setting; a gpt model always ties its head to the token ",
+               "embedding (nanoGPT's); drop the flag");
+    } else {
+      MP_CHECK(c.tokenizer.empty() && c.context == 0 && c.epoch_tokens == 0, "--tokenizer, --context and ",
+               "--epoch_tokens apply to gpt models, got --model ", c.model, "; drop them");
+    }
     MP_CHECK(c.dataset != "text" || !c.data_dir.empty(),
              "--dataset text needs --data_dir: a plain-text file or a folder with train/valid/test files");
     check_positive("bptt", c.bptt);
@@ -157,8 +173,8 @@ void validate(const TrainConfig& c) {
            "--numerics_every");
   check_non_negative("stop_after_steps", c.stop_after_steps);
   MP_CHECK(c.num_workers >= 0 && c.num_workers <= 64, "--num_workers must be in [0, 64], got ", c.num_workers);
-  MP_CHECK(c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw", "unknown --optimizer '",
-           c.optimizer, "': expected sgd, adam or adamw");
+  MP_CHECK(c.optimizer.empty() || c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw",
+           "unknown --optimizer '", c.optimizer, "': expected sgd, adam or adamw");
   MP_CHECK(c.schedule == "constant" || c.schedule == "linear" || c.schedule == "cosine" || c.schedule == "step",
            "unknown --schedule '", c.schedule, "': expected constant, linear, cosine or step");
   const std::string precision = precision_name(c.precision);  // also refuses a dtype that is not a run's precision

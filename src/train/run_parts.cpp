@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "mp/amp/grad_scaler.hpp"
+#include "mp/models/gpt.hpp"
 #include "mp/optim/optim.hpp"
 
 namespace mp::train {
@@ -12,10 +13,12 @@ namespace mp::train {
 TrainConfig with_task_defaults(const TrainConfig& in) {
   TrainConfig c = in;
   const bool text = is_text_task(c);
+  const bool gpt = text && models::is_gpt_model(c.model);  // nanoGPT's recipe: AdamW, decay 0.1, clip 1
+  if (c.optimizer.empty()) c.optimizer = gpt ? "adamw" : "sgd";
   if (c.lr == 0) c.lr = c.optimizer == "sgd" ? (text ? 20.0 : 0.1) : 1e-3;
   if (c.momentum < 0) c.momentum = text ? 0.0 : 0.9;
-  if (c.weight_decay < 0) c.weight_decay = text ? 0.0 : 5e-4;
-  if (c.clip_grad_norm < 0) c.clip_grad_norm = text ? 0.25 : 0.0;
+  if (c.weight_decay < 0) c.weight_decay = gpt ? 0.1 : text ? 0.0 : 5e-4;
+  if (c.clip_grad_norm < 0) c.clip_grad_norm = gpt ? 1.0 : text ? 0.25 : 0.0;
   if (!c.opt_level) c.opt_level = c.precision == DType::f32 ? amp::OptLevel::O0 : amp::OptLevel::O2;
   return c;
 }

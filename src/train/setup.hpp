@@ -51,6 +51,12 @@ struct LossEma {
 RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParallel& dp);
 /// Train a word language model on the ranks of `dp` (lm_trainer.cpp).
 RunSummary train_text(const TrainConfig& c, std::ostream& out, const DataParallel& dp);
+/// Train a GPT on BPE tokens on the ranks of `dp` (gpt_trainer.cpp, Note [GPT training data]).
+RunSummary train_gpt(const TrainConfig& c, std::ostream& out, const DataParallel& dp);
+/// Evaluate a checkpoint of a gpt run (`path`, its `metadata` holding the tokenizer) on "valid" or "test".
+EvalResult evaluate_gpt_checkpoint(const TrainConfig& c, const nn::StateDict& weights,
+                                   const std::map<std::string, std::string>& metadata, const std::string& path,
+                                   const std::string& split, std::ostream& out);
 /// Evaluate a checkpoint of an image run (trainer.cpp).
 EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, std::ostream& out);
 /// Evaluate a checkpoint of a text run on "valid" or "test" (lm_trainer.cpp).

@@ -170,6 +170,7 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
       dev_(run_device(c)),
       ckpt_(checkpoint_path(c)),
       meta_{{"config", config_to_json(c)}} {
+  meta_.insert(parts_.metadata.begin(), parts_.metadata.end());
   if (!ckpt_.empty() && writes()) std::filesystem::create_directories(c.checkpoint_dir);
   if (parts_.dp != nullptr) parts_.dp->agree_on_found_inf(parts_.scaler);  // Note [data-parallel training] 4
   if (data_parallel() && c.bucket_mb > 0) buckets_ = parts_.dp->gradient_buckets(parts_.params, c.bucket_mb);

@@ -41,6 +41,7 @@ class TrainLoop {
     std::vector<Tensor> params;        ///< clipped when clip_grad_norm > 0
     CheckpointRefs refs;               ///< what checkpoints save
     const DataParallel* dp = nullptr;  ///< the ranks of a data-parallel run (Note [data-parallel training]); null: one
+    std::map<std::string, std::string> metadata;  ///< what every checkpoint carries besides (a gpt's tokenizer)
   };
   /// `start` is where the run resumes; `baseline` the allocated bytes before the model was built;
   /// `resumed` the metadata of the checkpoint it resumes from (empty for a fresh run), which carries the

@@ -16,6 +16,7 @@
 #include "mp/data/data.hpp"
 #include "mp/dist/process_group.hpp"
 #include "mp/memory/allocator.hpp"
+#include "mp/models/gpt.hpp"
 #include "mp/models/registry.hpp"
 #include "mp/nn/batch_norm.hpp"
 #include "mp/ops/ops.hpp"
@@ -334,7 +335,8 @@ RunSummary train(const TrainConfig& config, std::ostream& out) {
   set_float32_matmul_precision(float32_matmul_precision_from_string(c.matmul_precision));
   const detail::DataParallel dp(dist::world());
   const auto run = [&dp](const TrainConfig& rc, std::ostream& o) {
-    return is_text_task(rc) ? detail::train_text(rc, o, dp) : detail::train_images(rc, o, dp);
+    if (!is_text_task(rc)) return detail::train_images(rc, o, dp);
+    return models::is_gpt_model(rc.model) ? detail::train_gpt(rc, o, dp) : detail::train_text(rc, o, dp);
   };
   if (!dp.active()) return run(c, out);
   // Note [data-parallel training] 1: one configuration (data folders and loader threads may differ per machine)
@@ -397,6 +399,8 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   validate(c);
   c = with_task_defaults(c);
   MP_CHECK(split == "test" || split == "valid", "eval: unknown split '", split, "': expected test or valid");
+  if (is_text_task(c) && models::is_gpt_model(c.model))
+    return detail::evaluate_gpt_checkpoint(c, weights, md, path, split, out);
   if (is_text_task(c)) return detail::evaluate_text(c, weights, split, out);
   MP_CHECK(split == "test", "eval: image datasets have only a test split, got '", split, "'");
   return detail::evaluate_images(c, weights, out);

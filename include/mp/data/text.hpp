@@ -37,6 +37,15 @@ struct CorpusOptions {
   bool split_punctuation = false;  ///< make each of , ; : . ? ! ( ) its own token
 };
 
+/// The lines of a text dataset in its three splits.
+struct TextSplits {
+  std::string name;                             ///< folder or file name ("kjv" for the Bible)
+  std::vector<std::string> train, valid, test;  ///< lines, in order
+};
+
+/// The splits of `path` as load_corpus reads them (below), before any tokenisation.
+TextSplits text_splits(const std::string& path);
+
 /// `path` = a folder with train/valid/test files (train.txt valid.txt test.txt | wiki.{train,valid,test}.tokens |
 /// ptb.{train,valid,test}.txt) or one plain-text file (lines split deterministically: line i with i%20==18 ->
 /// valid, i%20==19 -> test, else train). Each line -> its whitespace-separated words + "<eos>"; a literal
@@ -59,6 +68,10 @@ Corpus load_kjv(const CorpusOptions& options = {.max_vocab = 10000}, const std::
 
 /// The lines of a file (split at '\n', the newlines dropped; a last line without one kept), errors naming the file.
 std::vector<std::string> read_lines(const std::string& path);
+
+/// The verses of kjv_verses() split as one plain-text file is (valid: verses i % 20 == 18, test: == 19), with their
+/// case and punctuation (what load_kjv lowercases and splits into words).
+TextSplits kjv_splits(const std::string& dump_path = "");
 
 /// The verses of the King James Bible as load_kjv reads them (headings dropped, verse numbers stripped), with their
 /// case and punctuation: one verse per entry, in book order (the text a BPE tokenizer is trained on).

@@ -28,6 +28,8 @@ struct GptOptions {
 /// The sizes of a named model: gpt-nano (3 layers, 3 heads, width 48: tests), gpt-mini (6, 6, 384, context 256),
 /// gpt2 (GPT-2 124M: 12, 12, 768, context 1024). Throws listing the names for another.
 GptOptions gpt_preset(const std::string& name, int64_t vocab_size);
+/// Whether `name` is a gpt_preset name.
+bool is_gpt_model(const std::string& name);
 
 /// Causal multi-head self-attention (nanoGPT's CausalSelfAttention): c_attn [3C, C] projects x [B, T, C] to q, k,
 /// v; heads of C / n_head; mp::scaled_dot_product_attention with the causal mask and attention dropout; c_proj
