@@ -31,6 +31,8 @@ void add_compare_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 /// `mixprec tokenizer train|encode|decode`: a byte-level BPE tokenizer (Hugging Face's tokenizer.json).
 void add_tokenizer_command(CLI::App& app);
+/// `mixprec generate CKPT`: continue a prompt with a GPT checkpoint (train::generate, key/value cache).
+void add_generate_command(CLI::App& app);
 /// `mixprec export FILE OUT [--dtype D]`: a checkpoint's model (or a bare file) as PyTorch's bare state dict.
 void add_export_command(CLI::App& app);
 /// `mixprec plot LOG...`: loss and metric curves of JSONL run logs as PNG charts.

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   mixprec::add_convert_command(app);
   mixprec::add_export_command(app);
   mixprec::add_tokenizer_command(app);
+  mixprec::add_generate_command(app);
   mixprec::add_plot_command(app);
   mixprec::add_demo_command(app);
   mixprec::add_bench_command(app);

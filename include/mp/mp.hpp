@@ -19,5 +19,6 @@
 #include "mp/system.hpp"
 #include "mp/tensor/tensor.hpp"
 #include "mp/train/checkpoint.hpp"
+#include "mp/train/generate.hpp"
 #include "mp/train/safetensors.hpp"
 #include "mp/train/trainer.hpp"

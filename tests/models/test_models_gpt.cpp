@@ -7,6 +7,7 @@
 #include <set>
 
 #include "mp/amp/initialize.hpp"
+#include "mp/autograd/node.hpp"
 #include "mp/models/gpt.hpp"
 #include "mp/ops/ops.hpp"
 #include "mp/optim/adam.hpp"
@@ -123,4 +124,135 @@ TEST(Gpt, ExportedStateDictGivesNanoGptsLogitsInPyTorch) {
                                           (dir / "gpt.safetensors").string() + "' 3 3");
   EXPECT_EQ(r.code, 0) << r.output;
   std::printf("[   INFO   ] nanoGPT's forward in PyTorch (f64) against ours (f32): %s", r.output.c_str());
+}
+
+namespace {
+
+// The largest |a - b| over all elements, and the largest |b| (for a relative bound).
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  return amax(abs(sub(a.to(DType::f32), b.to(DType::f32))), {0, 1, 2}).item<double>();
+}
+double max_abs(const Tensor& a) { return amax(abs(a.to(DType::f32)), {0, 1, 2}).item<double>(); }
+
+// A nano model taught to continue a cyclic sequence (so that its logits have clear winners for greedy tests).
+std::shared_ptr<Gpt> trained_nano(int64_t block_size, uint64_t seed) {
+  manual_seed(seed);
+  GptOptions o = nano(0.1);
+  o.block_size = block_size;
+  auto m = std::make_shared<Gpt>(o);
+  optim::AdamW opt(m->parameters(), {.lr = 3e-3, .weight_decay = 0.0});
+  const Tensor x = tokens(4, 32, 101, seed + 1);
+  const Tensor y = cat({x.narrow(1, 1, 31), x.narrow(1, 0, 1)}, 1);
+  for (int step = 0; step < 40; ++step) {
+    const Tensor loss = cross_entropy(m->forward(x).reshape({-1, 101}), y.reshape({-1}));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  m->eval();
+  return m;
+}
+
+}  // namespace
+
+// Note [key/value cache] in src/models/gpt.cpp: forward_cached over a sequence fed in pieces (several new positions
+// after an empty and after a non-empty cache, single positions) gives forward()'s logits. f32: both paths compute
+// the same sums, but GEMMs of other shapes and attention over another number of keys per call may block and order
+// them differently, so the logits may differ by a few f32 ulps of the values summed: |diff| <= 1e-5 with logits of
+// size ~1. bf16 (weights cast, activations bf16): every layer's output is rounded to 8 bits, and a 1-ulp difference
+// in one rounding (2^-8 relative) propagates through later layers, so the bound is a few 16-bit ulps of the largest
+// logit: |diff| <= 4 * 2^-8 * max |logit| (+ 2^-8 for logits near 0). Measured on AMD EPYC Zen 4: 0 in both (the
+// kernels there happen to sum each row alike); the bounds are for kernels that do not.
+TEST(Gpt, CachedForwardGivesTheFullForwardsLogits) {
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    manual_seed(11);
+    Gpt m(nano(0.2));  // dropout in the options, eval mode: none applied
+    m.eval();
+    if (bf16) m.to(DType::bf16);
+    const Tensor idx = tokens(2, 20, 101, 12);
+    const Tensor full = m.forward(idx);
+    GptKvCache cache;
+    int64_t at = 0;
+    double worst = 0;
+    for (const int64_t n : {5, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
+      const Tensor part = m.forward_cached(idx.narrow(1, at, n), cache);
+      ASSERT_EQ(part.sizes(), (Shape{2, n, 101}));
+      EXPECT_FALSE(part.requires_grad());
+      worst = std::max(worst, max_abs_diff(part, full.narrow(1, at, n)));
+      at += n;
+      EXPECT_EQ(cache.length, at);
+      EXPECT_EQ(cache.keys.at(2).sizes(), (Shape{2, 3, at, 16}));
+    }
+    ASSERT_EQ(at, 20);
+    const double bound = bf16 ? (4 * max_abs(full) + 1) * std::ldexp(1.0, -8) : 1e-5;
+    EXPECT_LE(worst, bound) << "largest logit " << max_abs(full);
+    std::printf("[   INFO   ] %s: cached against full logits: max |diff| %.3g (bound %.3g, max |logit| %.3g)\n",
+                bf16 ? "bf16" : "f32", worst, bound, max_abs(full));
+  }
+}
+
+TEST(Gpt, CachedForwardRefusesTrainingModeAndAFullContext) {
+  manual_seed(13);
+  Gpt m(nano(0.1));
+  GptKvCache cache;
+  EXPECT_THROW((void)m.forward_cached(tokens(1, 4, 101, 1), cache), Error);  // training mode
+  m.eval();
+  (void)m.forward_cached(tokens(1, 60, 101, 2), cache);
+  try {
+    (void)m.forward_cached(tokens(1, 5, 101, 3), cache);
+    FAIL() << "60 + 5 positions were accepted with block_size 64";
+  } catch (const Error& e) {
+    EXPECT_CONTAINS(std::string(e.what()), "holds 60 positions");
+    EXPECT_CONTAINS(std::string(e.what()), "block_size");
+  }
+  EXPECT_EQ(cache.length, 60);
+  EXPECT_THROW((void)m.forward_cached(tokens(2, 1, 101, 4), cache), Error);  // another batch size
+  (void)m.forward_cached(tokens(1, 4, 101, 5), cache);                       // exactly full is fine
+  cache.clear();
+  EXPECT_EQ(m.forward_cached(tokens(2, 3, 101, 6), cache).sizes(), (Shape{2, 3, 101}));
+}
+
+// Linear cost per token: with the cache, every step after the prompt runs the layers on one position (a hook on the
+// first block's c_attn sees T = 1; its attention then scores 1 query against the T cached keys: O(T) work, against
+// forward()'s T x T scores and T positions of projections), and greedy decoding gives the very tokens of
+// recomputing the whole forward at every step (f32; a model trained to continue a sequence, so that the argmax
+// is never a near tie that rounding could flip).
+TEST(Gpt, CachedGreedyDecodingEqualsRecomputingAndRunsOnePositionPerStep) {
+  auto m = trained_nano(96, 21);
+  std::vector<int64_t> positions;  // T of each c_attn call
+  nn::Module* c_attn = nullptr;
+  for (auto& [name, mod] : m->named_modules())
+    if (name == "transformer.h.0.attn.c_attn") c_attn = mod;
+  ASSERT_NE(c_attn, nullptr);
+  const size_t hook = c_attn->register_forward_hook(
+      [&](nn::Module&, const Tensor& in, const Tensor&) { positions.push_back(in.size(1)); });
+
+  const Tensor prompt = tokens(1, 32, 101, 22).narrow(1, 0, 8);  // the start of one trained sequence
+  std::vector<int64_t> cached, recomputed;
+  {
+    GptKvCache cache;
+    Tensor logits = m->forward_cached(prompt, cache);
+    for (int i = 0; i < 64; ++i) {
+      const int64_t next = argmax(logits.select(0, 0).select(0, logits.size(1) - 1), 0).item<int64_t>();
+      cached.push_back(next);
+      logits = m->forward_cached(from_vector(std::vector<int64_t>{next}, {1, 1}), cache);
+    }
+  }
+  ASSERT_EQ(positions.size(), 65u);
+  EXPECT_EQ(positions[0], 8);
+  for (size_t i = 1; i < positions.size(); ++i) ASSERT_EQ(positions[i], 1) << "step " << i;
+  c_attn->remove_forward_hook(hook);
+
+  Tensor seq = prompt;
+  for (int i = 0; i < 64; ++i) {
+    autograd::NoGradGuard ng;
+    const Tensor logits = m->forward(seq);
+    const int64_t next = argmax(logits.select(0, 0).select(0, seq.size(1) - 1), 0).item<int64_t>();
+    recomputed.push_back(next);
+    seq = cat({seq, from_vector(std::vector<int64_t>{next}, {1, 1})}, 1);
+  }
+  EXPECT_EQ(cached, recomputed);
+  std::set<int64_t> distinct(cached.begin(), cached.end());
+  EXPECT_GT(distinct.size(), 4u) << "the trained model should continue its sequence, not repeat one token";
 }

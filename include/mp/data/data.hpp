@@ -7,3 +7,4 @@
 #include "mp/data/loader.hpp"
 #include "mp/data/text.hpp"
 #include "mp/data/transforms.hpp"
+#include "mp/data/utf8_stream.hpp"
