@@ -233,9 +233,7 @@ Workload lm_workload(const BenchStepOptions& o) {
 // A GPT step: random token windows [B, T] and next-token targets; nanoGPT's train.py step (AdamW, gradient
 // norm clipped at 1).
 Workload gpt_workload(const BenchStepOptions& o) {
-  models::GptOptions mo = models::gpt_preset(o.model, o.vocab_size);
-  if (o.context > 0) mo.block_size = o.context;
-  mo.dropout = o.dropout;
+  const models::GptOptions mo = train::gpt_run_options(o, o.vocab_size);
   auto model = std::make_shared<models::Gpt>(mo);
   const Device dev = bench_device(o);
   model->to(dev);

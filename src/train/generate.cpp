@@ -8,12 +8,10 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
 #include <span>
 
-#include "core/json_excerpt.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/core/error.hpp"
 #include "mp/data/bpe.hpp"
@@ -21,6 +19,8 @@
 #include "mp/models/gpt.hpp"
 #include "mp/models/sampling.hpp"
 #include "mp/train/checkpoint.hpp"
+#include "mp/train/config.hpp"
+#include "mp/train/run_parts.hpp"
 
 namespace mp::train {
 
@@ -30,18 +30,15 @@ namespace mp::train {
 //  * its model section holds models::Gpt's state dict under nanoGPT's names (read_model_state removes the "model."
 //    prefix): transformer.wte.weight [V, C], transformer.wpe.weight [block_size, C], transformer.h.{i}...,
 //    transformer.ln_f..., lm_head.weight (the tied copy of wte); biases present unless built with bias = false;
-//  * metadata "config" is the run's TrainConfig as JSON, of which generate() reads only "model" (the preset name:
-//    gpt-nano, gpt-mini or gpt2, models::gpt_preset), "context" (the context length the model was built with,
-//    i.e. wpe's rows; 0 or absent = the preset's block_size) and "dropout" (kept in the options; inference runs in
-//    eval mode). It parses the JSON itself, so it does not depend on TrainConfig's fields;
+//  * metadata "config" is the run's TrainConfig as JSON: "model" (the preset name: gpt-nano, gpt-mini or gpt2),
+//    "context" (the context length the model was built with, i.e. wpe's rows; 0 = the preset's block_size) and
+//    "dropout" make the model's options (gpt_run_options, as the training run made them);
 //  * metadata "tokenizer" is the Hugging Face tokenizer.json text of its byte-level BPE tokenizer
 //    (data::BpeTokenizer::to_json()); V is that tokenizer's vocab_size() (no padding of the vocabulary).
 // The shapes of wte and wpe, when present, must agree with V, the preset's width and the context; a mismatch is
 // refused naming both numbers rather than loaded into a model of other sizes.
 
 namespace {
-
-using Json = nlohmann::json;
 
 struct LoadedGpt {
   std::shared_ptr<models::Gpt> model;
@@ -62,21 +59,18 @@ LoadedGpt load_gpt(const std::string& path) {
   MP_CHECK(config != meta.end(), "generate: '", path,
            "' has no training config (metadata \"config\"): expected a checkpoint of a GPT run, got a bare ",
            "state dict; ", what_to_give());
-  const Json j = Json::parse(config->second, nullptr, false);
-  MP_CHECK(j.is_object(), "generate: '", path, "': its metadata \"config\" is not a JSON object; ", what_to_give());
-  const auto model = j.find("model");
-  const std::string name = model != j.end() && model->is_string() ? model->get<std::string>() : std::string();
-  MP_CHECK(name == "gpt-nano" || name == "gpt-mini" || name == "gpt2", "generate: '", path,
-           "' is not a GPT checkpoint: expected config model gpt-nano, gpt-mini or gpt2, got ",
-           model == j.end() ? std::string("none") : json_excerpt(*model), "; ", what_to_give());
-  int64_t context = 0;
-  if (const auto c = j.find("context"); c != j.end()) {
-    MP_CHECK(c->is_number_integer() && c->get<int64_t>() >= 0, "generate: '", path,
-             "': expected config context to be a whole number >= 0 (0 = the preset's), got ", json_excerpt(*c));
-    context = c->get<int64_t>();
-  }
-  double dropout = 0;
-  if (const auto d = j.find("dropout"); d != j.end() && d->is_number()) dropout = d->get<double>();
+  TrainConfig c;
+  try {
+    c = config_from_json(config->second);
+  } catch (const Error& e) { MP_FAIL("generate: '", path, "': its metadata \"config\": ", e.what()); }
+  const std::string& name = c.model;
+  MP_CHECK(models::is_gpt_model(name), "generate: '", path,
+           "' is not a GPT checkpoint: expected config model gpt-nano, gpt-mini or gpt2, got '", name, "'; ",
+           what_to_give());
+  MP_CHECK(c.context >= 0 && c.dropout >= 0 && c.dropout < 1, "generate: '", path,
+           "': expected config context >= 0 and dropout in [0, 1), got ", c.context, " and ", c.dropout, "; ",
+           what_to_give());
+  const int64_t context = c.context;
 
   const auto tok = meta.find("tokenizer");
   MP_CHECK(tok != meta.end(), "generate: '", path, "' holds no tokenizer (metadata \"tokenizer\"): expected the ",
@@ -85,9 +79,7 @@ LoadedGpt load_gpt(const std::string& path) {
   LoadedGpt r{.model = nullptr,
               .tokenizer = data::BpeTokenizer::from_json(tok->second, path + " (metadata tokenizer)")};
 
-  models::GptOptions o = models::gpt_preset(name, r.tokenizer.vocab_size());
-  if (context > 0) o.block_size = context;
-  o.dropout = std::clamp(dropout, 0.0, 0.99);
+  models::GptOptions o = gpt_run_options(c, r.tokenizer.vocab_size());
   o.bias = state.contains("transformer.ln_f.bias");
   if (state.contains("transformer.wte.weight")) {
     const Tensor& wte = state.at("transformer.wte.weight");

@@ -87,13 +87,6 @@ GptData load_gpt_data(const TrainConfig& c, std::optional<data::BpeTokenizer> to
   return d;
 }
 
-models::GptOptions gpt_options(const TrainConfig& c, int64_t vocab) {
-  models::GptOptions o = models::gpt_preset(c.model, vocab);
-  if (c.context > 0) o.block_size = c.context;
-  o.dropout = c.dropout;
-  return o;
-}
-
 // Micro-batch `k` (global index of the micro-batch in the run) of windows [first, first + count) of the
 // global micro-batch: inputs [count, T] and targets [count * T] (Note [GPT training data]).
 data::Batch random_windows(const Tensor& tokens, int64_t context, uint64_t seed, int64_t k, int64_t global_windows,
@@ -169,7 +162,7 @@ RunSummary train_gpt(const TrainConfig& c, std::ostream& out, const DataParallel
   }
   const GptData data = load_gpt_data(c, std::move(tokenizer), out);
   const Device dev = run_device(c);
-  const models::GptOptions mo = gpt_options(c, data.tokenizer.vocab_size());
+  const models::GptOptions mo = gpt_run_options(c, data.tokenizer.vocab_size());
   const int64_t T = mo.block_size;
   MP_CHECK(data.train.numel() > T + 1, "train: the training text has ", data.train.numel(),
            " tokens, too few for a window of --context ", T, "; lower --context or give more text");
@@ -289,7 +282,7 @@ EvalResult evaluate_gpt_checkpoint(const TrainConfig& c, const nn::StateDict& we
   TrainConfig quiet = c;
   quiet.quiet = true;
   const GptData data = load_gpt_data(quiet, std::move(tok), out);
-  auto model = std::make_shared<models::Gpt>(gpt_options(c, data.tokenizer.vocab_size()));
+  auto model = std::make_shared<models::Gpt>(gpt_run_options(c, data.tokenizer.vocab_size()));
   const amp::AmpOptions o = convert_for_eval(c, *model);
   const Device dev = run_device(c);
   model->to(dev);

@@ -46,6 +46,13 @@ amp::AmpOptions amp_options(const TrainConfig& c) {
   return o;
 }
 
+models::GptOptions gpt_run_options(const TrainConfig& c, int64_t vocab) {
+  models::GptOptions o = models::gpt_preset(c.model, vocab);
+  if (c.context > 0) o.block_size = c.context;
+  o.dropout = c.dropout;
+  return o;
+}
+
 namespace {
 
 // One group with the config's weight decay, or (--no-decay_norm_and_bias) two: the parameters of two or

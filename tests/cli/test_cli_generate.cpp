@@ -53,7 +53,7 @@ TEST(CliGenerate, GreedyAndSeededRunsAreReproducible) {
 TEST(CliGenerate, RefusesBadInputWithANonZeroStatus) {
   const std::string ok = files().ok;
   expect_failure("generate /nonexistent/gpt.safetensors", "'/nonexistent/gpt.safetensors', which does not exist");
-  expect_failure("generate " + files().lstm, "expected config model gpt-nano, gpt-mini or gpt2, got \"lstm\"");
+  expect_failure("generate " + files().lstm, "expected config model gpt-nano, gpt-mini or gpt2, got 'lstm'");
   expect_failure("generate " + files().notok, "holds no tokenizer (metadata \"tokenizer\")");
   expect_failure("generate " + ok + " --max_new_tokens 0", "expected max_new_tokens > 0, got 0");
   expect_failure("generate " + ok + " --temperature -1", "expected a temperature >= 0");

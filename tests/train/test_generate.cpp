@@ -101,7 +101,7 @@ TEST(Generate, RefusesFilesThatAreNotGptCheckpoints) {
   refused((dir / "none.safetensors").string(), g, "does not exist");
   const std::string lstm = (dir / "lstm.safetensors").string();
   (void)test::write_gpt_checkpoint(lstm, {.model = "lstm", .steps = 0});
-  refused(lstm, g, "expected config model gpt-nano, gpt-mini or gpt2, got \"lstm\"");
+  refused(lstm, g, "expected config model gpt-nano, gpt-mini or gpt2, got 'lstm'");
   const std::string notok = (dir / "notok.safetensors").string();
   (void)test::write_gpt_checkpoint(notok, {.tokenizer = false, .steps = 0});
   refused(notok, g, "holds no tokenizer");

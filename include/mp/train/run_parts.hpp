@@ -8,6 +8,7 @@
 
 #include "mp/amp/autocast.hpp"
 #include "mp/amp/initialize.hpp"
+#include "mp/models/gpt.hpp"
 #include "mp/optim/optimizer.hpp"
 #include "mp/train/trainer.hpp"
 
@@ -17,6 +18,8 @@ namespace mp::train {
 TrainConfig with_task_defaults(const TrainConfig& c);
 /// The amp options the config asks for (not yet resolved).
 amp::AmpOptions amp_options(const TrainConfig& c);
+/// The sizes of a gpt model of the config (--model's preset, --context, --dropout) over a vocabulary of `vocab`.
+models::GptOptions gpt_run_options(const TrainConfig& c, int64_t vocab);
 /// The optimizer of the config (after with_task_defaults) over `params`.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params);
 
