@@ -379,10 +379,11 @@ declare -A CONFIG=(
   [mlp]="--model mlp-2048x2 --batch_size 512 --image_size 28 --in_channels 1 --num_classes 10 --optimizer sgd"
   [resnet18]="--model resnet18 --batch_size 32 --image_size 32 --in_channels 3 --num_classes 10 --optimizer sgd"
   [lstm]="--model lstm --batch_size 20 --bptt 35 --vocab_size 10000 --embed_size 650 --hidden_size 650 --num_layers 2 --dropout 0 --optimizer sgd"
+  [gpt]="--model gpt-mini --batch_size 16 --vocab_size 8192 --dropout 0 --optimizer adamw"
 )
 NAMES=(mlp resnet18 lstm)
 if [[ -n "$ONLY" ]]; then
-  [[ -n "${CONFIG[$ONLY]+x}" ]] || { echo "compare_pytorch.sh: --only takes mlp, resnet18 or lstm, got '$ONLY'" >&2; exit 2; }
+  [[ -n "${CONFIG[$ONLY]+x}" ]] || { echo "compare_pytorch.sh: --only takes mlp, resnet18, lstm or gpt, got '$ONLY'" >&2; exit 2; }
   NAMES=("$ONLY")
 fi
 # Variant = side:precision:opt_level:memory_format (side: mixprec, pytorch = --python, extra = --extra-python;

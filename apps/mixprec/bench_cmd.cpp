@@ -238,7 +238,7 @@ Workload gpt_workload(const BenchStepOptions& o) {
   const Device dev = bench_device(o);
   model->to(dev);
   model->train();
-  const int64_t num_params = model->num_parameters();
+  const int64_t num_params = model->nn::Module::num_parameters();  // all of them, as PyTorch's side counts
   const train::TrainConfig c = run_config(o);
   std::shared_ptr<optim::Optimizer> opt = train::make_optimizer(c, model->parameters());
   const amp::AmpOptions r = amp::prepare(*model, *opt, train::amp_options(c));

@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402  (bench/pytorch/models.py)
 
 LM_CELLS = ("lstm", "gru", "rnn")
+GPTS = tuple(models.GPT_PRESETS)
 
 
 def parse_args(argv):
@@ -73,6 +74,7 @@ def parse_args(argv):
     p.add_argument("--vocab_size", type=int, default=10000, help="word LM: vocabulary size")
     p.add_argument("--bptt", "--seq_len", dest="seq_len", type=int, default=35,
                    help="word LM: tokens per stream per step (mixprec's --bptt)")
+    p.add_argument("--context", type=int, default=0, help="gpt: context length (0 = the preset's)")
     p.add_argument("--embed_size", type=int, default=650, help="word LM: embedding size")
     p.add_argument("--hidden_size", type=int, default=650, help="word LM: recurrent state size")
     p.add_argument("--num_layers", type=int, default=2, help="word LM: stacked recurrent layers")
@@ -101,12 +103,12 @@ def parse_args(argv):
     p.add_argument("--progress", action="store_true",
                    help="print each step's time and the wall-clock time (t=, epoch seconds) on stderr as it goes")
     a = p.parse_args(argv)
-    lm = a.model in LM_CELLS
+    lm = a.model in LM_CELLS or a.model in GPTS
     if not lm and not is_image_model(a.model):
-        p.error("unknown --model %r; expected an image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K) "
-                "or lstm, gru, rnn" % a.model)
+        p.error("unknown --model %r; expected an image model (mlp, mlp-WxL, resnet8..110, resnet18..152, wrn-D-K), "
+                "lstm, gru, rnn or %s" % (a.model, ", ".join(GPTS)))
     if a.batch_size == 0:
-        a.batch_size = 20 if lm else 32
+        a.batch_size = 16 if a.model in GPTS else 20 if lm else 32
     positive = ["batch_size", "steps"] + (["vocab_size", "seq_len", "embed_size", "hidden_size", "num_layers"] if lm
                                           else ["image_size", "in_channels", "num_classes"])
     for name in positive:
@@ -234,8 +236,18 @@ def main(argv):
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    lm = a.model in LM_CELLS
-    if lm:
+    lm = a.model in LM_CELLS or a.model in GPTS
+    gpt = a.model in GPTS
+    if gpt:  # nanoGPT's train.py step: AdamW, gradient norm clipped at 1 (mixprec's gpt_workload)
+        model = models.GPT(a.model, a.vocab_size, a.context, a.dropout)
+        T = model.transformer.wpe.weight.shape[0]
+        block, n_layer, n_head, n_embd = models.GPT_PRESETS[a.model]
+        config = {"batch_size": a.batch_size, "context": T, "vocab_size": a.vocab_size, "n_layer": n_layer,
+                  "n_head": n_head, "n_embd": n_embd, "dropout": a.dropout, "optimizer": a.optimizer, "lr": a.lr}
+        x = torch.randint(0, a.vocab_size, (a.batch_size, T))
+        y = torch.randint(0, a.vocab_size, (a.batch_size * T,))
+        units, unit = a.batch_size * T, "tok/s"
+    elif lm:
         model = models.WordLM(a.vocab_size, a.embed_size, a.hidden_size, a.num_layers, a.model, a.dropout)
         config = {"batch_size": a.batch_size, "seq_len": a.seq_len, "vocab_size": a.vocab_size,
                   "embed_size": a.embed_size, "hidden_size": a.hidden_size, "num_layers": a.num_layers,
@@ -292,13 +304,14 @@ def main(argv):
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-            logits = model(x)[0] if lm else model(x)  # LM: zero initial state every step
-        loss = F.cross_entropy(logits.float(), y)
+            logits = model(x) if gpt or not lm else model(x)[0]  # word LM: zero initial state every step
+        loss = F.cross_entropy(logits.float().view(y.numel(), -1), y)
+        clip = 1.0 if gpt else 0.25
         if scaler is not None:
             scaler.scale(loss).backward()
             if lm:
                 scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(params, 0.25)
+                torch.nn.utils.clip_grad_norm_(params, clip)
             before = scaler.get_scale()
             scaler.step(opt)
             scaler.update()
@@ -306,7 +319,7 @@ def main(argv):
         else:
             loss.backward()
             if lm:
-                torch.nn.utils.clip_grad_norm_(params, 0.25)
+                torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
         return loss
 

@@ -11,6 +11,9 @@ reference timings/accuracies are measured on the same networks.
 - Wide-ResNet-d-k (Zagoruyko & Komodakis), pre-activation blocks: conv1, layer1..3.i.{bn1, conv1,
   bn2, conv2, shortcut}, bn, fc (see include/mp/models/wide_resnet.hpp).
 - WordLM: PyTorch's examples/word_language_model RNNModel (encoder, rnn, decoder; tied weights).
+- GPT: nanoGPT's model.py GPT (transformer.wte/wpe/h.i.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+  mlp.c_proj}/ln_f, lm_head tied to wte; F.scaled_dot_product_attention with is_causal, nanoGPT's flash path;
+  GELU tanh as mixprec's), presets gpt-nano, gpt-mini, gpt2 as mp::models::gpt_preset.
 
 Only torch itself is needed (torchvision is not): the ResNets are written out here.
 """
@@ -229,6 +232,66 @@ class WordLM(nn.Module):
         out, hidden = self.rnn(emb, hidden)
         out = self.drop(out)
         return self.decoder(out).view(-1, self.vocab_size), hidden
+
+
+GPT_PRESETS = {"gpt-nano": (64, 3, 3, 48), "gpt-mini": (256, 6, 6, 384), "gpt2": (1024, 12, 12, 768)}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd, n_head, dropout):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.resid_dropout = nn.Dropout(dropout)
+        self.n_head, self.n_embd, self.dropout = n_head, n_embd, dropout
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (z.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+
+class GptBlock(nn.Module):
+    def __init__(self, n_embd, n_head, dropout):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(n_embd, 4 * n_embd), c_proj=nn.Linear(4 * n_embd, n_embd),
+                                      dropout=nn.Dropout(dropout)))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        m = self.mlp
+        return x + m.dropout(m.c_proj(F.gelu(m.c_fc(self.ln_2(x)), approximate="tanh")))
+
+
+class GPT(nn.Module):
+    def __init__(self, name, vocab_size, context=0, dropout=0.0):
+        super().__init__()
+        block, n_layer, n_head, n_embd = GPT_PRESETS[name]
+        block = context or block
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block, n_embd), drop=nn.Dropout(dropout),
+            h=nn.ModuleList([GptBlock(n_embd, n_head, dropout) for _ in range(n_layer)]), ln_f=nn.LayerNorm(n_embd)))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT
+        for n, p in self.named_parameters():  # nanoGPT's initialisation
+            if n.endswith("c_proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+            elif n.endswith("weight") and p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+            elif n.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx):
+        t = self.transformer
+        x = t.drop(t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device)))
+        for block in t.h:
+            x = block(x)
+        return self.lm_head(t.ln_f(x))
 
 
 def image_model_names():
