@@ -301,6 +301,17 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 
 namespace mp {
 
+// The Tensor members that touch its autograd slot (an AutogradMeta, complete only in this layer), TensorImpl's
+// constructor and destructor included (both destroy it).
+TensorImpl::TensorImpl(std::shared_ptr<Storage> storage, int64_t offset, Shape sizes, Shape strides, DType dtype)
+    : storage_(std::move(storage)),
+      offset_(offset),
+      sizes_(std::move(sizes)),
+      strides_(std::move(strides)),
+      dtype_(dtype) {}
+
+TensorImpl::~TensorImpl() = default;
+
 bool Tensor::requires_grad() const {
   const auto& a = impl().autograd_;
   return a && (a->requires_grad || a->grad_fn);
