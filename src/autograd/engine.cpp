@@ -3,7 +3,7 @@
 #include <queue>
 #include <unordered_map>
 
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/ops/pointwise.hpp"
 #include "mp/ops/reduce.hpp"

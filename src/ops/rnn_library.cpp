@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "backend/rnn_library_kernels.hpp"
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/autograd/node.hpp"
 #include "ops/rnn_checks.hpp"
 

@@ -1,5 +1,5 @@
 #pragma once
-// The per-op precision policy of autocast: one table (src/amp/policy.cpp) puts every op of
+// The per-op precision policy of autocast: one table (src/autocast/policy.cpp) puts every op of
 // include/mp/ops in a class. See docs/DESIGN.md section 1.4.
 #include <cstdint>
 

@@ -1,13 +1,13 @@
 #pragma once
 // Autocast: a thread-local, nestable guard under which the ops of include/mp/ops cast their inputs
-// according to the policy table (mp/amp/policy.hpp). This header depends only on the tensor layer so
+// according to the policy table (mp/autocast/policy.hpp). This header depends only on the tensor layer so
 // that ops/ can consult it (the higher amp pieces, GradScaler and initialize, live above nn/optim).
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "mp/amp/policy.hpp"
+#include "mp/autocast/policy.hpp"
 #include "mp/tensor/tensor.hpp"
 
 namespace mp::amp {
