@@ -1,0 +1,4 @@
+#pragma once
+// Kept so that user code including this path still compiles: the header moved to mp/autocast/policy.hpp
+// (below ops/; docs/DESIGN.md 2.1). Library code includes that one.
+#include "mp/autocast/policy.hpp"
