@@ -1,7 +1,7 @@
 // CUDA batch norm (forward and backward over x [N, C, S]): cuDNN's batch-norm calls
 // (cudnnBatchNormalizationForwardTraining / Backward, CUDNN_BATCHNORM_SPATIAL) where they fit the
 // slot, mixprec's own kernels with the shared formulas (NormAffineFn, NormBackwardFn) elsewhere.
-// Contract: src/backend/norm_kernels.hpp (reference: cpu/norm.cpp).
+// Contract: src/backend/norm_kernels.hpp (reference: cpu/batch_norm.cpp).
 //
 // Note [batch norm on cuDNN]
 // The slot wants, in training, the batch mean, the biased batch variance and invstd = 1/sqrt(var +
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kDnnThreads)
 }
 
 // Per channel, from the double sums: dbias, dweight and the NormBackwardFn constants (a, b, c, mean)
-// as cpu/norm.cpp forms them. coef: [C][4].
+// as cpu/batch_norm.cpp forms them. coef: [C][4].
 template <class S>
 __global__ void __launch_bounds__(kDnnThreads)
     bn_backward_finalize(const double* sum_dy, const double* sum_dy_xmu, const S* mean, const S* invstd, const S* w,
