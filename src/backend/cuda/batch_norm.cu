@@ -35,7 +35,7 @@
 // mixed dtypes (dy or dx of another dtype than x) are widened to the statistics type first.
 // Channels-last operands (strides {S C, 1, C}, detected as on the CPU; all operands in one layout) always
 // run on the own kernels: the statistics and the backward sums are column reductions of the [N S, C] matrix
-// (Note [column reductions] in cudnn_common.hpp), the statistics as sums shifted by the channel's value in
+// (Note [column reductions] in cudnn/common.hpp), the statistics as sums shifted by the channel's value in
 // row 0 (in the statistics type over runs, in double beyond: mean = k + su / M, var = sv / M - (su / M)^2,
 // formed in double); the element-wise passes vectorise along C, and when the block size is a multiple of
 // C / VEC each thread keeps one set of channels and reads their constants once.
@@ -50,7 +50,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/cudnn_common.hpp"
+#include "backend/cuda/cudnn/common.hpp"
 #include "backend/cuda/loops.cuh"
 #include "backend/key_hash.hpp"
 #include "backend/norm_kernels.hpp"
