@@ -209,7 +209,7 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
     }
     report::plot_lines((d / "loss.png").string(), "training loss", "step", "loss", loss, /*log_y=*/text);
     report::plot_lines((d / "metric.png").string(), text ? "validation perplexity" : "test accuracy", "epoch",
-                   text ? "perplexity" : "accuracy (%)", metric);
+                       text ? "perplexity" : "accuracy (%)", metric);
     report::plot_bars((d / "time.png").string(), "training time", "seconds", labels, secs);
     report::plot_bars((d / "memory.png").string(), "peak memory", "MiB", labels, mem);
     for (const char* f : {"loss.png", "metric.png", "time.png", "memory.png"}) written.emplace_back(f);

@@ -75,7 +75,7 @@ std::vector<std::string> plot_numerics(const Numerics& n, const std::filesystem:
     if (!any) continue;  // nothing finite to colour (e.g. every step skipped)
     const std::string file = prefix + "numerics_" + c.field + ".png";
     mp::report::plot_heatmap((dir / file).string(), title + c.title, "step", c.cblabel, rows, steps, values,
-                            /*shares=*/!c.log10);
+                             /*shares=*/!c.log10);
     written.push_back(file);
   }
   return written;

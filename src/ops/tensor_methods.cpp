@@ -231,7 +231,6 @@ Tensor Tensor::flatten(int64_t start, int64_t end) const {
   return reshape(ns);
 }
 
-
 // ---------------------------------------------------------------- copies and casts
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
@@ -328,6 +327,5 @@ Tensor Tensor::to(Device d) const {
                    [from](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(from)}; });
   return out;
 }
-
 
 }  // namespace mp

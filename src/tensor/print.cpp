@@ -38,7 +38,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "Tensor(undefined)";
   std::ostringstream body;
   body << std::setprecision(6);
-  if (t.numel() > 0) print_rec(body, t.detach().to(kCPU), 0, 0);  // device tensors print from a host copy (detached: records nothing)
+  if (t.numel() > 0)
+    print_rec(body, t.detach().to(kCPU), 0, 0);  // device tensors print from a host copy (detached: records nothing)
   os << "Tensor(" << body.str() << ", shape=" << shape_str(t.sizes()) << ", dtype=" << dtype_name(t.dtype())
      << ", device=" << t.device().str() << (t.requires_grad() ? ", requires_grad" : "") << ")";
   return os;

@@ -163,11 +163,11 @@ Tensor& Tensor::fill_(double v) {
     bump_version();
     return *this;
   }
-  detail::copy_into(*this, scalar_tensor(v, {.dtype = is_floating(dtype()) ? DType::f64 : DType::i64, .device = device()}));
+  detail::copy_into(*this,
+                    scalar_tensor(v, {.dtype = is_floating(dtype()) ? DType::f64 : DType::i64, .device = device()}));
   bump_version();
   return *this;
 }
-
 
 Tensor Tensor::detach() const {
   return Tensor(std::make_shared<TensorImpl>(storage(), storage_offset(), sizes(), strides(), dtype()));

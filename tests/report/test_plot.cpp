@@ -11,9 +11,9 @@
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
+using mp::report::Series;
 using mp::test::read_file;
 using mp::test::scratch_dir;
-using mp::report::Series;
 
 namespace {
 
@@ -30,7 +30,8 @@ TEST(Plot, LinesWritePngDataAndScript) {
     a.x.push_back(i), a.y.push_back(std::exp(-i / 50.0));
     b.x.push_back(i), b.y.push_back(i == 100 ? NAN : 1.1 * std::exp(-i / 50.0));
   }
-  mp::report::plot_lines(png.string(), "training loss", "step", "loss", {a, b, Series{"empty", {}, {}}}, /*log_y=*/true);
+  mp::report::plot_lines(png.string(), "training loss", "step", "loss", {a, b, Series{"empty", {}, {}}},
+                         /*log_y=*/true);
   ASSERT_TRUE(fs::exists(png));
   EXPECT_TRUE(is_png(png));
   const std::string dat = read_file(dir / "sub dir" / "loss's.dat");
@@ -50,7 +51,8 @@ TEST(Plot, BarsWritePng) {
   if (!mp::report::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
   const fs::path dir = scratch_dir("plot", "bars");
   const fs::path png = dir / "time.png";
-  mp::report::plot_bars(png.string(), "training time", "seconds", {"fp32", "bf16 O2", "fp16 \"O3\""}, {12.5, 4.25, 3.0});
+  mp::report::plot_bars(png.string(), "training time", "seconds", {"fp32", "bf16 O2", "fp16 \"O3\""},
+                        {12.5, 4.25, 3.0});
   EXPECT_TRUE(is_png(png));
   EXPECT_NE(read_file(dir / "time.dat").find("\"bf16 O2\" 4.25"), std::string::npos);
 }
@@ -97,7 +99,7 @@ TEST(Plot, HeatmapWritesPngWithBlankNonFiniteCells) {
   const fs::path dir = scratch_dir("plot", "heatmap");
   const fs::path png = dir / "numerics_grad_zero.png";
   mp::report::plot_heatmap(png.string(), "zeros", "step", "share", {"conv1", "layer1.0.bn'1", "fc"}, {10, 20, 30},
-                          {{0.0, 0.5, 1.0}, {NAN, 0.25, 0.75}, {0.1, INFINITY, 0.3}}, /*shares=*/true);
+                           {{0.0, 0.5, 1.0}, {NAN, 0.25, 0.75}, {0.1, INFINITY, 0.3}}, /*shares=*/true);
   ASSERT_TRUE(fs::exists(png));
   EXPECT_TRUE(is_png(png));
   const std::string dat = read_file(dir / "numerics_grad_zero.dat");
