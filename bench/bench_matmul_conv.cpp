@@ -4,7 +4,7 @@
 //
 // Build: the bench_matmul_conv target, or by hand against the oneDNN 3.2 that scripts/setup.sh installs:
 //          g++ -std=c++20 -O3 -fopenmp -Iinclude -Isrc -I.deps/onednn/include bench/bench_matmul_conv.cpp
-//            src/backend/cpu/onednn_{common,matmul,conv}.cpp src/core/*.cpp -L.deps/onednn/lib -ldnnl
+//            src/backend/cpu/onednn/{common,matmul,conv}.cpp src/core/*.cpp -L.deps/onednn/lib -ldnnl
 //            -Wl,-rpath,$PWD/.deps/onednn/lib -o bench_matmul_conv
 // Run:   OMP_NUM_THREADS=2 ./bench_matmul_conv [matmul] [conv] [--filter NAME_PART] [--min-time SECONDS]
 // Prints markdown tables of TFLOP/s (median over repeats after warm-up) and the bf16/f32 ratio.
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/onednn_conv.hpp"
-#include "backend/cpu/onednn_matmul.hpp"
+#include "backend/cpu/onednn/conv.hpp"
+#include "backend/cpu/onednn/matmul.hpp"
 #include "mp/core/half.hpp"
 
 namespace {

@@ -4,7 +4,7 @@
 
 #include "backend/cpu/bf16_policy.hpp"
 #include "backend/cpu/kernel_paths.hpp"
-#include "backend/cpu/onednn_matmul.hpp"
+#include "backend/cpu/onednn/matmul.hpp"
 #include "backend/cuda/runtime.hpp"
 #include "mp/core/error.hpp"
 #include "mp/kernel_paths.hpp"

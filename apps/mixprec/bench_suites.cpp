@@ -24,14 +24,15 @@
 #include "commands.hpp"
 #include "mp/core/error.hpp"
 #include "mp/core/atomic_file.hpp"
-#include "mp/train/plot.hpp"
-#include "mp/train/table.hpp"
+#include "mp/report/plot.hpp"
+#include "mp/report/table.hpp"
 #include "mp/train/trainer.hpp"
 
 namespace mixprec {
 namespace {
 
 namespace tr = mp::train;
+namespace report = mp::report;
 using Json = nlohmann::ordered_json;
 
 /// The PyTorch users run: PyPI's newest torch in the bench set-up's .venv-bench (scripts/setup.sh --bench), else
@@ -142,17 +143,17 @@ class Report {
   }
   Json& json() { return json_; }
   void md(const std::string& text) { md_ << text; }
-  void table(const tr::Table& t) { md_ << t.to_markdown() << "\n"; }
+  void table(const report::Table& t) { md_ << t.to_markdown() << "\n"; }
   void bars(const std::string& file, const std::string& title, const std::string& ylabel,
             const std::vector<std::string>& labels, const std::vector<double>& values) {
     if (!plot_ok() || labels.empty()) return;
-    tr::plot_bars((dir_ / file).string(), title, ylabel, labels, values);
+    report::plot_bars((dir_ / file).string(), title, ylabel, labels, values);
     files_.push_back(file);
   }
   void lines(const std::string& file, const std::string& title, const std::string& xlabel, const std::string& ylabel,
-             const std::vector<tr::Series>& series) {
+             const std::vector<report::Series>& series) {
     if (!plot_ok()) return;
-    tr::plot_lines((dir_ / file).string(), title, xlabel, ylabel, series);
+    report::plot_lines((dir_ / file).string(), title, xlabel, ylabel, series);
     files_.push_back(file);
   }
   void write(std::ostream& out) {
@@ -166,7 +167,7 @@ class Report {
 
  private:
   bool plot_ok() {
-    if (tr::gnuplot_available()) return true;
+    if (report::gnuplot_available()) return true;
     if (!warned_) md_ << "\nCharts skipped: gnuplot not found (install it with: apt-get install gnuplot-nox).\n";
     warned_ = true;
     return false;
@@ -238,7 +239,7 @@ void op_breakdown(const SuiteArgs& a, const OpBreakdownArgs& ob, std::ostream& o
   std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
   std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.ms32 > y.second.ms32; });
   const double step32 = f["mean_ms"], step16 = m["mean_ms"];
-  tr::Table t;
+  report::Table t;
   t.header = {"op",       "fp32 ms/step", "fp32 share",          ob.precision + " ms/step", ob.precision + " share",
               "speed-up", "fp32 GB/s",    ob.precision + " GB/s"};
   std::vector<std::string> labels;
@@ -290,7 +291,7 @@ void lstm_impl(const SuiteArgs& a, std::ostream& out) {
   const bool cuda = a.device.rfind("cuda", 0) == 0;
   const std::string lib = cuda ? "cudnn" : "onednn";
   const std::vector<std::string> impls = {"basic", "fused", lib};
-  tr::Table t;
+  report::Table t;
   t.header = {"hidden",         "batch",           "precision",   "basic ms/step", "fused ms/step", "fused speed-up",
               lib + " ms/step", lib + " speed-up", "basic tok/s", "fused tok/s",   lib + " tok/s"};
   std::vector<std::string> labels;
@@ -371,7 +372,7 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
   const std::vector<int64_t> cells =
       pick(g.cells, a.quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{512, 1024, 2048, 4096});
   const int64_t T = 35, V = g.vocab_size;
-  tr::Table t;
+  report::Table t;
   t.header = {"layers",
               "batch",
               "cells",
@@ -388,7 +389,7 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
   }
   Json runs = Json::array();
   Json first;
-  std::map<std::string, tr::Series> curves;  // TFLOP/s vs cells per (precision, largest batch, 2 layers)
+  std::map<std::string, report::Series> curves;  // TFLOP/s vs cells per (precision, largest batch, 2 layers)
   for (int64_t L : layers)
     for (int64_t B : batches)
       for (int64_t N : cells) {
@@ -443,7 +444,7 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
         if (L == layers.front() && B == batches.back())
           for (int p = 0; p < 2; ++p)
             if (ok(r[p])) {
-              tr::Series& s = curves[p == 0 ? "fp32" : "bf16"];
+              report::Series& s = curves[p == 0 ? "fp32" : "bf16"];
               s.title = std::string(p == 0 ? "fp32" : "bf16") + ", " + std::to_string(L) + " layers, batch " +
                         std::to_string(B);
               s.x.push_back(static_cast<double>(N));
@@ -460,7 +461,7 @@ void lstm_sweep(const SuiteArgs& a, const SweepArgs& g, const PyTorchSide& torch
          "\n\n");
   rep.table(t);
   rep.json()["runs"] = runs;
-  std::vector<tr::Series> series;
+  std::vector<report::Series> series;
   for (auto& [k, s] : curves) series.push_back(s);
   if (!series.empty()) rep.lines("tflops.png", "achieved TFLOP/s vs cells", "cells (hidden size)", "TFLOP/s", series);
   rep.write(out);
@@ -509,7 +510,7 @@ void resnets(const SuiteArgs& a, const ResnetArgs& ra, const PyTorchSide& torch,
   const int64_t batch = ra.batch_size > 0 ? ra.batch_size : a.quick ? 16 : 128;
   const double budget_gib = ra.budget_gib > 0 ? ra.budget_gib : a.quick ? 1.0 : 16.0;
   const double budget = budget_gib * (1 << 30);
-  tr::Table t;
+  report::Table t;
   t.header = {"model",
               "fp32 ms/step",
               "bf16 ms/step",

@@ -13,14 +13,15 @@
 #include "mp/core/error.hpp"
 #include "mp/core/atomic_file.hpp"
 #include "mp/dist/process_group.hpp"
-#include "mp/train/plot.hpp"
+#include "mp/report/plot.hpp"
 #include "mp/train/progress.hpp"
-#include "mp/train/table.hpp"
+#include "mp/report/table.hpp"
 
 namespace mixprec {
 namespace {
 
 namespace tr = mp::train;
+namespace report = mp::report;
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -73,8 +74,8 @@ RunItem parse_run(const std::string& item) {
 }
 
 // Mean of each consecutive window of `w` values (curves stay readable at thousands of steps).
-tr::Series smoothed(const std::string& title, const std::vector<double>& v, size_t w) {
-  tr::Series s{title, {}, {}};
+report::Series smoothed(const std::string& title, const std::vector<double>& v, size_t w) {
+  report::Series s{title, {}, {}};
   w = std::max<size_t>(1, w);
   for (size_t i = 0; i + w <= v.size(); i += w) {
     double sum = 0;
@@ -133,7 +134,7 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
       break;
     }
   const tr::RunSummary& base = runs[ref];
-  tr::Table t;
+  report::Table t;
   t.header = {"precision",
               "train time (s)",
               text ? "tokens/s" : "images/s",
@@ -184,23 +185,23 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
   json += "]}\n";
   mp::atomic_write_file((d / "compare.json").string(), json);
   std::vector<std::string> written{"compare.md", "compare.json"};
-  if (!tr::gnuplot_available()) {
+  if (!report::gnuplot_available()) {
     out << "plots skipped: gnuplot not found (install it with: apt-get install gnuplot-nox)\n";
   } else {
-    std::vector<tr::Series> loss, metric;
+    std::vector<report::Series> loss, metric;
     std::vector<std::string> labels;
     std::vector<double> secs, mem;
     size_t steps = 0;
     for (const auto& r : runs) steps = std::max(steps, r.step_losses.size());
     for (const auto& r : runs) {
       loss.push_back(smoothed(r.label, r.step_losses, steps / 100));
-      tr::Series m{r.label, {}, {}};
+      report::Series m{r.label, {}, {}};
       for (const auto& e : r.epochs) {
         m.x.push_back(static_cast<double>(e.epoch));
         m.y.push_back(text ? e.val_metric : 100 * e.val_metric);
       }
       metric.push_back(m);
-      tr::Series ema{r.label + " (weight EMA)", {}, {}};
+      report::Series ema{r.label + " (weight EMA)", {}, {}};
       for (const auto& e : r.epochs)
         if (e.ema_val_metric) {
           ema.x.push_back(static_cast<double>(e.epoch));
@@ -211,11 +212,11 @@ void write_compare_report(const std::vector<tr::RunSummary>& runs, const std::st
       secs.push_back(r.train_seconds);
       mem.push_back(static_cast<double>(r.peak_bytes) / (1 << 20));
     }
-    tr::plot_lines((d / "loss.png").string(), "training loss", "step", "loss", loss, /*log_y=*/text);
-    tr::plot_lines((d / "metric.png").string(), text ? "validation perplexity" : "test accuracy", "epoch",
-                   text ? "perplexity" : "accuracy (%)", metric);
-    tr::plot_bars((d / "time.png").string(), "training time", "seconds", labels, secs);
-    tr::plot_bars((d / "memory.png").string(), "peak memory", "MiB", labels, mem);
+    report::plot_lines((d / "loss.png").string(), "training loss", "step", "loss", loss, /*log_y=*/text);
+    report::plot_lines((d / "metric.png").string(), text ? "validation perplexity" : "test accuracy", "epoch",
+                       text ? "perplexity" : "accuracy (%)", metric);
+    report::plot_bars((d / "time.png").string(), "training time", "seconds", labels, secs);
+    report::plot_bars((d / "memory.png").string(), "peak memory", "MiB", labels, mem);
     for (const char* f : {"loss.png", "metric.png", "time.png", "memory.png"}) written.emplace_back(f);
   }
   out << "report written to " << dir << ":";

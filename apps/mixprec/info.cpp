@@ -6,6 +6,7 @@
 #include "commands.hpp"
 #include "mp/dist/process_group.hpp"
 #include "mp/kernel_paths.hpp"
+#include "mp/report/inspect.hpp"
 #include "mp/system.hpp"
 #include "mp/train/checkpoint.hpp"
 
@@ -40,7 +41,7 @@ void add_info_command(CLI::App& app) {
   cmd->add_option("files", *files, "safetensors files or checkpoints to describe (their headers only are read)");
   cmd->callback([files] {
     if (!files->empty()) {
-      for (const std::string& f : *files) std::printf("%s", mp::train::describe_safetensors_file(f).c_str());
+      for (const std::string& f : *files) std::printf("%s", mp::report::describe_safetensors_file(f).c_str());
       return;
     }
     const mp::SystemInfo s = mp::system_info();

@@ -11,7 +11,7 @@
 
 #include "commands.hpp"
 #include "mp/core/error.hpp"
-#include "mp/train/plot.hpp"
+#include "mp/report/plot.hpp"
 #include "mp/train/run_log.hpp"
 
 namespace mixprec {
@@ -74,8 +74,8 @@ std::vector<std::string> plot_numerics(const Numerics& n, const std::filesystem:
       for (double v : row) any = any || std::isfinite(v);
     if (!any) continue;  // nothing finite to colour (e.g. every step skipped)
     const std::string file = prefix + "numerics_" + c.field + ".png";
-    mp::train::plot_heatmap((dir / file).string(), title + c.title, "step", c.cblabel, rows, steps, values,
-                            /*shares=*/!c.log10);
+    mp::report::plot_heatmap((dir / file).string(), title + c.title, "step", c.cblabel, rows, steps, values,
+                             /*shares=*/!c.log10);
     written.push_back(file);
   }
   return written;
@@ -94,7 +94,7 @@ void add_plot_command(CLI::App& app) {
   cmd->add_option("logs", a->logs, "run logs (.jsonl) written by mixprec train --log or mixprec compare")->required();
   cmd->add_option("--out", a->out, "output folder")->capture_default_str();
   cmd->callback([a] {
-    std::vector<mp::train::Series> loss, scale, val;
+    std::vector<mp::report::Series> loss, scale, val;
     std::vector<std::pair<std::string, Numerics>> numerics;  // per log with numerics records: its label
     std::string val_name;
     // Each curve is named by its file's stem, or by its folder where stems repeat (run1/log.jsonl, run2/log.jsonl).
@@ -109,7 +109,7 @@ void add_plot_command(CLI::App& app) {
     };
     for (const std::string& path : a->logs) {
       const std::string title = label(path);
-      mp::train::Series l{title, {}, {}}, s{title, {}, {}}, v{title, {}, {}}, ema{title + " (weight EMA)", {}, {}};
+      mp::report::Series l{title, {}, {}}, s{title, {}, {}}, v{title, {}, {}}, ema{title + " (weight EMA)", {}, {}};
       Numerics num;
       for (const auto& rec : mp::train::read_run_log(path)) {
         auto type = rec.find("type");
@@ -122,7 +122,7 @@ void add_plot_command(CLI::App& app) {
         };
         // A resumed run of an older mixprec appended the steps it did again after the log's last checkpoint
         // (Note [a resumed run's log] in src/train/run_log.cpp): the replay supersedes them.
-        auto add = [](mp::train::Series& series, double x, double y) {
+        auto add = [](mp::report::Series& series, double x, double y) {
           while (!series.x.empty() && series.x.back() >= x) series.x.pop_back(), series.y.pop_back();
           series.x.push_back(x), series.y.push_back(y);
         };
@@ -156,9 +156,9 @@ void add_plot_command(CLI::App& app) {
     }
     std::filesystem::create_directories(a->out);
     const std::filesystem::path d(a->out);
-    mp::train::plot_lines((d / "loss.png").string(), "training loss", "step", "loss", loss);
-    mp::train::plot_lines((d / "loss_scale.png").string(), "loss scale", "step", "scale", scale, /*log_y=*/true);
-    if (!val_name.empty()) mp::train::plot_lines((d / "validation.png").string(), val_name, "epoch", val_name, val);
+    mp::report::plot_lines((d / "loss.png").string(), "training loss", "step", "loss", loss);
+    mp::report::plot_lines((d / "loss_scale.png").string(), "loss scale", "step", "scale", scale, /*log_y=*/true);
+    if (!val_name.empty()) mp::report::plot_lines((d / "validation.png").string(), val_name, "epoch", val_name, val);
     std::string files = std::string("loss.png loss_scale.png") + (val_name.empty() ? "" : " validation.png");
     for (const auto& [title, n] : numerics) {  // one set of heat maps per log; named by the log where several
       const bool several = a->logs.size() > 1;

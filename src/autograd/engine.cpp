@@ -3,7 +3,7 @@
 #include <queue>
 #include <unordered_map>
 
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/ops/pointwise.hpp"
 #include "mp/ops/reduce.hpp"
@@ -300,6 +300,17 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 }  // namespace mp::autograd
 
 namespace mp {
+
+// The Tensor members that touch its autograd slot (an AutogradMeta, complete only in this layer), TensorImpl's
+// constructor and destructor included (both destroy it).
+TensorImpl::TensorImpl(std::shared_ptr<Storage> storage, int64_t offset, Shape sizes, Shape strides, DType dtype)
+    : storage_(std::move(storage)),
+      offset_(offset),
+      sizes_(std::move(sizes)),
+      strides_(std::move(strides)),
+      dtype_(dtype) {}
+
+TensorImpl::~TensorImpl() = default;
 
 bool Tensor::requires_grad() const {
   const auto& a = impl().autograd_;

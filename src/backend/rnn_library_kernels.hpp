@@ -1,6 +1,6 @@
 #pragma once
 // Kernel slots of mp::lstm_layer_library: a whole LSTM layer on the vendor library (oneDNN's RNN
-// primitive in cpu/onednn_rnn.cpp, cuDNN's RNN in cuda/cudnn_rnn.cu). The op (src/ops/rnn_library.cpp)
+// primitive in cpu/onednn/rnn.cpp, cuDNN's RNN in cuda/cudnn/rnn.cu). The op (src/ops/rnn_library.cpp)
 // checks shapes, dtypes and devices and brings the operands to the form below; each backend refuses the
 // compute dtypes its library lacks, naming the ones that work.
 #include <vector>

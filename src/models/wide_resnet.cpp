@@ -2,7 +2,7 @@
 #include "mp/models/wide_resnet.hpp"
 
 #include "mp/models/resnet.hpp"
-#include "mp/ops/conv.hpp"
+#include "mp/ops/pool.hpp"
 #include "mp/ops/embedding.hpp"
 #include "mp/ops/pointwise.hpp"
 

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "backend/attention_kernels.hpp"
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/ops/embedding.hpp"
 #include "mp/ops/linalg.hpp"

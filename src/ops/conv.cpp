@@ -1,5 +1,5 @@
 // conv2d: argument checks, dtype promotion of input and weight, dispatch and autograd.
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/conv.hpp"
 
 #include "backend/conv_kernels.hpp"

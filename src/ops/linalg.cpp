@@ -1,5 +1,5 @@
 // matmul, bmm, linear: shape logic, broadcasting of batch dims, dispatch and autograd.
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/linalg.hpp"
 
 #include "backend/linalg_kernels.hpp"

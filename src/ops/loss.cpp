@@ -1,7 +1,7 @@
 // Losses: cross entropy (fused log-softmax + NLL), NLL on log-probabilities, mean squared error.
 // The class losses always compute and return f32 (f64 for f64 input); their gradient wrt the input is
 // produced in the input's dtype.
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/loss.hpp"
 
 #include "backend/softmax_kernels.hpp"

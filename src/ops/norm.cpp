@@ -1,6 +1,6 @@
 // Normalisation ops: batch_norm and layer_norm (argument checks, dispatch to the fused kernels,
 // running-statistics update, autograd).
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/norm.hpp"
 
 #include <cstdlib>

@@ -1,5 +1,5 @@
 // Element-wise ops: argument checks, type promotion, broadcasting, dispatch, autograd.
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/pointwise.hpp"
 #include "ops/pointwise_internal.hpp"
 

@@ -4,7 +4,7 @@
 
 #include "backend/pool_kernels.hpp"
 #include "mp/autograd/node.hpp"
-#include "mp/ops/conv.hpp"
+#include "mp/ops/pool.hpp"
 
 namespace mp {
 namespace {

@@ -1,5 +1,5 @@
 // Reductions: sum, mean, var, amax/amin, max with indices, argmax, sum_to_size.
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/reduce.hpp"
 
 #include <algorithm>

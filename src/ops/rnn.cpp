@@ -1,6 +1,6 @@
 // Recurrent cells: lstm_gates (fused gate arithmetic, forward and backward kernels), lstm_cell,
 // gru_cell and rnn_tanh_cell (matmuls through mp::linear plus point-wise ops).
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/rnn.hpp"
 
 #include "backend/linalg_kernels.hpp"

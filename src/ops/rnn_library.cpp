@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "backend/rnn_library_kernels.hpp"
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/autograd/node.hpp"
 #include "ops/rnn_checks.hpp"
 
@@ -22,7 +22,7 @@ namespace mp {
 // the gate pre-activations in f32 (the composite rounds x W_ih^T + b_ih and the per-step gates to 16
 // bits), so they differ by 16-bit roundings of the operands. The cell state is f32: oneDNN takes an
 // f32 src_iter_c/dst_iter_c with bf16 data; cuDNN keeps c in the data type, so on CUDA a 16-bit run
-// rounds c0 to 16 bits on the way in and returns c_T widened from 16 bits (see cuda/cudnn_rnn.cu).
+// rounds c0 to 16 bits on the way in and returns c_T widened from 16 bits (see cuda/cudnn/rnn.cu).
 //
 // The libraries have ONE bias per gate on the CPU (oneDNN: b = b_ih + b_hh, so both biases get
 // diff_bias as their gradient) and two on CUDA (CUDNN_RNN_DOUBLE_BIAS, whose two gradients are equal

@@ -1,5 +1,5 @@
 // Joining and splitting: cat, stack (copies), split, chunk (views).
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/shape.hpp"
 
 #include <algorithm>

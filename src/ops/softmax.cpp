@@ -1,5 +1,5 @@
 // Softmax and log-softmax along any dim: argument checks, dispatch to the fused kernels, autograd.
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/ops/softmax.hpp"
 
 #include <algorithm>

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "mp/autograd/node.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/tensor/tensor.hpp"
 

@@ -2,7 +2,6 @@
 #include <ostream>
 #include <sstream>
 
-#include "mp/autograd/node.hpp"
 #include "mp/tensor/tensor.hpp"
 
 namespace mp {
@@ -37,10 +36,10 @@ void print_rec(std::ostream& os, const Tensor& t, int64_t d, int indent) {
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "Tensor(undefined)";
-  autograd::NoGradGuard ng;
   std::ostringstream body;
   body << std::setprecision(6);
-  if (t.numel() > 0) print_rec(body, t.to(kCPU), 0, 0);  // device tensors print from a host copy
+  if (t.numel() > 0)
+    print_rec(body, t.detach().to(kCPU), 0, 0);  // device tensors print from a host copy (detached: records nothing)
   os << "Tensor(" << body.str() << ", shape=" << shape_str(t.sizes()) << ", dtype=" << dtype_name(t.dtype())
      << ", device=" << t.device().str() << (t.requires_grad() ? ", requires_grad" : "") << ")";
   return os;

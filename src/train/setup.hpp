@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/amp/initialize.hpp"
 #include "mp/optim/lr_scheduler.hpp"
 #include "mp/optim/optimizer.hpp"

@@ -1,6 +1,6 @@
-// The per-op policy table and the Autocast guard (docs/DESIGN.md 1.4, mp/amp/policy.hpp, mp/amp/autocast.hpp):
-// the output dtype of one op of each class, nesting, the cast cache of f32 leaf parameters, and the
-// gradient path (f32 gradients for f32 leaves; backward with autocast suspended).
+// The per-op policy table and the Autocast guard (docs/DESIGN.md 1.4, mp/autocast/policy.hpp,
+// mp/autocast/autocast.hpp): the output dtype of one op of each class, nesting, the cast cache of f32 leaf parameters,
+// and the gradient path (f32 gradients for f32 leaves; backward with autocast suspended).
 #include <gtest/gtest.h>
 
 #include <cmath>

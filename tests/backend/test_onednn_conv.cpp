@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/onednn_conv.hpp"
+#include "backend/cpu/onednn/conv.hpp"
 #include "mp/core/half.hpp"
 
 namespace mp::backend::cpu {

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/onednn_matmul.hpp"
+#include "backend/cpu/onednn/matmul.hpp"
 #include "mp/core/half.hpp"
 
 namespace mp::backend::cpu {

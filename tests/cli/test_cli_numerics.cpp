@@ -12,7 +12,7 @@
 
 #include "cli/cli_util.hpp"
 #include "mp/train/checkpoint.hpp"
-#include "mp/train/plot.hpp"
+#include "mp/report/plot.hpp"
 #include "mp/train/run_log.hpp"
 #include "test_util.hpp"
 
@@ -117,7 +117,7 @@ TEST(CliNumerics, BadValuesAreRefused) {
 
 // `mixprec plot` draws a heat map per metric from a log with numerics records.
 TEST(CliNumerics, PlotDrawsHeatMaps) {
-  if (!mp::train::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
+  if (!mp::report::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
   const fs::path dir = scratch_dir("cli_numerics", "plot");
   const fs::path log = dir / "run.jsonl";
   Result r = run(tiny_lm() + " --precision fp16 --max_steps_per_epoch 6 --numerics_every 2 --log " + log.string());

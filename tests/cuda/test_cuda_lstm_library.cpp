@@ -1,4 +1,4 @@
-// CUDA against the CPU, the library LSTM: mp::lstm_layer_library on cuda (cuDNN's RNN, cuda/cudnn_rnn.cu)
+// CUDA against the CPU, the library LSTM: mp::lstm_layer_library on cuda (cuDNN's RNN, cuda/cudnn/rnn.cu)
 // against the CPU's linear + mp::lstm_layer (the fused path) with the same inputs: forward and every
 // gradient in f32, f16 and bf16, with and without biases, T = 1 and 6, a tensor-core-sized layer; the
 // inference path; nn::LSTM with LstmImpl::library on cuda against LstmImpl::fused on the CPU; f64 refused.
@@ -32,7 +32,7 @@ Tensor library_or_fused(const std::vector<Tensor>& in) {
 }
 
 // Whether cuDNN runs this dtype here; prints why not (bf16 needs cuDNN >= 9.13, Note [cuDNN LSTM
-// precision] in cudnn_rnn.cu).
+// precision] in cudnn/rnn.cu).
 bool dtype_runs(DType dt) {
   if (!dev().is_cuda()) return true;
   const std::string msg = test::error_of([&] {
@@ -162,7 +162,7 @@ TEST(CudaLstmLibrary, NnLstmLibraryOnCudaMatchesFusedOnCpu) {
 TEST(CudaLstmLibrary, SecondBackwardThroughOneForwardIsRefused) {
   MP_SKIP_WITHOUT_GPU();
   if (!dev().is_cuda()) GTEST_SKIP() << "self-check mode: the CPU's graphs may be back-propagated twice (tests/ops)";
-  // Note [cuDNN reserve space is consumed] in cudnn_rnn.cu: the first backward works, the second says why not.
+  // Note [cuDNN reserve space is consumed] in cudnn/rnn.cu: the first backward works, the second says why not.
   std::vector<Tensor> in = {uniform({3, 2, 4}, -1, 1),
                             uniform({2, 8}, -1, 1),
                             uniform({2, 8}, -1, 1),

@@ -1,5 +1,5 @@
 # Installs the already-built mixprec into WORK_DIR/prefix, then configures, builds and runs
-# a small outside project that uses find_package(mixprec) and links mixprec::mixprec; then moves the
+# a small outside project that uses find_package(mixprec) and links mixprec::mixprec and mixprec::report; then moves the
 # prefix and runs the installed CLI from there (it must load the libmixprec installed beside it, and the
 # oneDNN the build used).
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -33,10 +33,16 @@ if(EXISTS ${WORK_DIR}/prefix/bin/mixprec)
   find_program(LDD ldd)
   if(LDD)
     execute_process(COMMAND ${LDD} ${WORK_DIR}/moved/bin/mixprec OUTPUT_VARIABLE deps)
-    string(REGEX MATCH "libmixprec[^\n]*" line "${deps}")
+    string(REGEX MATCH "libmixprec\\.so[^\n]*" line "${deps}")
     string(FIND "${line}" "${WORK_DIR}/moved/" at)
     if(at EQUAL -1)
       message(FATAL_ERROR "the installed CLI loads libmixprec from outside its prefix: ${line}")
+    endif()
+    message(STATUS "installed CLI: ${line}")
+    string(REGEX MATCH "libmixprec_report[^\n]*" line "${deps}")
+    string(FIND "${line}" "${WORK_DIR}/moved/" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "the installed CLI loads libmixprec_report from outside its prefix: '${line}'")
     endif()
     message(STATUS "installed CLI: ${line}")
     # oneDNN is not installed with mixprec: the installed libmixprec finds it where the build found it

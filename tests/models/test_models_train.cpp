@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/autograd/gradcheck.hpp"
 #include "mp/autograd/node.hpp"
 #include "mp/core/philox.hpp"

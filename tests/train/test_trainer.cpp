@@ -12,6 +12,7 @@
 #include "mp/core/error.hpp"
 #include "mp/models/registry.hpp"
 #include "mp/optim/optimizer.hpp"
+#include "mp/report/inspect.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/run_log.hpp"
 #include "mp/train/safetensors.hpp"
@@ -311,7 +312,7 @@ TEST(Trainer, WeightAveragesAreEvaluatedSavedAndResumed) {
   EXPECT_EQ(dtypes["ema.conv1.weight"], "F32");
   EXPECT_EQ(dtypes["model.conv1.weight"], "BF16");
   EXPECT_EQ(dtypes["ema.num_updates"], "I64");
-  const std::string described = mp::train::describe_safetensors_file(ckpt);
+  const std::string described = mp::report::describe_safetensors_file(ckpt);
   EXPECT_NE(described.find("bf16 O2, resnet8 on mnist, 2 epochs of batch 32, adamw lr 0.003, weight EMA 0.9"),
             std::string::npos)
       << described;

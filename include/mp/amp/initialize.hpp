@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/nn/module.hpp"
 #include "mp/optim/optimizer.hpp"

@@ -2,7 +2,7 @@
 #include <array>
 
 #include "mp/nn/module.hpp"
-#include "mp/ops/conv.hpp"
+#include "mp/ops/pool.hpp"
 
 namespace mp::nn {
 

@@ -7,6 +7,7 @@
 #include "mp/ops/loss.hpp"
 #include "mp/ops/norm.hpp"
 #include "mp/ops/pointwise.hpp"
+#include "mp/ops/pool.hpp"
 #include "mp/ops/reduce.hpp"
 #include "mp/ops/rnn.hpp"
 #include "mp/ops/rnn_library.hpp"

@@ -63,9 +63,4 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointRefs& 
 nn::StateDict read_model_state(const std::string& path, std::map<std::string, std::string>* metadata = nullptr,
                                bool ema = false);
 
-/// A few lines on what a safetensors file holds, from its header alone: tensors, values, bytes and dtypes;
-/// for a training checkpoint also its run (config), position, best epoch and each section (model,
-/// optimizer, scaler, scheduler, rng, ema, extra). What `mixprec info FILE` prints.
-std::string describe_safetensors_file(const std::string& path);
-
 }  // namespace mp::train

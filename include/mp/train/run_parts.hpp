@@ -6,7 +6,7 @@
 #include <optional>
 #include <vector>
 
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 #include "mp/amp/initialize.hpp"
 #include "mp/models/gpt.hpp"
 #include "mp/optim/optimizer.hpp"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/onednn_matmul.hpp"
+#include "backend/cpu/onednn/matmul.hpp"
 #include "mp/core/error.hpp"
 
 namespace mp::backend::cpu {

@@ -12,7 +12,7 @@
 #include "backend/cpu/bf16_policy.hpp"
 #include "backend/cpu/loops.hpp"
 #include "backend/cpu/matmul_cpu.hpp"
-#include "backend/cpu/onednn_conv.hpp"
+#include "backend/cpu/onednn/conv.hpp"
 #include "backend/linalg_kernels.hpp"
 #include "backend/reduce_kernels.hpp"
 
@@ -157,7 +157,7 @@ void check_out(const Tensor& t, const char* what, MemoryFormat f = MemoryFormat:
 //   y^T [N oh ow, O] = col [N oh ow, C kH kW] x W^T [C kH kW, O],
 // col = im2col(x) (Note [bf16 weight gradient as one GEMM]), then one small transposing copy into NCHW.
 // The data gradient of a stride-1 convolution is a forward convolution of dy with the flipped, transposed
-// weights (Note [backward data as a forward convolution] in onednn_conv.cpp), so it takes the same GEMM.
+// weights (Note [backward data as a forward convolution] in onednn/conv.cpp), so it takes the same GEMM.
 // This is KernelPath::gemm, a candidate for bf16, groups 1, kernels larger than 1x1 (1x1 ones run oneDNN's
 // GEMM on the plain layout anyway) and at most kGemmMaxPixels output pixels per image (input pixels for the
 // data gradient): whether it wins is measured per shape (Note [kernel paths chosen by measurement]); it lost

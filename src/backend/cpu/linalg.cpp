@@ -11,8 +11,8 @@
 
 #include "backend/cpu/bf16_policy.hpp"
 #include "backend/cpu/matmul_cpu.hpp"
-#include "backend/cpu/onednn_common.hpp"
-#include "backend/cpu/onednn_matmul.hpp"
+#include "backend/cpu/onednn/common.hpp"
+#include "backend/cpu/onednn/matmul.hpp"
 #include "backend/linalg_kernels.hpp"
 
 namespace mp::backend::cpu {

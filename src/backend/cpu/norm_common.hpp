@@ -1,6 +1,6 @@
 #pragma once
-// Helpers shared by the CPU normalisation kernels (norm.cpp: batch norm over [N, C, S] with S > 1 in NCHW and
-// layer norm; norm_rows.cpp: batch norm over rows of contiguous channels, i.e. [N, C] and channels-last
+// Helpers shared by the CPU normalisation kernels (batch_norm.cpp: batch norm over [N, C, S] with S > 1 in NCHW;
+// layer_norm.cpp; batch_norm_rows.cpp: batch norm over rows of contiguous channels, i.e. [N, C] and channels-last
 // [N, C, S]): typed operand access, the in-loop bf16 conversion, the per-ISA compilation of the hot loops.
 #include <omp.h>
 
@@ -250,7 +250,7 @@ inline bool bn_channels_last(const Tensor& x) {
 }
 
 /// Batch norm forward over R = N S rows of C contiguous channels: x [N, C, 1] contiguous or x [N, C, S]
-/// channels-last, y in the same layout (norm_rows.cpp; arguments as BatchNormForwardKernel with the
+/// channels-last, y in the same layout (batch_norm_rows.cpp; arguments as BatchNormForwardKernel with the
 /// weight and bias converted to S, ones/zeros when absent).
 template <class S>
 void bn_forward_rows(const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,

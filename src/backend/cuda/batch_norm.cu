@@ -1,7 +1,7 @@
 // CUDA batch norm (forward and backward over x [N, C, S]): cuDNN's batch-norm calls
 // (cudnnBatchNormalizationForwardTraining / Backward, CUDNN_BATCHNORM_SPATIAL) where they fit the
 // slot, mixprec's own kernels with the shared formulas (NormAffineFn, NormBackwardFn) elsewhere.
-// Contract: src/backend/norm_kernels.hpp (reference: cpu/norm.cpp).
+// Contract: src/backend/norm_kernels.hpp (reference: cpu/batch_norm.cpp).
 //
 // Note [batch norm on cuDNN]
 // The slot wants, in training, the batch mean, the biased batch variance and invstd = 1/sqrt(var +
@@ -35,7 +35,7 @@
 // mixed dtypes (dy or dx of another dtype than x) are widened to the statistics type first.
 // Channels-last operands (strides {S C, 1, C}, detected as on the CPU; all operands in one layout) always
 // run on the own kernels: the statistics and the backward sums are column reductions of the [N S, C] matrix
-// (Note [column reductions] in cudnn_common.hpp), the statistics as sums shifted by the channel's value in
+// (Note [column reductions] in cudnn/common.hpp), the statistics as sums shifted by the channel's value in
 // row 0 (in the statistics type over runs, in double beyond: mean = k + su / M, var = sv / M - (su / M)^2,
 // formed in double); the element-wise passes vectorise along C, and when the block size is a multiple of
 // C / VEC each thread keeps one set of channels and reads their constants once.
@@ -50,7 +50,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/cudnn_common.hpp"
+#include "backend/cuda/cudnn/common.hpp"
 #include "backend/cuda/loops.cuh"
 #include "backend/key_hash.hpp"
 #include "backend/norm_kernels.hpp"
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kDnnThreads)
 }
 
 // Per channel, from the double sums: dbias, dweight and the NormBackwardFn constants (a, b, c, mean)
-// as cpu/norm.cpp forms them. coef: [C][4].
+// as cpu/batch_norm.cpp forms them. coef: [C][4].
 template <class S>
 __global__ void __launch_bounds__(kDnnThreads)
     bn_backward_finalize(const double* sum_dy, const double* sum_dy_xmu, const S* mean, const S* invstd, const S* w,

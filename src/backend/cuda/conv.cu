@@ -12,7 +12,7 @@
 // slot is OIHW): an NHWC call reorders it, [O, C kh kw] -> [O, kh kw C], a copy of the (small) weight
 // per call unless the caller keeps the weight channels-last, and writes the weight gradient KRSC into a
 // scratch tensor that one strided copy turns into dweight's OIHW. The bias is added, and its gradient
-// summed, over channels-last rows for NHWC (Note [column reductions] in cudnn_common.hpp). f64 calls, and
+// summed, over channels-last rows for NHWC (Note [column reductions] in cudnn/common.hpp). f64 calls, and
 // NHWC problems for which cuDNN offers no usable algorithm (its heuristics answer NOT_SUPPORTED, none is
 // deterministic, or each answers NOT_SUPPORTED when run), run in NCHW instead: the operands are made dense
 // NCHW and the result is copied into the channels-last output, so channels-last never fails where NCHW
@@ -68,8 +68,8 @@
 #include <vector>
 
 #include "backend/conv_kernels.hpp"
-#include "backend/cuda/conv_graph.hpp"
-#include "backend/cuda/cudnn_common.hpp"
+#include "backend/cuda/cudnn/conv_graph.hpp"
+#include "backend/cuda/cudnn/common.hpp"
 #include "backend/cuda/loops.cuh"
 #include "mp/core/math_mode.hpp"
 

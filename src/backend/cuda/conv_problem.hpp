@@ -1,5 +1,5 @@
 // One cuDNN convolution call's problem and pointers, shared by the legacy-API path (conv.cu) and the
-// graph-API path (conv_graph.cu). Internal to the CUDA backend; for CUDA sources with cuDNN only.
+// graph-API path (cudnn/conv_graph.cu). Internal to the CUDA backend; for CUDA sources with cuDNN only.
 #pragma once
 #if defined(MP_HAVE_CUDNN)
 #include <array>

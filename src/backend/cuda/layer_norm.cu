@@ -1,6 +1,6 @@
 // CUDA layer norm (layer_norm_forward / layer_norm_backward of norm_kernels.hpp) over the rows of x [M, N].
 // Statistics are in the statistics type S (f32 for f32/f16/bf16 data, f64 for f64), with the CPU's
-// formulas (cpu/norm.cpp, Note [normalisation statistics on the CPU]): two-pass mean and variance whose
+// formulas (cpu/layer_norm.cpp, Note [normalisation statistics on the CPU]): two-pass mean and variance whose
 // sums are taken in double even for f32 data (one extra FP64 add per element, far below the memory
 // time on the A100/H100 class of GPUs), the affine and backward arithmetic through the shared
 // NormAffineFn / NormBackwardFn.

@@ -146,7 +146,7 @@ class DeviceGuard {
 void count_cudnn_conv_call(bool nhwc, bool fallback, bool graph = false);
 
 /// Which cuDNN runs: the loaded and the compiled version, its CUDA runtime and the folders of its
-/// libraries (Note [one cuDNN install] in cudnn_version.cu), or why there is none.
+/// libraries (Note [one cuDNN install] in cudnn/version.cu), or why there is none.
 std::string cudnn_summary();
 
 /// Note [sync check]: wait for all work of the current device and throw mp::Error naming `what` (a

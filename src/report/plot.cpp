@@ -1,6 +1,6 @@
 // Charts through gnuplot: the data (.dat) and script (.gp) are written beside the PNG, then gnuplot runs
 // the script in that folder, so the user can edit and re-run the script.
-#include "mp/train/plot.hpp"
+#include "mp/report/plot.hpp"
 
 #include <sys/wait.h>
 
@@ -14,7 +14,7 @@
 #include "mp/core/error.hpp"
 #include "mp/core/atomic_file.hpp"
 
-namespace mp::train {
+namespace mp::report {
 namespace {
 
 namespace fs = std::filesystem;
@@ -228,4 +228,4 @@ void plot_heatmap(const std::string& png_path, const std::string& title, const s
   render("plot_heatmap", f, data, script);
 }
 
-}  // namespace mp::train
+}  // namespace mp::report

@@ -1,4 +1,4 @@
-#include "mp/amp/autocast.hpp"
+#include "mp/autocast/autocast.hpp"
 
 #include <unordered_map>
 

@@ -39,7 +39,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "backend/cpu/onednn_common.hpp"
+#include "backend/cpu/onednn/common.hpp"
 #include "backend/rnn_library_kernels.hpp"
 #include "mp/core/half.hpp"
 

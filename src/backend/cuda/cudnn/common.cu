@@ -1,6 +1,6 @@
-// cuDNN handle, errors, descriptors and the shared helpers of the cuDNN families (see cudnn_common.hpp).
+// cuDNN handle, errors, descriptors and the shared helpers of the cuDNN families (see cudnn/common.hpp).
 #if defined(MP_HAVE_CUDNN)
-#include "backend/cuda/cudnn_common.hpp"
+#include "backend/cuda/cudnn/common.hpp"
 
 #include <cuda_runtime_api.h>
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cpu/onednn_common.hpp"
+#include "backend/cpu/onednn/common.hpp"
 #include "mp/core/dtype.hpp"
 
 namespace mp::backend::cpu {

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-namespace mp::train {
+namespace mp::report {
 
 /// A line series for plots.
 struct Series {
@@ -37,4 +37,4 @@ void plot_heatmap(const std::string& png_path, const std::string& title, const s
 /// Whether gnuplot can be run (checked once per process).
 bool gnuplot_available();
 
-}  // namespace mp::train
+}  // namespace mp::report

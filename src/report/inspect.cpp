@@ -11,12 +11,15 @@
 #include "core/json_excerpt.hpp"
 #include "mp/kernel_paths.hpp"
 #include "mp/core/error.hpp"
+#include "mp/report/inspect.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "mp/train/progress.hpp"
 #include "mp/train/safetensors.hpp"
 #include "mp/train/trainer.hpp"
 
-namespace mp::train {
+namespace mp::report {
+
+using namespace train;  // the checkpoint format, safetensors headers and TrainConfig this file reads
 
 namespace {
 
@@ -128,4 +131,4 @@ std::string describe_safetensors_file(const std::string& path) {
   return out.str();
 }
 
-}  // namespace mp::train
+}  // namespace mp::report

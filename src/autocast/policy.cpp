@@ -14,7 +14,7 @@
 //    in f32 internally whatever the input dtype, so it needs no cast.
 // CPU and CUDA agree today. On this CPU f16 "lower" ops compute through f32 (storage-only f16), which
 // reproduces f16 numerics (rounding, underflow, the need for loss scaling) without the speed.
-#include "mp/amp/policy.hpp"
+#include "mp/autocast/policy.hpp"
 
 #include <array>
 

@@ -2,10 +2,10 @@
 #include <gtest/gtest.h>
 
 #include "mp/core/error.hpp"
-#include "mp/train/table.hpp"
+#include "mp/report/table.hpp"
 
 TEST(Table, MarkdownExact) {
-  mp::train::Table t;
+  mp::report::Table t;
   t.header = {"precision", "time (s)", "speed-up", "accuracy (%)", "note"};
   t.rows = {{"fp32", "12.5", "1.00x", "94.10", "reference"},
             {"bf16 O2", "4.25", "2.94x", "94.05", ""},
@@ -19,7 +19,7 @@ TEST(Table, MarkdownExact) {
 }
 
 TEST(Table, NarrowColumnsShortRowsAndUnicode) {
-  mp::train::Table t;
+  mp::report::Table t;
   t.header = {"a", "n", "µs"};
   t.rows = {{"x", "1"}, {"ünï", "10", "5%"}};
   EXPECT_EQ(t.to_markdown(),
@@ -30,16 +30,16 @@ TEST(Table, NarrowColumnsShortRowsAndUnicode) {
 }
 
 TEST(Table, MixedColumnIsLeftAligned) {
-  mp::train::Table t;
+  mp::report::Table t;
   t.header = {"v"};
   t.rows = {{"1.5"}, {"n/a"}};
   EXPECT_EQ(t.to_markdown(), "| v   |\n| --- |\n| 1.5 |\n| n/a |\n");
 }
 
 TEST(Table, RefusesRowsWiderThanHeader) {
-  mp::train::Table t;
+  mp::report::Table t;
   t.header = {"a"};
   t.rows = {{"1", "2"}};
   EXPECT_THROW(t.to_markdown(), mp::Error);
-  EXPECT_THROW(mp::train::Table{}.to_markdown(), mp::Error);
+  EXPECT_THROW(mp::report::Table{}.to_markdown(), mp::Error);
 }

@@ -1,4 +1,4 @@
-#include "backend/cpu/onednn_conv.hpp"
+#include "backend/cpu/onednn/conv.hpp"
 
 #include <omp.h>
 

@@ -46,7 +46,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/cudnn_common.hpp"
+#include "backend/cuda/cudnn/common.hpp"
 #include "backend/key_hash.hpp"
 #include "backend/cuda/loops.cuh"
 #include "backend/rnn_library_kernels.hpp"

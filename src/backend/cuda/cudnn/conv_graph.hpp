@@ -1,4 +1,4 @@
-// cuDNN convolutions through the graph (backend) API with execution plans cached per problem (conv_graph.cu).
+// cuDNN convolutions through the graph (backend) API with execution plans cached per problem (cudnn/conv_graph.cu).
 // Internal to the CUDA backend; for CUDA sources with cuDNN only.
 #pragma once
 #if defined(MP_HAVE_CUDNN)

@@ -1,4 +1,4 @@
-#include "backend/cpu/onednn_common.hpp"
+#include "backend/cpu/onednn/common.hpp"
 
 #include <oneapi/dnnl/dnnl_debug.h>
 

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-namespace mp::train {
+namespace mp::report {
 
 /// A table of strings printed as GitHub markdown. Columns are padded to a common width (in UTF-8 code
 /// points); a column whose body cells are all numbers (optionally followed by "x" or "%", empty cells
@@ -16,4 +16,4 @@ struct Table {
   std::string to_markdown() const;
 };
 
-}  // namespace mp::train
+}  // namespace mp::report

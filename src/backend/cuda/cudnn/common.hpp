@@ -27,11 +27,11 @@
 //                             workspace and layout cuDNN's plan starts with, or that an NHWC problem
 //                             falls back to NCHW (Note [conv layout counters] in runtime.hpp).
 //   MP_CUDNN_GRAPH=0          run convolutions through cuDNN's legacy calls; default 1: the graph API with
-//                             cached execution plans (Note [cuDNN graph convolutions] in conv_graph.cu).
+//                             cached execution plans (Note [cuDNN graph convolutions] in cudnn/conv_graph.cu).
 #pragma once
 #if defined(MP_HAVE_CUDNN)
 #if !defined(__CUDACC__)
-#error "cudnn_common.hpp is for CUDA sources (.cu) only"
+#error "cudnn/common.hpp is for CUDA sources (.cu) only"
 #endif
 #include <cudnn.h>
 

@@ -1,4 +1,4 @@
-#include "backend/cpu/onednn_matmul.hpp"
+#include "backend/cpu/onednn/matmul.hpp"
 
 #include <cstring>
 

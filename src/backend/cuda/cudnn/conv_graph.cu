@@ -1,4 +1,4 @@
-// cuDNN convolutions through the graph (backend) API (see conv_graph.hpp).
+// cuDNN convolutions through the graph (backend) API (see cudnn/conv_graph.hpp).
 //
 // Note [cuDNN graph convolutions]
 // cuDNN 9's legacy calls (cudnnConvolutionForward / BackwardData / BackwardFilter) cost 150-230 us of host
@@ -21,7 +21,7 @@
 // runs) and times each (one warm-up, then the mean of kTimedRuns executions, into a scratch output so the
 // caller's tensors are only written by the chosen plan); the fastest goes first, as with cudnn.benchmark.
 #if defined(MP_HAVE_CUDNN)
-#include "backend/cuda/conv_graph.hpp"
+#include "backend/cuda/cudnn/conv_graph.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cuda/cudnn_common.hpp"
+#include "backend/cuda/cudnn/common.hpp"
 
 namespace mp::backend::cuda {
 namespace {

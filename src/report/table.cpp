@@ -1,12 +1,12 @@
 // Table: GitHub markdown output.
-#include "mp/train/table.hpp"
+#include "mp/report/table.hpp"
 
 #include <algorithm>
 #include <cctype>
 
 #include "mp/core/error.hpp"
 
-namespace mp::train {
+namespace mp::report {
 namespace {
 
 /// Whether a cell reads as a number: [+-]digits[.digits][e[+-]digits] then optionally "x" or "%".
@@ -98,4 +98,4 @@ std::string Table::to_markdown() const {
   return out;
 }
 
-}  // namespace mp::train
+}  // namespace mp::report

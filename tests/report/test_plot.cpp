@@ -7,13 +7,13 @@
 #include <filesystem>
 
 #include "mp/core/error.hpp"
-#include "mp/train/plot.hpp"
+#include "mp/report/plot.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
+using mp::report::Series;
 using mp::test::read_file;
 using mp::test::scratch_dir;
-using mp::train::Series;
 
 namespace {
 
@@ -22,7 +22,7 @@ bool is_png(const fs::path& p) { return read_file(p).rfind("\x89PNG\r\n\x1a\n", 
 }  // namespace
 
 TEST(Plot, LinesWritePngDataAndScript) {
-  if (!mp::train::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
+  if (!mp::report::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
   const fs::path dir = scratch_dir("plot", "lines");
   const fs::path png = dir / "sub dir" / "loss's.png";  // a new folder, a space and a quote in the names
   Series a{"fp32", {}, {}}, b{"bf16 O2 'quoted' under_score", {}, {}};
@@ -30,7 +30,8 @@ TEST(Plot, LinesWritePngDataAndScript) {
     a.x.push_back(i), a.y.push_back(std::exp(-i / 50.0));
     b.x.push_back(i), b.y.push_back(i == 100 ? NAN : 1.1 * std::exp(-i / 50.0));
   }
-  mp::train::plot_lines(png.string(), "training loss", "step", "loss", {a, b, Series{"empty", {}, {}}}, /*log_y=*/true);
+  mp::report::plot_lines(png.string(), "training loss", "step", "loss", {a, b, Series{"empty", {}, {}}},
+                         /*log_y=*/true);
   ASSERT_TRUE(fs::exists(png));
   EXPECT_TRUE(is_png(png));
   const std::string dat = read_file(dir / "sub dir" / "loss's.dat");
@@ -47,10 +48,11 @@ TEST(Plot, LinesWritePngDataAndScript) {
 }
 
 TEST(Plot, BarsWritePng) {
-  if (!mp::train::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
+  if (!mp::report::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
   const fs::path dir = scratch_dir("plot", "bars");
   const fs::path png = dir / "time.png";
-  mp::train::plot_bars(png.string(), "training time", "seconds", {"fp32", "bf16 O2", "fp16 \"O3\""}, {12.5, 4.25, 3.0});
+  mp::report::plot_bars(png.string(), "training time", "seconds", {"fp32", "bf16 O2", "fp16 \"O3\""},
+                        {12.5, 4.25, 3.0});
   EXPECT_TRUE(is_png(png));
   EXPECT_NE(read_file(dir / "time.dat").find("\"bf16 O2\" 4.25"), std::string::npos);
 }
@@ -58,11 +60,11 @@ TEST(Plot, BarsWritePng) {
 TEST(Plot, ArgumentErrors) {
   const fs::path dir = scratch_dir("plot", "errors");
   const std::string png = (dir / "x.png").string();
-  EXPECT_THROW(mp::train::plot_lines(png, "t", "x", "y", {Series{"s", {1, 2}, {1}}}), mp::Error);
-  EXPECT_THROW(mp::train::plot_lines(png, "t", "x", "y", {}), mp::Error);
-  EXPECT_THROW(mp::train::plot_lines(png, "t", "x", "y", {Series{"neg", {1, 2}, {0, -1}}}, /*log_y=*/true), mp::Error);
-  EXPECT_THROW(mp::train::plot_bars(png, "t", "y", {"a", "b"}, {1}), mp::Error);
-  EXPECT_THROW(mp::train::plot_bars(png, "t", "y", {}, {}), mp::Error);
+  EXPECT_THROW(mp::report::plot_lines(png, "t", "x", "y", {Series{"s", {1, 2}, {1}}}), mp::Error);
+  EXPECT_THROW(mp::report::plot_lines(png, "t", "x", "y", {}), mp::Error);
+  EXPECT_THROW(mp::report::plot_lines(png, "t", "x", "y", {Series{"neg", {1, 2}, {0, -1}}}, /*log_y=*/true), mp::Error);
+  EXPECT_THROW(mp::report::plot_bars(png, "t", "y", {"a", "b"}, {1}), mp::Error);
+  EXPECT_THROW(mp::report::plot_bars(png, "t", "y", {}, {}), mp::Error);
   EXPECT_FALSE(fs::exists(png));
 }
 
@@ -76,7 +78,7 @@ TEST(Plot, MissingGnuplotSaysHowToInstall) {
         ::setenv("PATH", "/nonexistent", 1);
         int code = 1;
         try {
-          mp::train::plot_lines(png, "t", "x", "y", {Series{"s", {1, 2}, {1, 2}}});
+          mp::report::plot_lines(png, "t", "x", "y", {Series{"s", {1, 2}, {1, 2}}});
         } catch (const mp::Error& e) {
           const std::string msg = e.what();
           code =
@@ -93,11 +95,11 @@ TEST(Plot, MissingGnuplotSaysHowToInstall) {
 // A heat map: one row per label (first on top), one box per finite cell; non-finite cells stay blank; a single
 // column or row draws too; shares fix the colour bar to [0, 1]; mismatched sizes are refused.
 TEST(Plot, HeatmapWritesPngWithBlankNonFiniteCells) {
-  if (!mp::train::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
+  if (!mp::report::gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
   const fs::path dir = scratch_dir("plot", "heatmap");
   const fs::path png = dir / "numerics_grad_zero.png";
-  mp::train::plot_heatmap(png.string(), "zeros", "step", "share", {"conv1", "layer1.0.bn'1", "fc"}, {10, 20, 30},
-                          {{0.0, 0.5, 1.0}, {NAN, 0.25, 0.75}, {0.1, INFINITY, 0.3}}, /*shares=*/true);
+  mp::report::plot_heatmap(png.string(), "zeros", "step", "share", {"conv1", "layer1.0.bn'1", "fc"}, {10, 20, 30},
+                           {{0.0, 0.5, 1.0}, {NAN, 0.25, 0.75}, {0.1, INFINITY, 0.3}}, /*shares=*/true);
   ASSERT_TRUE(fs::exists(png));
   EXPECT_TRUE(is_png(png));
   const std::string dat = read_file(dir / "numerics_grad_zero.dat");
@@ -110,11 +112,11 @@ TEST(Plot, HeatmapWritesPngWithBlankNonFiniteCells) {
   EXPECT_NE(gp.find("set yrange [2.5:-0.5]"), std::string::npos) << gp;  // the first row on top
   EXPECT_NE(gp.find("set cbrange [0:1]"), std::string::npos) << gp;
   // one column
-  mp::train::plot_heatmap((dir / "one.png").string(), "one", "step", "log10", {"a"}, {7}, {{-3.0}});
+  mp::report::plot_heatmap((dir / "one.png").string(), "one", "step", "log10", {"a"}, {7}, {{-3.0}});
   EXPECT_TRUE(is_png(dir / "one.png"));
   EXPECT_EQ(read_file(dir / "one.gp").find("cbrange"), std::string::npos);
-  EXPECT_THROW(mp::train::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a", "b"}, {1, 2}, {{1, 2}}),
+  EXPECT_THROW(mp::report::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a", "b"}, {1, 2}, {{1, 2}}),
                mp::Error);
-  EXPECT_THROW(mp::train::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a"}, {1, 2}, {{1}}), mp::Error);
-  EXPECT_THROW(mp::train::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a"}, {1}, {{NAN}}), mp::Error);
+  EXPECT_THROW(mp::report::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a"}, {1, 2}, {{1}}), mp::Error);
+  EXPECT_THROW(mp::report::plot_heatmap((dir / "bad.png").string(), "t", "x", "c", {"a"}, {1}, {{NAN}}), mp::Error);
 }
