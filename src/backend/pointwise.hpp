@@ -27,7 +27,6 @@ enum class PointwiseOp : uint8_t {
   tanh,
   sigmoid,
   abs,
-  reciprocal,
   square,
   sign,
   pow_scalar,  // x ^ p.scalar0
@@ -125,10 +124,6 @@ struct SigmoidFn {
 template <class T>
 struct AbsFn {
   MP_HD T operator()(T x) const { return x < T(0) ? -x : x; }
-};
-template <class T>
-struct ReciprocalFn {
-  MP_HD T operator()(T x) const { return T(1) / x; }
 };
 template <class T>
 struct SquareFn {
@@ -349,7 +344,6 @@ void visit_pointwise_functor(PointwiseOp op, const PointwiseParams& p, V&& v) {
       case PointwiseOp::gelu_tanh: return v(A1{}, GeluTanhFn<C>{});
       case PointwiseOp::tanh: return v(A1{}, TanhFn<C>{});
       case PointwiseOp::sigmoid: return v(A1{}, SigmoidFn<C>{});
-      case PointwiseOp::reciprocal: return v(A1{}, ReciprocalFn<C>{});
       case PointwiseOp::pow_scalar: return v(A1{}, PowScalarFn<C>{s0});
       case PointwiseOp::pow: return v(A2{}, PowFn<C>{});
       case PointwiseOp::gelu_backward: return v(A2{}, GeluBackwardFn<C>{});

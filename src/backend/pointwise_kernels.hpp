@@ -29,7 +29,6 @@ constexpr const char* pointwise_op_name(PointwiseOp op) {
                                     "tanh",
                                     "sigmoid",
                                     "abs",
-                                    "reciprocal",
                                     "square",
                                     "sign",
                                     "pow_scalar",

@@ -1,7 +1,9 @@
 #pragma once
 #include <array>
+#include <atomic>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "mp/core/device.hpp"
 #include "mp/core/error.hpp"
@@ -29,6 +31,10 @@ inline double operand_bytes(std::span<const Tensor> ts) {
 inline double operand_bytes(const std::vector<Tensor>& ts) { return operand_bytes(std::span<const Tensor>(ts)); }
 template <class T>
 requires(!std::is_convertible_v<const T&, std::span<const Tensor>>) double operand_bytes(const T&) { return 0.0; }
+
+/// Observer of kernel calls (installed by ObserveKernelCalls); nullptr: none.
+using KernelObserver = void (*)(const char* op, const char* label, Device device);
+inline std::atomic<KernelObserver> g_observer{nullptr};
 
 // Closes a profiled region even when the kernel throws.
 struct ProfileRegion {
@@ -60,6 +66,8 @@ class KernelCall<R(A...)> {
   R operator()(A... args) const {
     if (!profiler::enabled()) return f_(std::forward<A>(args)...);
     const char* label = kernel_label(op_, args...);
+    if (const auto observe = kernel_call_detail::g_observer.load(std::memory_order_relaxed))
+      observe(op_, label, device_);
     const double bytes = (0.0 + ... + kernel_call_detail::operand_bytes(args));
     if (!device_.is_cpu() && profiler::detail::has_device_timer()) {
       kernel_call_detail::DeviceProfileRegion region{label, bytes, profiler::detail::begin_device(device_.index)};
@@ -98,8 +106,15 @@ class KernelSlot {
 #endif
     return KernelCall<Fn>(f, op_, d);
   }
-  /// The raw function for device type d, or nullptr when none is registered (optional hooks).
-  Fn* find(DeviceType d) const { return fns_[static_cast<int>(d)]; }
+  /// The raw function for device type d, or nullptr when none is registered (optional hooks). A hook found
+  /// counts as a call for an observer (ObserveKernelCalls).
+  Fn* find(DeviceType d) const {
+    Fn* f = fns_[static_cast<int>(d)];
+    if (f != nullptr && profiler::enabled())
+      if (const auto observe = kernel_call_detail::g_observer.load(std::memory_order_relaxed))
+        observe(op_, op_, Device(d));
+    return f;
+  }
   /// Op family name.
   const char* op() const { return op_; }
 
@@ -108,12 +123,48 @@ class KernelSlot {
   std::array<Fn*, kNumDeviceTypes> fns_{};
 };
 
+/// One registration: a slot's op name and a device type it has a kernel for.
+struct RegisteredKernel {
+  const char* op;
+  DeviceType device;
+};
+
+/// Every registration made by KernelRegistrar, in load order: complete once static initialisation is over
+/// (before main). Tests enumerate it to check that every kernel has a case (tests/ops/test_op_table.cpp).
+inline std::vector<RegisteredKernel>& registered_kernels() {
+  static std::vector<RegisteredKernel> list;  // function-local: filled from static registrars in any order
+  return list;
+}
+
 /// Registers a kernel at load time: `static KernelRegistrar r(slot, DeviceType::cpu, &fn);`.
 struct KernelRegistrar {
   template <class Fn>
   KernelRegistrar(KernelSlot<Fn>& slot, DeviceType d, Fn* f) {
     slot.set(d, f);
+    registered_kernels().push_back({slot.op(), d});
   }
+};
+
+/// RAII, for tests: while alive, `observe(op, label, device)` is called before every kernel call made through a
+/// KernelSlot (op: the slot's name; label: the profiler's label, e.g. the element-wise op) and for every hook
+/// found with find(). The observer is consulted on the profiled path only, so this turns the profiler on for
+/// the scope (restoring its state after): an unobserved, unprofiled call still costs one relaxed atomic load.
+/// One at a time; the observer may be called from any thread.
+class ObserveKernelCalls {
+ public:
+  explicit ObserveKernelCalls(kernel_call_detail::KernelObserver observe) : profiling_(profiler::enabled()) {
+    kernel_call_detail::g_observer.store(observe, std::memory_order_relaxed);
+    profiler::enable(true);
+  }
+  ~ObserveKernelCalls() {
+    profiler::enable(profiling_);
+    kernel_call_detail::g_observer.store(nullptr, std::memory_order_relaxed);
+  }
+  ObserveKernelCalls(const ObserveKernelCalls&) = delete;
+  ObserveKernelCalls& operator=(const ObserveKernelCalls&) = delete;
+
+ private:
+  bool profiling_;
 };
 
 }  // namespace mp::backend

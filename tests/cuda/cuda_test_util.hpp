@@ -1,4 +1,4 @@
-// Helpers of the CUDA parity tests (tests/cuda/test_cuda_ops*.cpp, test_cuda_train.cpp): every op runs
+// Helpers of the CUDA parity tests (tests/ops/test_op_table.cpp, tests/cuda/test_cuda_*.cpp): every op runs
 // on the CPU and on the device with the same inputs, and the results are compared element by element
 // with a tolerance whose reason is written beside it. A failure names the op, dtype and shape, how many
 // elements differ, the first and the worst mismatching index with both values, and the largest
@@ -43,8 +43,17 @@ inline bool self_check_mode() {
   return e != nullptr && std::string(e) == "1";
 }
 
-/// The device the tests compare against the CPU: cuda:0, or the CPU in self-check mode.
-inline Device dev() { return self_check_mode() ? kCPU : Device(DeviceType::cuda, 0); }
+/// The device under test when set (the op table runs its cases on the CPU this way, against the CPU in f64).
+inline std::optional<Device>& device_override() {
+  static std::optional<Device> d;
+  return d;
+}
+
+/// The device the tests compare against the CPU: cuda:0, or the CPU in self-check mode (or device_override()).
+inline Device dev() {
+  if (device_override()) return *device_override();
+  return self_check_mode() ? kCPU : Device(DeviceType::cuda, 0);
+}
 
 /// Whether the tests can run: a CUDA device exists, or the self-check mode is on.
 inline bool device_available() { return self_check_mode() || backend::cuda::device_count() > 0; }
@@ -240,13 +249,38 @@ inline std::vector<double> values(const Tensor& t) { return t.detach().to(kCPU).
 
 }  // namespace detail
 
+namespace detail {
+// close() and close_to_reference(): ulps are of dtype dt.
+inline ::testing::AssertionResult close_in(const std::string& what, const Tensor& got, const Tensor& want,
+                                           const Tol& tol, const Tensor& scale, DType dt);
+}  // namespace detail
+
 /// Compare a device result with the CPU reference under `tol` (see Tol). `what` names the op, dtype
 /// and case; `scale` (a CPU tensor of want's numel, or undefined) feeds Tol::scaled.
 inline ::testing::AssertionResult close(const std::string& what, const Tensor& got, const Tensor& want, const Tol& tol,
                                         const Tensor& scale = Tensor()) {
   const std::string bad_meta = detail::mismatch(got, want);
   if (!bad_meta.empty()) return ::testing::AssertionFailure() << what << ": " << bad_meta;
-  const DType dt = want.dtype();
+  return detail::close_in(what, got, want, tol, scale, want.dtype());
+}
+
+/// Compare a device result with a reference computed in a wider dtype (the CPU in f64): the shapes must agree,
+/// the dtypes need not; `tol`'s ulps are of got's dtype.
+inline ::testing::AssertionResult close_to_reference(const std::string& what, const Tensor& got, const Tensor& ref,
+                                                     const Tol& tol, const Tensor& scale = Tensor()) {
+  if (!got.defined() || !ref.defined())
+    return ::testing::AssertionFailure() << what << ": " << (got.defined() ? "the reference" : "the result")
+                                         << " is undefined";
+  if (got.device() != dev())
+    return ::testing::AssertionFailure() << what << ": the result is on " << got.device().str();
+  if (got.sizes() != ref.sizes())
+    return ::testing::AssertionFailure() << what << ": shape differs: " << shape_str(got.sizes()) << ", reference "
+                                         << shape_str(ref.sizes());
+  return detail::close_in(what, got, ref, tol, scale, got.dtype());
+}
+
+inline ::testing::AssertionResult detail::close_in(const std::string& what, const Tensor& got, const Tensor& want,
+                                                   const Tol& tol, const Tensor& scale, DType dt) {
   const std::vector<double> g = detail::values(got), w = detail::values(want);
   const std::vector<double> s = scale.defined() ? detail::values(scale) : std::vector<double>();
   if (scale.defined() && s.size() != w.size())

@@ -1,0 +1,318 @@
+// The op table, reductions, indexing and recurrent cells (tests/ops/op_cases.hpp): sum / mean over rows, columns,
+// several dims, transposed and broadcast views; var, sum_squares, max / argmax with ties and NaN; embedding (i64 and
+// i32 indices, repeats, padding_idx); dropout (the Philox mask, the same on every device); the LSTM gates, the
+// LSTM / GRU / tanh-RNN cells and a whole lstm_layer. sum / mean, embedding and the recurrent cells are folded from
+// tests/cuda/test_cuda_ops_reduce.cpp, test_cuda_ops_seq.cpp with their tolerances and reasons.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "op_cases.hpp"
+
+namespace mp::op_table {
+
+using namespace cuda_test;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct ReduceShape {
+  const char* name;
+  Shape leaf;
+  std::function<Tensor(const Tensor&)> view;
+  Shape dims;
+  bool keepdim;
+};
+
+const std::vector<ReduceShape>& reduce_shapes() {
+  static const std::vector<ReduceShape> v = {
+      {"[1037] all", {1037}, [](const Tensor& t) { return t; }, {}, false},
+      {"[33, 65] dim 1 (rows)", {33, 65}, [](const Tensor& t) { return t; }, {1}, false},
+      {"[33, 65] dim 0 (columns)", {33, 65}, [](const Tensor& t) { return t; }, {0}, false},
+      {"[33, 65] dims {0, 1} keepdim", {33, 65}, [](const Tensor& t) { return t; }, {0, 1}, true},
+      {"[4, 5, 6, 7] dims {1, 3} keepdim", {4, 5, 6, 7}, [](const Tensor& t) { return t; }, {1, 3}, true},
+      {"[4, 5, 6, 7] dims {0, 2}", {4, 5, 6, 7}, [](const Tensor& t) { return t; }, {0, 2}, false},
+      {"[65, 33]^T dim 1", {65, 33}, [](const Tensor& t) { return t.t(); }, {1}, false},
+      {"[8, 1, 9] -> [8, 5, 9] dim 1 (stride 0)",
+       {8, 1, 9},
+       [](const Tensor& t) {
+         return t.expand({8, 5, 9});
+       },
+       {1},
+       false},
+      {"[8, 1, 9] -> [8, 5, 9] dims {0, 2}",
+       {8, 1, 9},
+       [](const Tensor& t) {
+         return t.expand({8, 5, 9});
+       },
+       {0, 2},
+       false},
+  };
+  return v;
+}
+
+int64_t reduced_count(const Shape& viewed, const Shape& dims) {
+  if (dims.empty()) return shape_numel(viewed);
+  int64_t k = 1;
+  for (int64_t d : dims) k *= viewed[static_cast<size_t>(d < 0 ? d + static_cast<int64_t>(viewed.size()) : d)];
+  return k;
+}
+
+// The gradient of a reduction is the upstream gradient expanded (exact); for the broadcast leaf it is
+// also summed over the 5 broadcast copies.
+Tol reduce_grad_tol(DType dt) {
+  Tol t;
+  t.ulps = 1;
+  t.atol = 4 * 5 * acc_roundoff(dt);
+  t.why =
+      "expanded upstream gradient (exact), summed over <= 5 broadcast copies (order differs: <= 4 u_acc * 5 "
+      "absolute for |g| < 1) and rounded once";
+  return t;
+}
+
+}  // namespace
+
+std::vector<OpCase> reduce_index_rnn_cases() {
+  std::vector<OpCase> cases;
+  for (size_t si = 0; si < reduce_shapes().size(); ++si) {
+    for (const bool is_mean : {false, true}) {
+      const ReduceShape& s = reduce_shapes()[si];
+      cases.push_back({std::string(is_mean ? "mean " : "sum ") + s.name, all_floats(), [&s, is_mean](DType dt) {
+                         const Tensor x = uniform(s.leaf, -1, 1, dt);
+                         const int64_t K = reduced_count(s.view(x).sizes(), s.dims);
+                         OpCheck chk;
+                         chk.inputs = {x};
+                         chk.fn = [&s, is_mean](const std::vector<Tensor>& in) {
+                           const Tensor v = s.view(in[0]);
+                           if (s.dims.empty() && !s.keepdim) return is_mean ? mean(v) : sum(v);
+                           return is_mean ? mean(v, s.dims, s.keepdim) : sum(v, s.dims, s.keepdim);
+                         };
+                         chk.out = reduction_tol(dt, K);
+                         chk.out_scale = [&s, is_mean, K](const std::vector<Tensor>& in) {
+                           const Tensor a = abs(s.view(in[0]).detach().to(DType::f64));
+                           const Tensor t = s.dims.empty() ? sum(a) : sum(a, s.dims, s.keepdim);
+                           return is_mean ? mul(t, 1.0 / static_cast<double>(K)) : t;
+                         };
+                         chk.grad = reduce_grad_tol(dt);
+                         return chk;
+                       }});
+    }
+  }
+  // A large sum (2^20 + 7 terms: many blocks and a tail).
+  cases.push_back({"sum [2^20 + 7] all", {DType::f32, DType::bf16, DType::f64}, [](DType dt) {
+                     const int64_t n = (int64_t{1} << 20) + 7;
+                     OpCheck chk;
+                     chk.inputs = {uniform({n}, -1, 1, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return sum(in[0]); };
+                     chk.out = reduction_tol(dt, n);
+                     chk.out_scale = [](const std::vector<Tensor>& in) { return sum(abs(in[0].to(DType::f64))); };
+                     return chk;
+                   }});
+  // var (a sum of squared deviations: 2 sqrt(K) u_acc relative to the sum of squares, twice for the mean's
+  // difference) and sum_squares; new cases, tolerances of the same form as reduction_tol.
+  cases.push_back({"var [33, 65] dim 1", all_floats(), [](DType dt) {
+                     OpCheck chk;
+                     chk.inputs = {normal({33, 65}, 0.5, 1.0, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return var(in[0], {1}); };
+                     chk.out = Tol{.ulps = 2,
+                                   .rtol = 8 * std::sqrt(65.0) * acc_roundoff(dt),
+                                   .why =
+                                       "two sums over 65 values (mean, squared deviations) in another order; no "
+                                       "cancellation beyond the mean's (|mean| < std here)"};
+                     chk.grad = Tol{.ulps = 2,
+                                    .atol = 8 * std::sqrt(65.0) * acc_roundoff(dt) * 8,
+                                    .why = "2 g (x - mean) / (K - 1): the mean's sum in another order"};
+                     return chk;
+                   }});
+  cases.push_back({"sum_squares [1037]", all_floats(), [](DType dt) {
+                     OpCheck chk;
+                     chk.inputs = {uniform({1037}, -1, 1, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return sum_squares(in[0]); };
+                     chk.out = reduction_tol(dt, 1037, 2, "; squares: one more rounding each (or an FMA)");
+                     chk.out.ulps = 2;
+                     chk.out_scale = [](const std::vector<Tensor>& in) { return sum_squares(in[0].to(DType::f64)); };
+                     chk.grad = Tol{.ulps = 1, .why = "2 g x: exact products up to one rounding"};
+                     return chk;
+                   }});
+  // max / amax / argmax with ties (values from a small set) and NaN (NaN wins; the first extreme's index).
+  for (const bool nan : {false, true}) {
+    const std::string tag = nan ? " with NaN" : " with ties";
+    cases.push_back({"max dim 1 values" + tag, all_floats(), [nan](DType dt) {
+                       OpCheck chk;
+                       Tensor x = from_set({17, 33}, {-2, -1, 0, 0.5, 1, 3}, dt);
+                       if (nan) x.select(0, 3).narrow(0, 5, 1).fill_(kNaN);
+                       chk.inputs = {x};
+                       chk.fn = [](const std::vector<Tensor>& in) { return max(in[0], 1).first; };
+                       chk.out = exact("a selection");
+                       chk.bit_exact_output = true;
+                       if (!nan) chk.grad = exact("the gradient goes to the first maximum");
+                       return chk;
+                     }});
+    cases.push_back({"argmax dim 0" + tag, all_floats(), [nan](DType dt) {
+                       OpCheck chk;
+                       Tensor x = from_set({17, 33}, {-2, -1, 0, 0.5, 1, 3}, dt);
+                       if (nan) x.select(0, 3).narrow(0, 5, 1).fill_(kNaN);
+                       chk.inputs = {x};
+                       chk.fn = [](const std::vector<Tensor>& in) { return argmax(in[0], 0); };
+                       chk.out = exact("indices of the first extreme");
+                       chk.bit_exact_output = true;
+                       return chk;
+                     }});
+    cases.push_back({"amin / amax dims {0, 1}" + tag, all_floats(), [nan](DType dt) {
+                       OpCheck chk;
+                       Tensor x = from_set({17, 33}, {-2, -1, 0, 0.5, 1, 3}, dt);
+                       if (nan) x.select(0, 3).narrow(0, 5, 1).fill_(kNaN);
+                       chk.inputs = {x};
+                       chk.fn = [](const std::vector<Tensor>& in) {
+                         return stack({amax(in[0], {0, 1}), amin(in[0].t(), {0, 1})}, 0);
+                       };
+                       chk.out = exact("selections");
+                       chk.bit_exact_output = true;
+                       return chk;
+                     }});
+  }
+  // embedding.
+  struct Emb {
+    const char* name;
+    int64_t V, D;
+    Shape idx;
+    int64_t padding;
+  };
+  const std::vector<Emb> embs = {
+      {"V 50, D 33, [7, 9] indices (many repeats)", 50, 33, {7, 9}, -1},
+      {"V 1000, D 8, [4, 300]", 1000, 8, {4, 300}, -1},
+      {"V 20, D 257, [64] padding_idx 3", 20, 257, {64}, 3},
+      {"V 5, D 16, [2000] (heavy repeats)", 5, 16, {2000}, -1},
+  };
+  for (const DType it : {DType::i64, DType::i32}) {
+    for (const Emb& k : embs) {
+      cases.push_back(
+          {std::string("embedding ") + dtype_name(it) + " indices, " + k.name, all_floats(), [k, it](DType dt) {
+             const Tensor idx = integers(k.idx, 0, k.V, it);
+             std::map<int64_t, int64_t> counts;
+             for (int64_t i : idx.to_vector<int64_t>()) ++counts[i];
+             int64_t R = 1;
+             for (const auto& kv : counts) R = std::max(R, kv.second);
+             OpCheck chk;
+             chk.inputs = {uniform({k.V, k.D}, -1, 1, dt), idx};
+             const int64_t pad = k.padding;
+             chk.fn = [pad](const std::vector<Tensor>& in) { return embedding(in[0], in[1], pad); };
+             chk.out = exact("a gather");
+             chk.bit_exact_output = true;
+             // Rows hit R times sum R gradient rows (f32 accumulation) in another order, rounded once.
+             chk.grad = reduction_tol(dt, R, 2, "; embedding backward: repeated indices add rows");
+             chk.abs_scales = true;
+             chk.grad_inputs = {0};
+             return chk;
+           }});
+    }
+  }
+  // dropout (Note [dropout mask]): element i keeps its value when philox_uniform(seed, offset, i) >= p, on every
+  // device and dtype, so the same generator state gives the same mask; offset 6 is not a multiple of 4.
+  for (const double p : {0.1, 0.5, 1.0}) {
+    for (const uint64_t offset : {uint64_t{0}, uint64_t{6}}) {
+      cases.push_back(
+          {"dropout p " + std::to_string(p).substr(0, 3) + " offset " + std::to_string(offset) + " [37, 29]",
+           all_floats(), [p, offset](DType dt) {
+             OpCheck chk;
+             chk.inputs = {uniform({37, 29}, 0.5, 2, dt)};  // nonzero: a dropped element is visible
+             chk.fn = [p, offset](const std::vector<Tensor>& in) {
+               default_generator().set_state(1234, offset);
+               return dropout(in[0], p, true);
+             };
+             chk.out = exact("the same mask; x / (1 - p): one IEEE operation");
+             chk.bit_exact_output = true;
+             chk.grad = exact("the same mask and scale");
+             return chk;
+           }});
+    }
+  }
+  // The LSTM gates, cells and a layer (folded from test_cuda_ops_seq.cpp, CudaRnn.LstmGatesCellsAndLayer).
+  for (const bool f32_state : {false, true}) {
+    cases.push_back({std::string("lstm_gates [5, 148]") + (f32_state ? " with an f32 cell state" : ""),
+                     f32_state ? std::vector<DType>{DType::f16, DType::bf16} : all_floats(), [f32_state](DType dt) {
+                       const int64_t B = 5, H = 37;
+                       const DType cdt = f32_state ? DType::f32 : dt;
+                       OpCheck g;
+                       g.inputs = {uniform({B, 4 * H}, -3, 3, dt), uniform({B, H}, -2, 2, cdt)};
+                       g.fn = [](const std::vector<Tensor>& in) {
+                         auto [h, c] = lstm_gates(in[0], in[1]);
+                         return cat({h.reshape({-1}), c.reshape({-1})}, 0);
+                       };
+                       // Gate arithmetic (sigmoid, tanh on each device's libm: <= 5 and 4 ulps, Note in the unary
+                       // cases): c' = f c + i g and h' = o tanh(c') differ by <= (5 |c| + 20) u with |c| < 2: 32 u
+                       // absolute, 4 ulps.
+                       const DType out_dt = promote_types(dt, cdt);
+                       g.out = Tol{
+                           .ulps = 4, .atol = 32 * acc_roundoff(out_dt), .why = "sigmoid / tanh of each device's libm"};
+                       g.grad = Tol{.ulps = 4,
+                                    .atol = 256 * acc_roundoff(out_dt),
+                                    .why =
+                                        "gate gradients: products of up to 5 activations, each a few ulps apart, and "
+                                        "1 - s cancels"};
+                       return g;
+                     }});
+  }
+  enum class Cell { lstm, gru, rnn_tanh };
+  for (const Cell cell : {Cell::lstm, Cell::gru, Cell::rnn_tanh}) {
+    const char* name = cell == Cell::lstm ? "lstm_cell" : cell == Cell::gru ? "gru_cell" : "rnn_tanh_cell";
+    cases.push_back(
+        {std::string(name) + " B 5, I 23, H 37", all_floats(), [cell](DType dt) {
+           const int64_t B = 5, I = 23, H = 37;
+           const int64_t G = cell == Cell::lstm ? 4 : cell == Cell::gru ? 3 : 1;
+           // Cells: the gates come from GEMMs (K = I + H terms of |x w| <= 0.3: <= 2 sqrt(H) u 18 = 220 u
+           // apart), then the activations (slopes <= 1 + |c|): 512 u_acc. 16-bit: the GEMM outputs are
+           // rounded to 16 bits and may be one ulp apart (ulp(dt, 4) for |gates| < 4), times the
+           // slopes: 2 ulp(dt, 4).
+           const double atol = is_low_precision(dt) ? 2 * ulp(dt, 4.0) : 512 * acc_roundoff(dt);
+           OpCheck chk;
+           chk.inputs = {uniform({B, I}, -1, 1, dt), uniform({B, H}, -1, 1, dt)};
+           if (cell == Cell::lstm) chk.inputs.push_back(uniform({B, H}, -2, 2, dt));
+           for (const Shape& s : {Shape{G * H, I}, Shape{G * H, H}, Shape{G * H}, Shape{G * H}})
+             chk.inputs.push_back(uniform(s, -0.3, 0.3, dt));
+           chk.fn = [cell](const std::vector<Tensor>& in) {
+             if (cell == Cell::gru) return gru_cell(in[0], in[1], in[2], in[3], in[4], in[5]);
+             if (cell == Cell::rnn_tanh) return rnn_tanh_cell(in[0], in[1], in[2], in[3], in[4], in[5]);
+             auto [h, c] = lstm_cell(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
+             return cat({h.reshape({-1}), c.reshape({-1})}, 0);
+           };
+           chk.out = Tol{.ulps = 2, .atol = atol, .why = "GEMMs (accumulation order) feeding the gate activations"};
+           chk.grad = Tol{.ulps = 2,
+                          .normwise = is_low_precision(dt) ? 8 * unit_roundoff(dt) : 2048 * acc_roundoff(dt),
+                          .why =
+                              "cell gradients through the activations and the GEMMs (relative to the "
+                              "largest)"};
+           chk.f64_may_be_unsupported = true;
+           return chk;
+         }});
+  }
+  // A whole layer over T = 6 steps (one node; the f32 cell state carries over): the per-step differences add up
+  // over the steps (x T); 16-bit: h is rounded to 16 bits each step and feeds the next GEMM.
+  cases.push_back(
+      {"lstm_layer T 6, B 4, H 16", all_floats(), [](DType dt) {
+         const int64_t T = 6, Bl = 4, Hl = 16;
+         const DType sdt = dt == DType::f64 ? DType::f64 : DType::f32;
+         OpCheck ll;
+         ll.inputs = {uniform({T, Bl, 4 * Hl}, -1, 1, dt), uniform({Bl, Hl}, -1, 1, dt), uniform({Bl, Hl}, -1, 1, sdt),
+                      uniform({4 * Hl, Hl}, -0.4, 0.4, dt), uniform({4 * Hl}, -0.3, 0.3, dt)};
+         ll.fn = [](const std::vector<Tensor>& in) {
+           auto [y, hT, cT] = lstm_layer(in[0], in[1], in[2], in[3], in[4]);
+           return cat({y.reshape({-1}), hT.reshape({-1}), cT.reshape({-1})}, 0);
+         };
+         ll.out = Tol{.ulps = 4,
+                      .atol = is_low_precision(dt) ? 8 * ulp(dt, 1.0) : 6 * 512 * acc_roundoff(dt),
+                      .why = "T = 6 recurrent steps of GEMM + gates (16-bit: h rounded each step)"};
+         ll.grad = Tol{.ulps = 4,
+                       .normwise = is_low_precision(dt) ? 16 * unit_roundoff(dt) : 6 * 2048 * acc_roundoff(dt),
+                       .why = "backward through 6 steps (relative to the largest gradient)"};
+         ll.f64_may_be_unsupported = true;
+         return ll;
+       }});
+  return cases;
+}
+
+}  // namespace mp::op_table
