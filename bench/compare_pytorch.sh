@@ -106,9 +106,10 @@ for i, path in enumerate(paths):  # several files pool their rounds
                                                 "channels_last" if fw == "pytorch" and cl else "")
             runs.append(r)
 TITLE = {"mlp": "MLP 784-2048-2048-10, batch 512", "resnet18": "ResNet-18 32x32x3, batch 32",
-         "lstm": "LSTM LM 2x650, V 10k, seq 35, batch 20, no dropout"}
-SHORT = {"mlp": "MLP", "resnet18": "ResNet-18", "lstm": "LSTM LM"}
-BF16_TARGET = {"mlp": 1.25, "resnet18": 1.25, "lstm": 2.0}  # issue 23: mixprec bf16 O2 vs PyTorch's autocast
+         "lstm": "LSTM LM 2x650, V 10k, seq 35, batch 20, no dropout",
+         "gpt": "gpt-mini 6x384, context 256, V 8192, batch 16, AdamW"}
+SHORT = {"mlp": "MLP", "resnet18": "ResNet-18", "lstm": "LSTM LM", "gpt": "gpt-mini"}
+BF16_TARGET = {"mlp": 1.25, "resnet18": 1.25, "lstm": 2.0, "gpt": None}  # issue 23: mixprec bf16 O2 vs PyTorch's autocast
 MF, M2, M1, MH = "mixprec:fp32:O0:", "mixprec:bf16:O2:", "mixprec:bf16:O1:", "mixprec:fp16:O2:"
 PF, PB, PH = "pytorch:fp32:O0:", "pytorch:bf16:O1:", "pytorch:fp16:O1:"
 XF, XB = "extra:fp32:O0:", "extra:bf16:O1:"
@@ -214,7 +215,7 @@ def mib(name, key, field):
 def first(side, field):
     return next((r[field] for r in runs if r["variant"].startswith(side + ":") and r.get(field)), None)
 
-names = [n for n in ("mlp", "resnet18", "lstm") if any(r["bench"] == n for r in runs)]
+names = [n for n in ("mlp", "resnet18", "lstm", "gpt") if any(r["bench"] == n for r in runs)]
 dev = next((r["device"] for r in runs if "device" in r), "?")
 cpu = next((r["cpu_model"] for r in runs if r.get("cpu_model")), None) or dev
 threads = next((r["threads"] for r in runs if "threads" in r), "?")

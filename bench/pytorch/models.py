@@ -249,7 +249,14 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (z.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        p = self.dropout if self.training else 0.0
+        if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0: nanoGPT's flash path
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:  # torch 1.13 (Debian's): nanoGPT's written-out attention
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = F.dropout(F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1), p, self.training)
+            y = att @ v
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
