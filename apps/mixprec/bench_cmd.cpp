@@ -176,6 +176,45 @@ Workload image_workload(const BenchStepOptions& o) {
   return w;
 }
 
+// A language model's step on a fixed batch of random token ids of `shape` and next-token targets: cross entropy
+// on f32 logits, loss-scaled backward, unscale, the gradient norm clipped (run_config: the word LM's 0.25,
+// nanoGPT's 1), scaler step and update. The caller fills in w.config.
+Workload token_workload(const BenchStepOptions& o, const std::shared_ptr<nn::Module>& model, const Shape& shape,
+                        std::function<Tensor(const Tensor&)> logits_of) {
+  const Device dev = bench_device(o);
+  model->to(dev);
+  model->train();
+  const train::TrainConfig c = run_config(o);
+  std::shared_ptr<optim::Optimizer> opt = train::make_optimizer(c, model->parameters());
+  const amp::AmpOptions r = amp::prepare(*model, *opt, train::amp_options(c));
+  auto scaler = std::make_shared<amp::GradScaler>(r.scaler);
+  const std::vector<Tensor> params = model->parameters();  // the converted ones (O2/O3)
+  const Tensor tokens = randint(0, o.vocab_size, shape).to(dev);
+  const Tensor targets = randint(0, o.vocab_size, {shape_numel(shape)}).to(dev);
+  Workload w;
+  const double clip = c.clip_grad_norm;
+  w.step = [logits_of, opt, scaler, params, tokens, targets, r, clip] {
+    opt->zero_grad();
+    Tensor logits;
+    {
+      const train::ForwardScope scope(r);  // O1: per-op casting around the forward
+      logits = logits_of(tokens);
+    }
+    Tensor loss = cross_entropy(logits.to(DType::f32).view({targets.numel(), -1}), targets);
+    scaler->scale(loss).backward();
+    scaler->unscale_(*opt);
+    optim::clip_grad_norm_(params, clip);
+    scaler->step(*opt);
+    scaler->update();
+    return loss;
+  };
+  w.skipped = [scaler] { return scaler->skipped_steps(); };
+  w.units_per_step = static_cast<double>(shape_numel(shape));
+  w.unit = "tok/s";
+  w.amp = describe(r);
+  return w;
+}
+
 Workload lm_workload(const BenchStepOptions& o) {
   auto model = std::make_shared<models::WordLM>(
       models::WordLMOptions{.vocab_size = o.vocab_size,
@@ -185,38 +224,10 @@ Workload lm_workload(const BenchStepOptions& o) {
                             .cell = o.model,
                             .dropout = o.dropout,
                             .lstm_impl = nn::lstm_impl_from_flag(o.lstm_impl, bench_device(o))});
-  const Device dev = bench_device(o);
-  model->to(dev);
-  model->train();
   const int64_t num_params = model->num_parameters();
-  const train::TrainConfig c = run_config(o);
-  std::shared_ptr<optim::Optimizer> opt = train::make_optimizer(c, model->parameters());
-  const amp::AmpOptions r = amp::prepare(*model, *opt, train::amp_options(c));
-  auto scaler = std::make_shared<amp::GradScaler>(r.scaler);
-  const std::vector<Tensor> params = model->parameters();  // the converted ones (O2/O3)
-  const Tensor tokens = randint(0, o.vocab_size, {o.bptt, o.batch_size}).to(dev);
-  const Tensor targets = randint(0, o.vocab_size, {o.bptt * o.batch_size}).to(dev);
-  Workload w;
-  const double clip = c.clip_grad_norm;
-  w.step = [model, opt, scaler, params, tokens, targets, r, clip] {
-    opt->zero_grad();
-    Tensor logits;
-    {
-      const train::ForwardScope scope(r);     // O1: per-op casting around the forward
-      logits = model->forward(tokens).first;  // zero initial state every step
-    }
-    Tensor loss = cross_entropy(logits.to(DType::f32), targets);
-    scaler->scale(loss).backward();
-    scaler->unscale_(*opt);
-    optim::clip_grad_norm_(params, clip);
-    scaler->step(*opt);
-    scaler->update();
-    return loss;
-  };
-  w.skipped = [scaler] { return scaler->skipped_steps(); };
-  w.units_per_step = static_cast<double>(o.batch_size * o.bptt);
-  w.unit = "tok/s";
-  w.amp = describe(r);
+  Workload w = token_workload(o, model, {o.bptt, o.batch_size}, [model](const Tensor& tokens) {
+    return model->forward(tokens).first;  // zero initial state every step
+  });
   w.config = {{"batch_size", o.batch_size},
               {"seq_len", o.bptt},
               {"vocab_size", o.vocab_size},
@@ -235,39 +246,10 @@ Workload lm_workload(const BenchStepOptions& o) {
 Workload gpt_workload(const BenchStepOptions& o) {
   const models::GptOptions mo = train::gpt_run_options(o, o.vocab_size);
   auto model = std::make_shared<models::Gpt>(mo);
-  const Device dev = bench_device(o);
-  model->to(dev);
-  model->train();
   const int64_t num_params = model->nn::Module::num_parameters();  // all of them, as PyTorch's side counts
-  const train::TrainConfig c = run_config(o);
-  std::shared_ptr<optim::Optimizer> opt = train::make_optimizer(c, model->parameters());
-  const amp::AmpOptions r = amp::prepare(*model, *opt, train::amp_options(c));
-  auto scaler = std::make_shared<amp::GradScaler>(r.scaler);
-  const std::vector<Tensor> params = model->parameters();
   const int64_t T = mo.block_size;
-  const Tensor tokens = randint(0, o.vocab_size, {o.batch_size, T}).to(dev);
-  const Tensor targets = randint(0, o.vocab_size, {o.batch_size * T}).to(dev);
-  Workload w;
-  const double clip = c.clip_grad_norm;
-  w.step = [model, opt, scaler, params, tokens, targets, r, clip] {
-    opt->zero_grad();
-    Tensor logits;
-    {
-      const train::ForwardScope scope(r);
-      logits = model->forward(tokens);
-    }
-    Tensor loss = cross_entropy(logits.to(DType::f32).view({targets.numel(), -1}), targets);
-    scaler->scale(loss).backward();
-    scaler->unscale_(*opt);
-    optim::clip_grad_norm_(params, clip);
-    scaler->step(*opt);
-    scaler->update();
-    return loss;
-  };
-  w.skipped = [scaler] { return scaler->skipped_steps(); };
-  w.units_per_step = static_cast<double>(o.batch_size * T);
-  w.unit = "tok/s";
-  w.amp = describe(r);
+  Workload w =
+      token_workload(o, model, {o.batch_size, T}, [model](const Tensor& tokens) { return model->forward(tokens); });
   w.config = {{"batch_size", o.batch_size},
               {"context", T},
               {"vocab_size", o.vocab_size},

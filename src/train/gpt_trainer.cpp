@@ -171,15 +171,12 @@ RunSummary train_gpt(const TrainConfig& c, std::ostream& out, const DataParallel
 
   manual_seed(c.seed);
   auto model = std::make_shared<models::Gpt>(mo);
-  model->to(dev);  // initialised on the host (the same weights on every device), then moved
-  apply_init_from(c, *model, out);
-  dp.broadcast_model(*model);  // Note [data-parallel training] 3
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
-  const amp::AmpOptions o = amp::prepare(*model, *opt, amp_options(c));
-  amp::GradScaler scaler(o.scaler);
-  const std::vector<Tensor> params = model->parameters();
-  std::optional<optim::ModelEma> ema;  // after prepare(): the averages start from the training weights
-  if (c.ema_decay > 0) ema.emplace(*model, c.ema_decay, opt.get());
+  TrainObjects t = prepare_training(c, *model, dev, dp, out);
+  const std::unique_ptr<optim::Optimizer>& opt = t.optimizer;
+  const amp::AmpOptions& o = t.amp;
+  amp::GradScaler& scaler = *t.scaler;
+  const std::vector<Tensor>& params = t.params;
+  const std::unique_ptr<optim::ModelEma>& ema = t.ema;
 
   const int64_t n = c.grad_accum;  // micro-batches per optimizer step (Note [gradient accumulation])
   const int64_t global_windows = c.batch_size * dp.size();

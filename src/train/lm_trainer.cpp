@@ -101,15 +101,12 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out, const DataParalle
 
   manual_seed(c.seed);
   std::shared_ptr<models::WordLM> model = make_lm(c, corpus.vocab.size());
-  model->to(dev);  // initialised on the host (the same weights on every device), then moved
-  apply_init_from(c, *model, out);
-  dp.broadcast_model(*model);  // Note [data-parallel training] 3
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
-  const amp::AmpOptions o = amp::prepare(*model, *opt, amp_options(c));
-  amp::GradScaler scaler(o.scaler);
-  const std::vector<Tensor> params = model->parameters();
-  std::optional<optim::ModelEma> ema;  // after prepare(): the averages start from the training weights
-  if (c.ema_decay > 0) ema.emplace(*model, c.ema_decay, opt.get());
+  TrainObjects t = prepare_training(c, *model, dev, dp, out);
+  const std::unique_ptr<optim::Optimizer>& opt = t.optimizer;
+  const amp::AmpOptions& o = t.amp;
+  amp::GradScaler& scaler = *t.scaler;
+  const std::vector<Tensor>& params = t.params;
+  const std::unique_ptr<optim::ModelEma>& ema = t.ema;
 
   const int64_t windows = (train_data.size(0) - 1 + c.bptt - 1) / c.bptt;
   const int64_t n = c.grad_accum;  // windows per optimizer step (Note [gradient accumulation])

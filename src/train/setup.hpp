@@ -9,7 +9,9 @@
 #include <string>
 
 #include "mp/autocast/autocast.hpp"
+#include "mp/amp/grad_scaler.hpp"
 #include "mp/amp/initialize.hpp"
+#include "mp/optim/ema.hpp"
 #include "mp/optim/lr_scheduler.hpp"
 #include "mp/optim/optimizer.hpp"
 #include "mp/train/checkpoint.hpp"
@@ -47,6 +49,21 @@ struct LossEma {
   }
 };
 
+/// What a model trains with: its optimizer, resolved opt level, loss scaler, parameters (as the opt level left
+/// them) and weight averages (--ema_decay > 0; else null).
+struct TrainObjects {
+  std::unique_ptr<optim::Optimizer> optimizer;
+  amp::AmpOptions amp;
+  std::unique_ptr<amp::GradScaler> scaler;
+  std::vector<Tensor> params;
+  std::unique_ptr<optim::ModelEma> ema;
+};
+/// The language models' set-up of a freshly built f32 model (initialised on the host, so every device starts from
+/// the same weights): moved to `dev`, --init_from loaded, rank 0's weights broadcast, then the optimizer, the opt
+/// level (amp::prepare) and the averages, which start from the training weights. (The image trainer does the same
+/// through amp::initialize, which also wraps the model's forward.)
+TrainObjects prepare_training(const TrainConfig& c, nn::Module& model, Device dev, const DataParallel& dp,
+                              std::ostream& out);
 /// Train an image classifier on the ranks of `dp` (trainer.cpp).
 RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParallel& dp);
 /// Train a word language model on the ranks of `dp` (lm_trainer.cpp).

@@ -75,6 +75,20 @@ void check_weights_fit(const TrainConfig& c, const nn::Module& model, const nn::
            "\nname the model (and dataset) the weights were saved for with --model and --dataset");
 }
 
+TrainObjects prepare_training(const TrainConfig& c, nn::Module& model, Device dev, const DataParallel& dp,
+                              std::ostream& out) {
+  model.to(dev);
+  apply_init_from(c, model, out);
+  dp.broadcast_model(model);  // Note [data-parallel training] 3
+  TrainObjects t;
+  t.optimizer = make_optimizer(c, model.parameters());
+  t.amp = amp::prepare(model, *t.optimizer, amp_options(c));
+  t.scaler = std::make_unique<amp::GradScaler>(t.amp.scaler);
+  t.params = model.parameters();
+  if (c.ema_decay > 0) t.ema = std::make_unique<optim::ModelEma>(model, c.ema_decay, t.optimizer.get());
+  return t;
+}
+
 void apply_init_from(const TrainConfig& c, nn::Module& model, std::ostream& out) {
   if (c.init_from.empty()) return;
   const InitFromReport r = init_from_file(model, c.init_from, c.init_from_partial);

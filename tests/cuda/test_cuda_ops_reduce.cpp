@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "ops/reduce_shapes.hpp"
 
 using namespace mp;
 using namespace mp::cuda_test;
@@ -23,91 +24,11 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 }  // namespace
 
 // =============================================================================== reductions
+// sum / mean of floats over every shape of reduce_shapes() are op-table cases
+// (tests/ops/op_cases_reduce_index_rnn.cpp).
 
-namespace {
-
-struct ReduceShape {
-  const char* name;
-  Shape leaf;
-  std::function<Tensor(const Tensor&)> view;
-  Shape dims;
-  bool keepdim;
-};
-
-const std::vector<ReduceShape>& reduce_shapes() {
-  static const std::vector<ReduceShape> v = {
-      {"[1037] all", {1037}, [](const Tensor& t) { return t; }, {}, false},
-      {"[33, 65] dim 1 (rows)", {33, 65}, [](const Tensor& t) { return t; }, {1}, false},
-      {"[33, 65] dim 0 (columns)", {33, 65}, [](const Tensor& t) { return t; }, {0}, false},
-      {"[33, 65] dims {0, 1} keepdim", {33, 65}, [](const Tensor& t) { return t; }, {0, 1}, true},
-      {"[4, 5, 6, 7] dims {1, 3} keepdim", {4, 5, 6, 7}, [](const Tensor& t) { return t; }, {1, 3}, true},
-      {"[4, 5, 6, 7] dims {0, 2}", {4, 5, 6, 7}, [](const Tensor& t) { return t; }, {0, 2}, false},
-      {"[65, 33]^T dim 1", {65, 33}, [](const Tensor& t) { return t.t(); }, {1}, false},
-      {"[8, 1, 9] -> [8, 5, 9] dim 1 (stride 0)",
-       {8, 1, 9},
-       [](const Tensor& t) {
-         return t.expand({8, 5, 9});
-       },
-       {1},
-       false},
-      {"[8, 1, 9] -> [8, 5, 9] dims {0, 2}",
-       {8, 1, 9},
-       [](const Tensor& t) {
-         return t.expand({8, 5, 9});
-       },
-       {0, 2},
-       false},
-  };
-  return v;
-}
-
-int64_t reduced_count(const Shape& viewed, const Shape& dims) {
-  if (dims.empty()) return shape_numel(viewed);
-  int64_t k = 1;
-  for (int64_t d : dims) k *= viewed[static_cast<size_t>(d < 0 ? d + static_cast<int64_t>(viewed.size()) : d)];
-  return k;
-}
-
-// The gradient of a reduction is the upstream gradient expanded (exact); for the broadcast leaf it is
-// also summed over the 5 broadcast copies.
-Tol reduce_grad_tol(DType dt) {
-  Tol t;
-  t.ulps = 1;
-  t.atol = 4 * 5 * acc_roundoff(dt);
-  t.why =
-      "expanded upstream gradient (exact), summed over <= 5 broadcast copies (order differs: <= 4 u_acc * 5 "
-      "absolute for |g| < 1) and rounded once";
-  return t;
-}
-
-}  // namespace
-
-TEST(CudaReduce, SumAndMeanOverDimsEveryDtype) {
+TEST(CudaReduce, IntegerSumsAreExact) {
   MP_SKIP_WITHOUT_GPU();
-  for (DType dt : kFloatTypes) {
-    for (const ReduceShape& s : reduce_shapes()) {
-      for (bool is_mean : {false, true}) {
-        const Tensor x = uniform(s.leaf, -1, 1, dt);
-        const int64_t K = reduced_count(s.view(x).sizes(), s.dims);
-        OpCheck chk;
-        chk.name = std::string(is_mean ? "mean " : "sum ") + dtype_name(dt) + " " + s.name;
-        chk.inputs = {x};
-        chk.fn = [&s, is_mean](const std::vector<Tensor>& in) {
-          const Tensor v = s.view(in[0]);
-          if (s.dims.empty() && !s.keepdim) return is_mean ? mean(v) : sum(v);
-          return is_mean ? mean(v, s.dims, s.keepdim) : sum(v, s.dims, s.keepdim);
-        };
-        chk.out = reduction_tol(dt, K);
-        chk.out_scale = [&s, is_mean, K](const std::vector<Tensor>& in) {
-          const Tensor a = abs(s.view(in[0]).detach().to(DType::f64));
-          const Tensor t = s.dims.empty() ? sum(a) : sum(a, s.dims, s.keepdim);
-          return is_mean ? mul(t, 1.0 / static_cast<double>(K)) : t;
-        };
-        chk.grad = reduce_grad_tol(dt);
-        check_op(chk);
-      }
-    }
-  }
   // Integers sum exactly in i64.
   for (DType dt : {DType::i64, DType::i32, DType::u8}) {
     const Tensor x = integers({33, 65}, 0, 3, dt);
