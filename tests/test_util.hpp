@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -115,6 +116,41 @@ void for_each_bf16_path(Body&& body) {
 /// A random f64 tensor, uniform in [lo, hi], that requires grad: the input of a gradcheck.
 inline Tensor leaf(const Shape& s, double lo = -1.0, double hi = 1.0) {
   return rand(s, {.dtype = DType::f64}, lo, hi).requires_grad_();
+}
+
+// Note [16-bit tolerance table]
+// The CPU's 16-bit ops convert their inputs exactly to f32, run the f32 loops and round the result once. Each
+// 16-bit result is compared with f32 two ways. "same input": the f32 op runs on the 16-bit input converted back to
+// f32 (exact), so both do identical f32 arithmetic and only the final rounding differs: at most half an ulp, 2^-9
+// (bf16) or 2^-11 (f16) relative; one ulp is allowed and no atol beyond 1e-6, so an op that computed its
+// statistics or gate math in 16 bits fails. "end to end" (per test file, each entry with its bound): the f32 op
+// runs on the unrounded input, so the input's rounding propagates; the bounds are first-order estimates for the
+// data ranges of each test.
+struct Tol16 {
+  const char* what;
+  DType dtype;
+  double atol, rtol;
+  const char* reason;
+};
+inline constexpr Tol16 kSameInput[] = {
+    {"same input", DType::bf16, 1e-6, 1.0 / 256, "identical f32 math, one final rounding (<= 2^-9 rel)"},
+    {"same input", DType::f16, 1e-6, 1.0 / 1024, "identical f32 math, one final rounding (<= 2^-11 rel)"},
+};
+/// The entry `what` for `dt`: "same input" from kSameInput, others from the test's own `table`.
+inline const Tol16& tol16(std::span<const Tol16> table, const std::string& what, DType dt) {
+  for (std::span<const Tol16> t : {std::span<const Tol16>(kSameInput), table})
+    for (const Tol16& e : t)
+      if (what == e.what && e.dtype == dt) return e;
+  throw std::runtime_error("no 16-bit tolerance '" + what + "' for " + std::string(dtype_name(dt)));
+}
+/// max over i of |a_i - b_i| - (atol + rtol |b_i|); <= 0 means every element is within tolerance.
+inline double excess(const Tensor& a, const Tensor& b, double atol, double rtol) {
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  EXPECT_EQ(va.size(), vb.size());
+  double worst = -1e300;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i)
+    worst = std::max(worst, std::abs(va[i] - vb[i]) - (atol + rtol * std::abs(vb[i])));
+  return worst;
 }
 
 /// EXPECT that a gradcheck passed, printing its message when it did not.

@@ -20,23 +20,19 @@ using amp::GradScaler;
 using amp::GradScalerOptions;
 using mp::test::bitwise_equal;
 using mp::test::max_rel_diff;
+using mp::test::requires_grad;
 
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-Tensor leaf(Tensor t) {
-  t.requires_grad_(true);
-  return t;
-}
 
 // A small f32 regression problem: loss = mse(x W^T + b, t). Parameters live in the struct.
 struct Toy {
   Tensor w, b, x, t;
   explicit Toy(uint64_t seed) {
     manual_seed(seed);
-    w = leaf(randn({3, 5}, {}, 0.0, 0.5));
-    b = leaf(randn({3}, {}, 0.0, 0.1));
+    w = requires_grad(randn({3, 5}, {}, 0.0, 0.5));
+    b = requires_grad(randn({3}, {}, 0.0, 0.1));
     x = randn({8, 5});
     t = randn({8, 3});
   }
@@ -365,7 +361,7 @@ TEST(GradScaler, SixteenBitGradientsAccumulateInF32) {
     const double small = dt == DType::bf16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
     const double want = 1.0 + 7 * small;
     for (bool widen : {true, false}) {
-      Tensor p = leaf(ones({16}, {.dtype = dt}));
+      Tensor p = requires_grad(ones({16}, {.dtype = dt}));
       for (int k = 0; k < 8; ++k) {
         sum(mul(p, full({16}, k == 0 ? 1.0 : small, {.dtype = dt}))).backward();
         if (k == 0 && widen) amp::accumulate_grads_in_f32({p});
@@ -380,7 +376,7 @@ TEST(GradScaler, SixteenBitGradientsAccumulateInF32) {
     }
   }
   // f32 gradients and parameters without one are left alone.
-  Tensor f = leaf(ones({4})), none = leaf(ones({4}, {.dtype = DType::bf16}));
+  Tensor f = requires_grad(ones({4})), none = requires_grad(ones({4}, {.dtype = DType::bf16}));
   sum(f).backward();
   const Tensor before = f.grad();
   amp::accumulate_grads_in_f32({f, none});
@@ -398,11 +394,11 @@ TEST(GradScaler, AccumulatedBf16StepEqualsTheF32GradientSum) {
   // Reference: each micro-batch's gradient alone (x_i / 4 in bf16), summed in f32.
   Tensor g_sum = zeros({32});
   for (const Tensor& x : xs) {
-    Tensor p = leaf(w0.clone());
+    Tensor p = requires_grad(w0.clone());
     (sum(mul(p, x)) * 0.25).backward();
     add_(g_sum, p.grad().to(DType::f32));
   }
-  Tensor p = leaf(w0.clone());
+  Tensor p = requires_grad(w0.clone());
   optim::SGD opt({p}, {.lr = 0.5});
   opt.set_master_weights(true);
   for (int i = 0; i < 4; ++i) {
@@ -570,7 +566,7 @@ TEST(GradScaler, DefaultsAndValidation) {
   EXPECT_THROW(GradScaler({.min_scale = 10.0, .max_scale = 1.0}), Error);
   EXPECT_THROW(GradScaler().scale(arange(3)), Error);  // an integer "loss"
   // scale() keeps the graph and returns f32 even for a 16-bit loss.
-  Tensor w = leaf(ones({2}));
+  Tensor w = requires_grad(ones({2}));
   Tensor s = GradScaler({.init_scale = 8.0}).scale(sum(w * 3.0).to(DType::bf16));
   EXPECT_EQ(s.dtype(), DType::f32);
   EXPECT_EQ(s.item<double>(), 48.0);

@@ -14,38 +14,14 @@ using autograd::gradcheck;
 
 namespace {
 using mp::test::expect_ok;
+using mp::test::excess;
 using mp::test::leaf;
 
 using mp::test::expect_error;
 
-// max over i of |a_i - b_i| - (atol + rtol |b_i|); <= 0 means every element is within tolerance.
-double excess(const Tensor& a, const Tensor& b, double atol, double rtol) {
-  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
-  EXPECT_EQ(va.size(), vb.size());
-  double worst = -1e300;
-  for (size_t i = 0; i < va.size() && i < vb.size(); ++i)
-    worst = std::max(worst, std::abs(va[i] - vb[i]) - (atol + rtol * std::abs(vb[i])));
-  return worst;
-}
 
-// Note [16-bit tolerance table]
-// Each 16-bit result is compared with f32 two ways. "same input": the f32 op runs on the 16-bit
-// input converted back to f32 (exact), so both paths do identical f32 arithmetic and the only
-// difference is rounding the result once to 16 bits: at most half an ulp, i.e. 2^-9 (bf16) or 2^-11
-// (f16) relative; we allow one ulp (2^-8 / 2^-10) and no atol beyond 1e-6, so an op that computed its
-// statistics or gate math in 16 bits would fail. "end to end": the f32 op runs on the unrounded
-// input, so input quantisation (relative u = 2^-9 bf16, 2^-11 f16) propagates; the bounds are
-// first-order error estimates for the data ranges of each test (stated per entry).
-struct Tol {
-  const char* what;
-  DType dtype;
-  double atol, rtol;
-  const char* reason;
-};
-constexpr double kBf16Ulp = 1.0 / 256, kF16Ulp = 1.0 / 1024;
-const Tol kTolerances[] = {
-    {"same input", DType::bf16, 1e-6, kBf16Ulp, "identical f32 math, one final rounding (<= 2^-9 rel)"},
-    {"same input", DType::f16, 1e-6, kF16Ulp, "identical f32 math, one final rounding (<= 2^-11 rel)"},
+// Note [16-bit tolerance table] (tests/test_util.hpp); this file's end-to-end bounds:
+const mp::test::Tol16 kEndToEnd[] = {
     // batch_norm / layer_norm end to end with x = 1 + 2 randn (|x - mean| / std <= ~3.5, |mean| / std
     // ~0.5), w in [0.5, 1.5], b in [-0.5, 0.5], all rounded to 16 bits: x rounding moves xhat by
     // (0.5 + 3.5) u, times |w| -> 6 u; w rounding |w xhat| u -> 5.3 u; output rounding |y| u -> 5.8 u;
@@ -53,11 +29,7 @@ const Tol kTolerances[] = {
     {"norm end to end", DType::bf16, 24.0 / 512, 0.0, "x, w, b and y each rounded once (first-order bound 18 u)"},
     {"norm end to end", DType::f16, 24.0 / 2048, 0.0, "x, w, b and y each rounded once (first-order bound 18 u)"},
 };
-const Tol& tol(const std::string& what, DType dt) {
-  for (const Tol& t : kTolerances)
-    if (what == t.what && t.dtype == dt) return t;
-  throw std::runtime_error("no tolerance for " + what);
-}
+const mp::test::Tol16& tol(const std::string& what, DType dt) { return mp::test::tol16(kEndToEnd, what, dt); }
 
 std::vector<double> vec(const Tensor& t) { return t.to_vector<double>(); }
 
@@ -215,7 +187,7 @@ TEST(BatchNorm, LowPrecisionAgainstF32) {
     Tensor yl = batch_norm(xl, Tensor(), Tensor(), wl, bl, true);
     Tensor ys = batch_norm(xs, Tensor(), Tensor(), ws, bs, true);
     EXPECT_EQ(yl.dtype(), dt);
-    const Tol& same = tol("same input", dt);
+    const auto& same = tol("same input", dt);
     EXPECT_LE(excess(yl, ys, same.atol, same.rtol), 0.0) << same.reason;
     auto gl = autograd::grad({yl}, {xl, wl}, {dy});
     auto gs = autograd::grad({ys}, {xs, ws}, {dy.to(DType::f32)});
@@ -224,7 +196,7 @@ TEST(BatchNorm, LowPrecisionAgainstF32) {
     EXPECT_LE(excess(gl[1], gs[1], same.atol, same.rtol), 0.0) << same.reason;
     // End to end: the f32 op on the unrounded input.
     Tensor y32 = batch_norm(x, Tensor(), Tensor(), w, b, true);
-    const Tol& e2e = tol("norm end to end", dt);
+    const auto& e2e = tol("norm end to end", dt);
     EXPECT_LE(excess(yl, y32, e2e.atol, e2e.rtol), 0.0) << e2e.reason;
   }
 }
@@ -244,7 +216,7 @@ TEST(BatchNorm, LowPrecisionInputWithF32ParametersAndStats) {
     Tensor wr = w.detach().requires_grad_(), br = b.detach().requires_grad_();
     Tensor rmr = zeros({4}), rvr = ones({4});
     Tensor yr = batch_norm(xr, rmr, rvr, wr, br, true, 0.1);
-    const Tol& same = tol("same input", dt);
+    const auto& same = tol("same input", dt);
     EXPECT_LE(excess(y, yr, same.atol, same.rtol), 0.0) << same.reason;
     // The running statistics see the same f32 batch statistics: identical arithmetic.
     EXPECT_EQ(rm.to_vector<float>(), rmr.to_vector<float>());
@@ -363,14 +335,14 @@ TEST(LayerNorm, LowPrecisionAgainstF32) {
     Tensor bl = b.to(dt), bs = b.to(dt).to(DType::f32);
     Tensor yl = layer_norm(xl, {40}, wl, bl), ys = layer_norm(xs, {40}, ws, bs);
     EXPECT_EQ(yl.dtype(), dt);
-    const Tol& same = tol("same input", dt);
+    const auto& same = tol("same input", dt);
     EXPECT_LE(excess(yl, ys, same.atol, same.rtol), 0.0) << same.reason;
     auto gl = autograd::grad({yl}, {xl, wl}, {dy});
     auto gs = autograd::grad({ys}, {xs, ws}, {dy.to(DType::f32)});
     EXPECT_LE(excess(gl[0], gs[0], same.atol, same.rtol), 0.0) << same.reason;
     EXPECT_LE(excess(gl[1], gs[1], same.atol, same.rtol), 0.0) << same.reason;
     Tensor y32 = layer_norm(x, {40}, w, b);
-    const Tol& e2e = tol("norm end to end", dt);
+    const auto& e2e = tol("norm end to end", dt);
     EXPECT_LE(excess(yl, y32, e2e.atol, e2e.rtol), 0.0) << e2e.reason;
   }
 }
@@ -382,7 +354,7 @@ TEST(LayerNorm, Bf16InputWithF32Parameters) {
   EXPECT_EQ(y.dtype(), DType::bf16);
   Tensor xr = x.detach().to(DType::f32);
   Tensor yr = layer_norm(xr, {16}, w.detach(), b.detach());
-  const Tol& same = tol("same input", DType::bf16);
+  const auto& same = tol("same input", DType::bf16);
   EXPECT_LE(excess(y, yr, same.atol, same.rtol), 0.0) << same.reason;
   sum(y).backward();
   EXPECT_EQ(x.grad().dtype(), DType::bf16);

@@ -15,43 +15,18 @@ using autograd::gradcheck;
 
 namespace {
 using mp::test::expect_ok;
+using mp::test::excess;
 using mp::test::leaf;
 
 using mp::test::expect_error;
 
-// max over i of |a_i - b_i| - (atol + rtol |b_i|); <= 0 means every element is within tolerance.
-double excess(const Tensor& a, const Tensor& b, double atol, double rtol) {
-  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
-  EXPECT_EQ(va.size(), vb.size());
-  double worst = -1e300;
-  for (size_t i = 0; i < va.size() && i < vb.size(); ++i)
-    worst = std::max(worst, std::abs(va[i] - vb[i]) - (atol + rtol * std::abs(vb[i])));
-  return worst;
-}
 
-// Note [16-bit tolerance table] (same scheme as tests/ops/test_norm.cpp). "same input": the f32 op
-// runs on the 16-bit values converted back to f32, so the arithmetic is identical and only the final
-// rounding differs (<= half an ulp); one ulp allowed. "lstm end to end": gates uniform in [-4, 4], c
-// in [-2, 2], all rounded (relative u = 2^-9 bf16, 2^-11 f16): dc' <= |c| sigma'(f) 4u + |g| sigma'(i)
-// 4u + tanh'(g) 4u + f 2u + |c'| u = (2 + 1 + 4 + 2 + 3) u = 12 u; dh' <= sigma'(o) 4u + dc' + |h'| u
-// ~ 11 u. Allowed 12 u for both.
-struct Tol {
-  const char* what;
-  DType dtype;
-  double atol, rtol;
-  const char* reason;
-};
-const Tol kTolerances[] = {
-    {"same input", DType::bf16, 1e-6, 1.0 / 256, "identical f32 math, one final rounding (<= 2^-9 rel)"},
-    {"same input", DType::f16, 1e-6, 1.0 / 1024, "identical f32 math, one final rounding (<= 2^-11 rel)"},
+// Note [16-bit tolerance table] (tests/test_util.hpp); this file's end-to-end bounds:
+const mp::test::Tol16 kEndToEnd[] = {
     {"lstm end to end", DType::bf16, 12.0 / 512, 0.0, "gate and cell rounding through the sigmoid/tanh slopes"},
     {"lstm end to end", DType::f16, 12.0 / 2048, 0.0, "gate and cell rounding through the sigmoid/tanh slopes"},
 };
-const Tol& tol(const std::string& what, DType dt) {
-  for (const Tol& t : kTolerances)
-    if (what == t.what && t.dtype == dt) return t;
-  throw std::runtime_error("no tolerance for " + what);
-}
+const mp::test::Tol16& tol(const std::string& what, DType dt) { return mp::test::tol16(kEndToEnd, what, dt); }
 
 double sigm(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 
@@ -158,7 +133,7 @@ TEST(LstmGates, LowPrecisionAgainstF32) {
     auto [hs, c1s] = lstm_gates(gs, cs);
     EXPECT_EQ(hl.dtype(), dt);
     EXPECT_EQ(c1l.dtype(), dt);
-    const Tol& same = tol("same input", dt);
+    const auto& same = tol("same input", dt);
     EXPECT_LE(excess(hl, hs, same.atol, same.rtol), 0.0) << same.reason;
     EXPECT_LE(excess(c1l, c1s, same.atol, same.rtol), 0.0) << same.reason;
     auto grl = autograd::grad({hl, c1l}, {gl, cl}, {dh, dc});
@@ -167,7 +142,7 @@ TEST(LstmGates, LowPrecisionAgainstF32) {
     EXPECT_LE(excess(grl[0], grs[0], same.atol, same.rtol), 0.0) << same.reason;
     EXPECT_LE(excess(grl[1], grs[1], same.atol, same.rtol), 0.0) << same.reason;
     auto [h32, c32] = lstm_gates(gates, c);
-    const Tol& e2e = tol("lstm end to end", dt);
+    const auto& e2e = tol("lstm end to end", dt);
     EXPECT_LE(excess(hl, h32, e2e.atol, e2e.rtol), 0.0) << e2e.reason;
     EXPECT_LE(excess(c1l, c32, e2e.atol, e2e.rtol), 0.0) << e2e.reason;
   }

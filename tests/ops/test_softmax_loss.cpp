@@ -151,42 +151,36 @@ TEST(Softmax, Errors) {
 // ------------------------------------------------------------------------------ 16-bit precision
 
 namespace {
-// Note [16-bit tolerance table]
-// The 16-bit path converts its inputs exactly to f32, runs the same f32 loops, and rounds the result once.
-// So each check compares against the f32 op on the SAME rounded inputs (x16.to(f32)), and the budget is:
-struct Tol {
-  DType dt;
-  double rel;  // relative to |reference|
-  double abs;  // absolute floor
-  const char* why;
-};
+// Note [16-bit tolerance table] (tests/test_util.hpp): against the f32 op on the SAME rounded inputs (x16.to(f32)).
+// The softmax family's output-rounding bounds, with the f32 row sums' reordering on top:
+using mp::test::Tol16;
 constexpr double kF32Noise = 4e-6;  // f32 sums may be ordered differently (buffer alignment changes simd peeling)
-const Tol kOutputRounding[] = {
-    {DType::bf16, 0x1p-8 + kF32Noise, 1e-7, "bf16 output rounding: relative 2^-8 (8 significant bits)"},
-    {DType::f16, 0x1p-11 + kF32Noise, 0x1p-25,
+const Tol16 kOutputRounding[] = {
+    {"output rounding", DType::bf16, 1e-7, 0x1p-8 + kF32Noise, "bf16 output rounding: relative 2^-8 (8 significant bits)"},
+    {"output rounding", DType::f16, 0x1p-25, 0x1p-11 + kF32Noise,
      "f16 output rounding: relative 2^-11 (11 significant bits); absolute 2^-25 below 2^-14 (subnormal spacing 2^-24)"},
 };
 // The class losses return f32 computed from exactly converted inputs: only summation order differs.
 constexpr double kLossRel = 1e-5;  // "f32 loss of the same values: reordering of C <= 64 exp terms"
 
-void expect_close(const Tensor& got, const Tensor& ref, const Tol& tol, const char* what) {
+void expect_close(const Tensor& got, const Tensor& ref, const Tol16& tol, const char* what) {
   auto g = got.to_vector<double>(), r = ref.to_vector<double>();
   ASSERT_EQ(g.size(), r.size());
   for (size_t i = 0; i < g.size(); ++i)
-    ASSERT_LE(std::abs(g[i] - r[i]), tol.rel * std::abs(r[i]) + tol.abs)
-        << what << " " << dtype_name(tol.dt) << " element " << i << ": " << g[i] << " vs " << r[i] << " (" << tol.why
+    ASSERT_LE(std::abs(g[i] - r[i]), tol.rtol * std::abs(r[i]) + tol.atol)
+        << what << " " << dtype_name(tol.dtype) << " element " << i << ": " << g[i] << " vs " << r[i] << " (" << tol.reason
         << ")";
 }
 }  // namespace
 
 TEST(SoftmaxPrecision, LowPrecisionMatchesF32OnSameInputs) {
-  for (const Tol& tol : kOutputRounding) {
+  for (const Tol16& tol : kOutputRounding) {
     for (int64_t d : {1, 0}) {
-      Tensor x16 = rand({16, 40}, {.dtype = DType::f32}, -6, 6).to(tol.dt);
+      Tensor x16 = rand({16, 40}, {.dtype = DType::f32}, -6, 6).to(tol.dtype);
       Tensor x32 = x16.to(DType::f32);
       Tensor y = softmax(x16, d), ly = log_softmax(x16, d);
-      EXPECT_EQ(y.dtype(), tol.dt);
-      EXPECT_EQ(ly.dtype(), tol.dt);
+      EXPECT_EQ(y.dtype(), tol.dtype);
+      EXPECT_EQ(ly.dtype(), tol.dtype);
       expect_close(y, softmax(x32, d), tol, "softmax");
       expect_close(ly, log_softmax(x32, d), tol, "log_softmax");
     }
@@ -194,27 +188,27 @@ TEST(SoftmaxPrecision, LowPrecisionMatchesF32OnSameInputs) {
 }
 
 TEST(SoftmaxPrecision, LowPrecisionBackwardRoundsOnce) {
-  for (const Tol& tol : kOutputRounding) {
+  for (const Tol16& tol : kOutputRounding) {
     for (bool log : {false, true}) {
-      Tensor x16 = rand({8, 33}, {.dtype = DType::f32}, -3, 3).to(tol.dt).requires_grad_();
-      Tensor g16 = rand({8, 33}, {.dtype = DType::f32}, -1, 1).to(tol.dt);
+      Tensor x16 = rand({8, 33}, {.dtype = DType::f32}, -3, 3).to(tol.dtype).requires_grad_();
+      Tensor g16 = rand({8, 33}, {.dtype = DType::f32}, -1, 1).to(tol.dtype);
       Tensor y16 = log ? log_softmax(x16, 1) : softmax(x16, 1);
       y16.backward(g16);
-      ASSERT_EQ(x16.grad().dtype(), tol.dt);
+      ASSERT_EQ(x16.grad().dtype(), tol.dtype);
       // Reference from the rounded y and g (what the backward sees), in f64.
       Tensor y = y16.detach().to(DType::f64), g = g16.to(DType::f64);
       Tensor ref = log ? sub(g, mul(exp(y), sum(g, {1}, true))) : mul(y, sub(g, sum(mul(g, y), {1}, true)));
       // The f32 formula cancels (g - sum(g y)): its rounding is relative to |g| ~ 1, hence an absolute 1e-6.
-      Tol t = tol;
-      t.abs += 1e-6;
+      Tol16 t = tol;
+      t.atol += 1e-6;
       expect_close(x16.grad(), ref, t, log ? "log_softmax backward" : "softmax backward");
     }
   }
 }
 
 TEST(CrossEntropyPrecision, LowPrecisionLogitsGiveF32LossAndInputDtypeGrad) {
-  for (const Tol& tol : kOutputRounding) {
-    Tensor x16 = rand({12, 64}, {.dtype = DType::f32}, -8, 8).to(tol.dt).requires_grad_();
+  for (const Tol16& tol : kOutputRounding) {
+    Tensor x16 = rand({12, 64}, {.dtype = DType::f32}, -8, 8).to(tol.dtype).requires_grad_();
     Tensor t = randint(0, 64, {12});
     t.data_ptr<int64_t>()[3] = -100;
     const CrossEntropyOptions opt{.label_smoothing = 0.1};
@@ -225,10 +219,10 @@ TEST(CrossEntropyPrecision, LowPrecisionLogitsGiveF32LossAndInputDtypeGrad) {
     EXPECT_NEAR(loss.item<double>(), ref.item<double>(), kLossRel * std::abs(ref.item<double>()));
     Tensor none16 = cross_entropy(x16, t, {.label_smoothing = 0.1, .reduction = Reduction::none});
     Tensor none32 = cross_entropy(x32, t, {.label_smoothing = 0.1, .reduction = Reduction::none});
-    expect_close(none16, none32, {tol.dt, kLossRel, 1e-7, "f32 loss of the same values"}, "cross_entropy none");
+    expect_close(none16, none32, {"f32 loss", tol.dtype, 1e-7, kLossRel, "f32 loss of the same values"}, "cross_entropy none");
     loss.backward();
     ref.backward();
-    EXPECT_EQ(x16.grad().dtype(), tol.dt);
+    EXPECT_EQ(x16.grad().dtype(), tol.dtype);
     // Gradient: same f32 computation, rounded once to 16 bits.
     expect_close(x16.grad(), x32.grad(), tol, "cross_entropy backward");
   }

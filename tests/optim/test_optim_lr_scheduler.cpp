@@ -13,10 +13,10 @@ namespace {
 // Schedules are double arithmetic on a handful of values: 1e-12 covers the rounding.
 constexpr double kTol = 1e-12;
 
-Tensor leaf() { return zeros({2}).requires_grad_(); }
+Tensor parameter() { return zeros({2}).requires_grad_(); }
 
 std::vector<double> run(const WarmupScheduleOptions& o, int64_t steps, double base = 1.0) {
-  Tensor p = leaf();
+  Tensor p = parameter();
   SGD opt({p}, {.lr = base});
   WarmupSchedule s(opt, o);
   std::vector<double> lrs{opt.lr(0)};
@@ -68,7 +68,7 @@ TEST(OptimLRScheduler, ConstantAfterWarmupAndMinLrFloor) {
 }
 
 TEST(OptimLRScheduler, ScalesEveryGroupFromItsBase) {
-  Tensor a = leaf(), b = leaf();
+  Tensor a = parameter(), b = parameter();
   Adam opt({{{a}, AdamOptions{.lr = 1.0}}, {{b}, AdamOptions{.lr = 0.1}}}, AdamOptions{});
   WarmupSchedule s(opt, {.warmup_steps = 2, .total_steps = 4, .decay = Decay::linear});
   EXPECT_NEAR(opt.lr(0), 0.5, kTol);
@@ -84,7 +84,7 @@ TEST(OptimLRScheduler, ScalesEveryGroupFromItsBase) {
 
 TEST(OptimLRScheduler, StateDictResumes) {
   const WarmupScheduleOptions o{.warmup_steps = 5, .total_steps = 50, .decay = Decay::cosine, .min_lr = 0.01};
-  Tensor a = leaf(), b = leaf();
+  Tensor a = parameter(), b = parameter();
   SGD oa({a}, {.lr = 0.2}), ob({b}, {.lr = 0.2});
   WarmupSchedule sa(oa, o);
   for (int i = 0; i < 17; ++i) sa.step();
@@ -100,7 +100,7 @@ TEST(OptimLRScheduler, StateDictResumes) {
 }
 
 TEST(OptimLRScheduler, LambdaAndErrors) {
-  Tensor a = leaf();
+  Tensor a = parameter();
   SGD opt({a}, {.lr = 2.0});
   LambdaLR s(opt, [](int64_t step) { return 1.0 / static_cast<double>(step + 1); });
   EXPECT_DOUBLE_EQ(opt.lr(0), 2.0);
