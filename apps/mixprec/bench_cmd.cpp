@@ -125,7 +125,7 @@ BenchStepOptions resolved(BenchStepOptions o) {
 }
 
 // "O2 bf16, loss scale none" / "O0 fp32".
-std::string describe(const amp::AmpOptions& r) {
+std::string short_description(const amp::AmpOptions& r) {
   if (r.opt_level == amp::OptLevel::O0) return "O0 fp32";
   return std::string(amp::opt_level_name(r.opt_level)) + " " + dtype_name(r.dtype) + ", loss scale " +
          r.loss_scale->str();
@@ -168,7 +168,7 @@ Workload image_workload(const BenchStepOptions& o) {
   w.skipped = [setup] { return setup->scaler.skipped_steps(); };
   w.units_per_step = static_cast<double>(o.batch_size);
   w.unit = "img/s";
-  w.amp = describe(setup->options());
+  w.amp = short_description(setup->options());
   w.config = {{"batch_size", o.batch_size}, {"in_channels", o.in_channels},
               {"image_size", o.image_size}, {"num_classes", o.num_classes},
               {"optimizer", o.optimizer},   {"lr", o.lr},
@@ -211,7 +211,7 @@ Workload token_workload(const BenchStepOptions& o, const std::shared_ptr<nn::Mod
   w.skipped = [scaler] { return scaler->skipped_steps(); };
   w.units_per_step = static_cast<double>(shape_numel(shape));
   w.unit = "tok/s";
-  w.amp = describe(r);
+  w.amp = short_description(r);
   return w;
 }
 

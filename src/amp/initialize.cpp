@@ -71,12 +71,13 @@ Tensor AmpModel::forward(const Tensor& x) {
     case OptLevel::O2:
     case OptLevel::O3: y = (*module_)(is_floating(x.dtype()) ? x.to(options_.dtype) : x); break;
   }
-  // The final output is f32 at every level: losses and metrics see f32 values (docs/DESIGN.md 1.4).
+  // The final output is f32 at every level: losses and metrics see f32 values (Note [the autocast policy table]).
   return is_floating(y.dtype()) ? y.to(DType::f32) : y;
 }
 
-std::string AmpSetup::describe() const {
-  const AmpOptions& o = options();
+std::string AmpSetup::describe() const { return amp::describe(options()); }
+
+std::string describe(const AmpOptions& o) {
   std::ostringstream os;
   os << opt_level_name(o.opt_level);
   if (o.opt_level != OptLevel::O0) os << " " << dtype_name(o.dtype);

@@ -58,10 +58,10 @@ struct TrainObjects {
   std::vector<Tensor> params;
   std::unique_ptr<optim::ModelEma> ema;
 };
-/// The language models' set-up of a freshly built f32 model (initialised on the host, so every device starts from
-/// the same weights): moved to `dev`, --init_from loaded, rank 0's weights broadcast, then the optimizer, the opt
-/// level (amp::prepare) and the averages, which start from the training weights. (The image trainer does the same
-/// through amp::initialize, which also wraps the model's forward.)
+/// Every trainer's set-up of a freshly built f32 model (initialised on the host, so every device starts from the
+/// same weights): moved to `dev`, --init_from loaded, rank 0's weights broadcast, then the optimizer, the opt level
+/// (amp::prepare) and the averages, which start from the training weights. The caller applies the level's casting
+/// around its forward (amp::AmpModel for a one-tensor forward).
 TrainObjects prepare_training(const TrainConfig& c, nn::Module& model, Device dev, const DataParallel& dp,
                               std::ostream& out);
 /// Train an image classifier on the ranks of `dp` (trainer.cpp).

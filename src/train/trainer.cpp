@@ -226,15 +226,12 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParal
                                            .image_size = sets.size,
                                            .num_classes = sets.classes,
                                            .memory_format = models::memory_format_from_flag(c.memory_format)});
-  model->to(dev);  // initialised on the host (the same weights on every device), then moved
-  apply_init_from(c, *model, out);
-  dp.broadcast_model(*model);  // Note [data-parallel training] 3
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(c, model->parameters());
-  amp::AmpSetup setup = amp::initialize(model, *opt, amp_options(c));
-  amp::GradScaler& scaler = setup.scaler;
-  const std::vector<Tensor> params = model->parameters();
-  std::optional<optim::ModelEma> ema;  // after initialize(): the averages start from the training weights
-  if (c.ema_decay > 0) ema.emplace(*model, c.ema_decay, opt.get());
+  TrainObjects t = prepare_training(c, *model, dev, dp, out);
+  std::unique_ptr<optim::Optimizer>& opt = t.optimizer;
+  amp::GradScaler& scaler = *t.scaler;
+  const std::vector<Tensor>& params = t.params;
+  const std::unique_ptr<optim::ModelEma>& ema = t.ema;
+  amp::AmpModel amp_model(model, t.amp);  // the forward under the opt level's casting
 
   data::DataLoader loader(sets.train, {.batch_size = c.batch_size,
                                        .shuffle = true,
@@ -281,7 +278,7 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParal
   dp.separate_random_streams();
   TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs, &dp}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
-    out << sum.label << ": " << setup.describe() << "; " << c.model << " on " << c.dataset << " (" << sets.train->size()
+    out << sum.label << ": " << amp::describe(t.amp) << "; " << c.model << " on " << c.dataset << " (" << sets.train->size()
         << " train / " << sets.test->size() << " test images, " << steps_per_epoch << " steps per epoch"
         << (n == 1 ? std::string() : " of " + std::to_string(n) + " x " + std::to_string(c.batch_size) + " images")
         << ")\n";
@@ -298,8 +295,8 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParal
       std::optional<data::Batch> batch = loader.next();
       if (!batch) break;
       const Tensor x = batch->input.to(dev), y = batch->target.to(dev);
-      const auto loss_of = [&setup, &c, x, y] {
-        return cross_entropy(setup.model(x), y, {.label_smoothing = c.label_smoothing});
+      const auto loss_of = [&amp_model, &c, x, y] {
+        return cross_entropy(amp_model(x), y, {.label_smoothing = c.label_smoothing});
       };
       const std::function<Tensor()> replay = replayable(loss_of);  // Note [stopping on a numerical failure]
       const Tensor loss = loss_of();
@@ -307,11 +304,11 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParal
     }
     if (!loop.end_training(loader.wait_seconds())) break;
     const auto t_eval = Clock::now();
-    const ImageEval ev = evaluate_images_with(setup.model, sets.test, c, &dp);
+    const ImageEval ev = evaluate_images_with(amp_model, sets.test, c, &dp);
     std::optional<TrainLoop::Eval> ema_ev;
     if (ema) {
       const optim::ModelEma::Swap swap = ema->swap_into(*model);
-      const ImageEval e = evaluate_images_with(setup.model, sets.test, c, &dp);
+      const ImageEval e = evaluate_images_with(amp_model, sets.test, c, &dp);
       ema_ev = TrainLoop::Eval{e.loss, e.accuracy};
     }
     loop.end_epoch({ev.loss, ev.accuracy}, ema_ev, seconds_since(t_eval));

@@ -1,8 +1,8 @@
-// CUDA against the CPU, part 3: the fused optimizer steps (SGD with momentum / dampening / Nesterov /
-// weight decay, Adam, AdamW, AMSGrad; f32, f64, f16 and bf16 parameters with and without f32 masters,
-// 16-bit and f32 gradients), loss-scale unscaling (GradScaler: inf/NaN found in any tensor at any
-// position, the step skipped, unscaled gradients equal to the CPU's, the fused unscale-in-step path),
-// the f16 underflow statistics and clip_grad_norm_.
+// CUDA against the CPU, optimizers and loss scaling: the contracts that are not one op's values within a tolerance.
+// The fused steps' values (SGD, Adam, AdamW, amsgrad; every state buffer; masters; f32 gradients of 16-bit
+// parameters), unscaling, the underflow statistics and clip_grad_norm_ are op-table cases
+// (tests/ops/op_cases_optim_amp.cpp). Here: a mixed parameter list in one step (one launch per dtype pair),
+// stochastic rounding's draws shared by both devices, and the GradScaler's skip decisions and scale.
 //
 // Tests skip without a CUDA device; MP_CUDA_TESTS_ON_CPU=1 runs them with the CPU as the device.
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "ops/optim_tol.hpp"
 
 using namespace mp;
 using namespace mp::cuda_test;
@@ -55,27 +56,6 @@ void set_grads(const Twins& t, DType gdt, double scale = 1.0) {
   }
 }
 
-// Optimizer-step tolerances. Each step evaluates the same formula (optim_pointwise.hpp) on both devices;
-// nvcc contracts a * b + c into FMAs (so may GCC in the AVX-512 loop), so each multiply-add may differ by
-// one rounding of its product: a few ulps of the state per step, absolute at the scale of the terms
-// (|w| <= 2, lr |update| <= 1 in these tests), accumulated over the steps. 16-bit parameters are the
-// rounded masters (one 16-bit ulp) or, without masters, rounded after every step (one ulp per step).
-Tol state_tol(DType dt, int steps) {
-  const double u = acc_roundoff(dt);
-  return Tol{.ulps = 4.0 * steps, .atol = 8.0 * steps * u, .why = "f32 (f64) update formulas; FMA contraction"};
-}
-Tol param_tol(DType dt, bool master, int steps) {
-  if (!is_low_precision(dt)) return state_tol(dt, steps);
-  // The masters differ by state_tol's FMA allowance, absolute at the scale of the terms: where an update
-  // cancels the weight (seen on an H200: a master of 0 on the CPU, 2^-33 on the device) the rounded
-  // parameters keep that difference.
-  if (master)
-    return Tol{.ulps = 1,
-               .atol = state_tol(DType::f32, steps).atol,
-               .why = "16-bit parameter = the f32 master rounded once; the masters' FMA allowance"};
-  return Tol{.ulps = 1.0 * steps, .why = "16-bit parameter rounded after every step: one ulp per step"};
-}
-
 // Compare parameters, every state buffer and the masters after a step.
 // `buffer_atol`: an extra absolute allowance of the state buffers (see the callers).
 void compare_state(const std::string& what, const optim::Optimizer& copt, const optim::Optimizer& dopt, const Twins& t,
@@ -106,83 +86,6 @@ void compare_state(const std::string& what, const optim::Optimizer& copt, const 
 }  // namespace
 
 // =============================================================================== SGD / Adam
-
-TEST(CudaOptim, SgdStepsMatchTheCpu) {
-  MP_SKIP_WITHOUT_GPU();
-  const std::vector<std::pair<const char*, optim::SGDOptions>> configs = {
-      {"plain", {.lr = 0.1}},
-      {"momentum 0.9 dampening 0.1 wd 0.01", {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01}},
-      {"nesterov 0.9", {.lr = 0.05, .momentum = 0.9, .nesterov = true}},
-  };
-  for (DType dt : kFloatTypes) {
-    for (bool master : {false, true}) {
-      if (master && !is_low_precision(dt)) continue;
-      std::vector<DType> gdts = {dt};
-      if (dt != DType::f32) gdts.push_back(DType::f32);  // f32 gradients of a 16-bit / f64 parameter
-      for (DType gdt : gdts) {
-        for (const auto& [name, o] : configs) {
-          const std::string what = std::string("SGD ") + name + ", " + dtype_name(dt) + " params, " + dtype_name(gdt) +
-                                   " grads" + (master ? ", f32 masters" : "");
-          guarded(what, [&, &o = o] {
-            const Twins t = make_params(dt);
-            optim::SGD copt(t.cpu, o), dopt(t.dev, o);
-            copt.set_master_weights(master);
-            dopt.set_master_weights(master);
-            for (int step = 1; step <= 3; ++step) {
-              set_grads(t, gdt);
-              copt.step();
-              dopt.step();
-              // A 16-bit parameter without master may be one ulp apart after a step; weight decay feeds it
-              // into the momentum buffer: wd ulp(dt, 2) per step (|w| < 2).
-              const double extra = is_low_precision(dt) && !master ? o.weight_decay * ulp(dt, 2.0) * step : 0.0;
-              compare_state(what + " step " + std::to_string(step), copt, dopt, t, master, step, extra);
-            }
-          });
-        }
-      }
-    }
-  }
-}
-
-TEST(CudaOptim, AdamAndAdamWStepsMatchTheCpu) {
-  MP_SKIP_WITHOUT_GPU();
-  for (DType dt : kFloatTypes) {
-    for (bool master : {false, true}) {
-      if (master && !is_low_precision(dt)) continue;
-      for (bool amsgrad : {false, true}) {
-        for (bool decoupled : {false, true}) {
-          const std::string what = std::string(decoupled ? "AdamW" : "Adam") + (amsgrad ? " amsgrad" : "") + ", " +
-                                   dtype_name(dt) + " params" + (master ? ", f32 masters" : "");
-          guarded(what, [&] {
-            const Twins t = make_params(dt);
-            std::unique_ptr<optim::Optimizer> copt, dopt;
-            if (decoupled) {
-              const optim::AdamWOptions o{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = amsgrad};
-              copt = std::make_unique<optim::AdamW>(t.cpu, o);
-              dopt = std::make_unique<optim::AdamW>(t.dev, o);
-            } else {
-              const optim::AdamOptions o{.lr = 1e-2, .weight_decay = 0.01, .amsgrad = amsgrad};
-              copt = std::make_unique<optim::Adam>(t.cpu, o);
-              dopt = std::make_unique<optim::Adam>(t.dev, o);
-            }
-            copt->set_master_weights(master);
-            dopt->set_master_weights(master);
-            for (int step = 1; step <= 3; ++step) {
-              // Shrinking gradients make amsgrad's running maximum differ from the second moment.
-              set_grads(t, dt, 1.0 / step);
-              copt->step();
-              dopt->step();
-              // As for SGD: Adam's L2 weight decay (0.01) feeds a 16-bit parameter's one-ulp difference into
-              // the moments.
-              const double extra = is_low_precision(dt) && !master && !decoupled ? 0.01 * ulp(dt, 2.0) * step : 0.0;
-              compare_state(what + " step " + std::to_string(step), *copt, *dopt, t, master, step, extra);
-            }
-          });
-        }
-      }
-    }
-  }
-}
 
 // One step updates every parameter in one launch per (parameter dtype, gradient dtype) pair (Note [CUDA
 // multi-tensor launch]): a mixed list as O2 leaves it (16-bit weights with f32 masters and f32 gradients beside
@@ -355,55 +258,5 @@ TEST(CudaAmp, UnscaleMatchesTheCpuAndFindsInfNaNAnywhere) {
                                 .why = "w - lr g / S (exact unscaling; FMA contraction may drop one rounding)"}));
       });
     }
-  }
-}
-
-TEST(CudaAmp, UnderflowStatisticsCountAlike) {
-  MP_SKIP_WITHOUT_GPU();
-  // Values 2^k (k in [-30, 2]) with random signs, zeros, inf and NaN: the classification of each value
-  // (nonzero, below f16's smallest subnormal, subnormal, non-finite) is exact, so the counts are equal.
-  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
-    guarded(std::string("underflow stats ") + dtype_name(dt), [&] {
-      const Tensor k = integers({4099}, -30, 3, DType::f64);
-      const Tensor sign = integers({4099}, 0, 2, DType::f64);
-      Tensor v = mul(pow(full({4099}, 2.0, {.dtype = DType::f64}), k), mul(sign, 2.0) - 1.0);
-      v.narrow(0, 5, 10).zero_();
-      v.narrow(0, 100, 1).fill_(kInf);
-      v.narrow(0, 200, 1).fill_(kNaN);
-      const Tensor g1 = v.to(dt), g2 = mul(v.narrow(0, 0, 1000), 0.75).to(dt);
-      for (double scale : {1.0, 1024.0, 65536.0}) {
-        const amp::UnderflowStats c = amp::underflow_stats({g1, g2}, scale);
-        const amp::UnderflowStats d = amp::underflow_stats({on_dev(g1), on_dev(g2)}, scale);
-        EXPECT_EQ(d.nonzero, c.nonzero) << scale;
-        EXPECT_EQ(d.nonfinite, c.nonfinite) << scale;
-        EXPECT_EQ(d.underflow_unscaled, c.underflow_unscaled) << scale;
-        EXPECT_EQ(d.subnormal_unscaled, c.subnormal_unscaled) << scale;
-        EXPECT_EQ(d.underflow_scaled, c.underflow_scaled) << scale;
-        EXPECT_EQ(d.subnormal_scaled, c.subnormal_scaled) << scale;
-      }
-    });
-  }
-}
-
-TEST(CudaAmp, ClipGradNormMatchesTheCpu) {
-  MP_SKIP_WITHOUT_GPU();
-  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
-    guarded(std::string("clip_grad_norm_ ") + dtype_name(dt), [&] {
-      const Twins t = make_params(dt);
-      set_grads(t, dt, 3.0);
-      int64_t K = 0;
-      for (const Tensor& p : t.cpu) K += p.numel();
-      const double cn = optim::clip_grad_norm_(t.cpu, 1.0);
-      const double dn = optim::clip_grad_norm_(t.dev, 1.0);
-      // The norm: sums of squares in f32 (f64) in another order: relative 2 sqrt(K) u_acc (terms >= 0).
-      EXPECT_TRUE(near_rel("clip_grad_norm_ total norm", dn, cn,
-                           2 * std::sqrt(static_cast<double>(K)) * acc_roundoff(dt) + 1e-15,
-                           "sum of squares over K elements in another order"));
-      for (size_t i = 0; i < t.cpu.size(); ++i)
-        EXPECT_TRUE(close(std::string("clipped gradient ") + std::to_string(i), t.dev[i].grad(), t.cpu[i].grad(),
-                          Tol{.ulps = 2,
-                              .rtol = 2 * std::sqrt(static_cast<double>(K)) * acc_roundoff(dt),
-                              .why = "g * max_norm / (norm + 1e-6): the norms differ by the reduction order"}));
-    });
   }
 }

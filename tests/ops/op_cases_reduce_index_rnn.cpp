@@ -1,8 +1,10 @@
 // The op table, reductions, indexing and recurrent cells (tests/ops/op_cases.hpp): sum / mean over rows, columns,
 // several dims, transposed and broadcast views; var, sum_squares, max / argmax with ties and NaN; embedding (i64 and
 // i32 indices, repeats, padding_idx); dropout (the Philox mask, the same on every device); the LSTM gates, the
-// LSTM / GRU / tanh-RNN cells and a whole lstm_layer. sum / mean, embedding and the recurrent cells are folded from
-// tests/cuda/test_cuda_ops_reduce.cpp, test_cuda_ops_seq.cpp with their tolerances and reasons.
+// LSTM / GRU / tanh-RNN cells and a whole lstm_layer; large sums (exact on small integers), integer sums, sum_to_size;
+// cat / stack / split / chunk / unbind. Folded from the hand-written CUDA tests with their tolerances and reasons;
+// tests/cuda/test_cuda_ops_reduce.cpp keeps the contracts that are not one op's values (max with its indices and
+// gradient, NaN propagation through every reduction).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -59,20 +61,124 @@ std::vector<OpCase> reduce_index_rnn_cases() {
                      chk.out_scale = [](const std::vector<Tensor>& in) { return sum(abs(in[0].to(DType::f64))); };
                      return chk;
                    }});
-  // var (a sum of squared deviations: 2 sqrt(K) u_acc relative to the sum of squares, twice for the mean's
-  // difference) and sum_squares; new cases, tolerances of the same form as reduction_tol.
-  cases.push_back({"var [33, 65] dim 1", all_floats(), [](DType dt) {
+  // var over every shape that reduces at least 2 values: two passes (mean, then squared deviations): the mean's
+  // difference enters at second order, each term adds one rounding of the square: c = 4; 16-bit: the mean,
+  // deviations and squares are rounded to the 16-bit dtype (identically, given the same mean; a mean one ulp apart
+  // shifts every deviation): 2 ulps. Gradient 2 (x - mean) g / (K - 1): the devices' means differ by a rounding
+  // (16-bit: the mean is rounded and may be one ulp apart), which shifts every x - mean: absolute 4 ulp(2) / (K - 1)
+  // for 16-bit (|mean| < 2, |g| < 1), 8 u_acc otherwise; plus one rounding.
+  for (size_t si = 0; si < reduce_shapes().size(); ++si) {
+    const ReduceShape& s = reduce_shapes()[si];
+    if (s.dims.empty()) continue;
+    cases.push_back(
+        {std::string("var ") + s.name, all_floats(), [&s](DType dt) {
+           const Tensor x = uniform(s.leaf, -1, 2, dt);
+           const int64_t K = reduced_count(s.view(x).sizes(), s.dims);
+           OpCheck chk;
+           chk.inputs = {x};
+           chk.fn = [&s](const std::vector<Tensor>& in) { return var(s.view(in[0]), s.dims, 1, s.keepdim); };
+           chk.out = reduction_tol(dt, K, 4, "; two passes");
+           if (is_low_precision(dt)) chk.out.ulps = 2;
+           // The mean's rounding d <= u(dt) |mean| (|x| <= 2) adds d^2 K / (K - 1) to a variance: seen where the
+           // values are equal (the broadcast shape, whose exact variance is 0).
+           chk.out.atol = 2 * std::pow(2 * unit_roundoff(dt), 2);
+           chk.out.why += "; the mean's rounding squared";
+           chk.out_scale = [&s](const std::vector<Tensor>& in) {
+             return var(s.view(in[0]).detach().to(DType::f64), s.dims, 1, s.keepdim);
+           };
+           chk.grad =
+               Tol{.ulps = 1,
+                   .atol = is_low_precision(dt) ? 4 * ulp(dt, 2.0) / static_cast<double>(K - 1) : 8 * acc_roundoff(dt),
+                   .why = "gradient of var: x - mean shifts with the mean's rounding"};
+           return chk;
+         }});
+  }
+  cases.push_back({"sum_squares [61, 17]^T", all_floats(), [](DType dt) {
                      OpCheck chk;
-                     chk.inputs = {normal({33, 65}, 0.5, 1.0, dt)};
-                     chk.fn = [](const std::vector<Tensor>& in) { return var(in[0], {1}); };
-                     chk.out = Tol{.ulps = 2,
-                                   .rtol = 8 * std::sqrt(65.0) * acc_roundoff(dt),
-                                   .why =
-                                       "two sums over 65 values (mean, squared deviations) in another order; no "
-                                       "cancellation beyond the mean's (|mean| < std here)"};
-                     chk.grad = Tol{.ulps = 2,
-                                    .atol = 8 * std::sqrt(65.0) * acc_roundoff(dt) * 8,
-                                    .why = "2 g (x - mean) / (K - 1): the mean's sum in another order"};
+                     chk.inputs = {uniform({61, 17}, -2, 2, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return sum_squares(in[0].t()); };
+                     chk.out = reduction_tol(dt == DType::f64 ? DType::f64 : DType::f32, 1037);
+                     chk.out_scale = [](const std::vector<Tensor>& in) {
+                       return sum(square(in[0].detach().to(DType::f64)));
+                     };
+                     chk.grad = exact("2 g x: exact products");
+                     return chk;
+                   }});
+  // Large sums: random data within the rounding bound, and small integers exactly. Integers in [-4, 4]: every
+  // partial sum of fewer than 2^22 terms is an integer below 2^24 in magnitude, exact in f32 in any order, so the
+  // devices must agree bit for bit (16-bit: the same rounding of the same exact sum): a lost or double-counted block
+  // changes the result, where the random data's bound c sqrt(K) u sum|x| could hide a small one. Few outputs with
+  // long rows, many outputs with long columns, and a transposed view of those.
+  cases.push_back({"sum_squares [2^21 + 3]", {DType::f32, DType::bf16, DType::f64}, [](DType dt) {
+                     const int64_t n = (int64_t{1} << 21) + 3;
+                     OpCheck chk;
+                     chk.inputs = {uniform({n}, 0, 1, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return sum_squares(in[0]); };
+                     chk.out = reduction_tol(dt == DType::f64 ? DType::f64 : DType::f32, n);
+                     chk.out_scale = [](const std::vector<Tensor>& in) { return sum(square(in[0].to(DType::f64))); };
+                     return chk;
+                   }});
+  const int64_t big = (int64_t{1} << 22) - 3, long_row = (int64_t{1} << 20) + 1;
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> exact_sums = {
+      {"sum [2^22 - 3]", [](const Tensor& x) { return sum(x); }},
+      {"mean [2^22 - 3]", [](const Tensor& x) { return is_floating(x.dtype()) ? mean(x) : sum(x); }},
+      {"sum [3, 2^20 + 1] dim 1",
+       [long_row](const Tensor& x) {
+         return sum(x.narrow(0, 0, 3 * long_row).view({3, long_row}), {1});
+       }},
+      {"sum [65537, 63] dim 0",
+       [](const Tensor& x) {
+         return sum(x.narrow(0, 0, 65537 * 63).view({65537, 63}), {0});
+       }},
+      {"sum [65537, 63]^T dim 1",
+       [](const Tensor& x) {
+         return sum(x.narrow(0, 0, 65537 * 63).view({65537, 63}).t(), {1});
+       }},
+  };
+  for (const auto& [name, f] : exact_sums) {
+    cases.push_back({"exact " + name + " of small integers",
+                     {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i64},
+                     [f, big](DType dt) {
+                       OpCheck chk;
+                       chk.inputs = {integers({big}, -4, 5, dt)};
+                       chk.fn = [f](const std::vector<Tensor>& in) { return f(in[0]); };
+                       chk.out = exact("integer partial sums below 2^24: exact in any order");
+                       chk.bit_exact_output = true;
+                       return chk;
+                     }});
+  }
+  cases.push_back({"exact sum_squares [2^21 + 5] of small integers", {DType::bf16}, [](DType dt) {
+                     // |v| <= 2: squares <= 4, partial sums <= 4 (2^21 + 5) < 2^24: exact.
+                     OpCheck chk;
+                     chk.inputs = {integers({(int64_t{1} << 21) + 5}, -2, 3, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return sum_squares(in[0]); };
+                     chk.out = exact("integer partial sums below 2^24: exact in any order");
+                     chk.bit_exact_output = true;
+                     return chk;
+                   }});
+  // Integer sums are exact in i64.
+  for (const auto& [name, f] : std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>>{
+           {"all", [](const Tensor& x) { return sum(x); }},
+           {"dim 0", [](const Tensor& x) { return sum(x, {0}); }},
+           {"dim 1 of the transpose", [](const Tensor& x) { return sum(x.t(), {0}); }}}) {
+    cases.push_back({"integer sum [33, 65] " + name, {DType::i64, DType::i32, DType::u8}, [f](DType dt) {
+                       OpCheck chk;
+                       chk.inputs = {integers({33, 65}, 0, 3, dt)};
+                       chk.fn = [f](const std::vector<Tensor>& in) { return f(in[0]); };
+                       chk.out = exact("integer sums: exact");
+                       chk.bit_exact_output = true;
+                       return chk;
+                     }});
+  }
+  cases.push_back({"sum_to_size [4, 5, 6] -> [5, 1]", all_floats(), [](DType dt) {
+                     OpCheck chk;
+                     chk.inputs = {uniform({4, 5, 6}, -1, 1, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return sum_to_size(in[0], {5, 1}); };
+                     chk.out = reduction_tol(dt, 24);
+                     chk.out_scale = [](const std::vector<Tensor>& in) {
+                       return sum_to_size(abs(in[0].detach().to(DType::f64)), {5, 1});
+                     };
+                     chk.grad = exact("the upstream gradient expanded");
                      return chk;
                    }});
   cases.push_back({"sum_squares [1037]", all_floats(), [](DType dt) {
@@ -122,6 +228,96 @@ std::vector<OpCase> reduce_index_rnn_cases() {
                        return chk;
                      }});
   }
+  // amax / amin over every shape that reduces, on values from a small set (ties everywhere: the gradient splits
+  // evenly among them), floats and integers; argmax of a transposed view; a long arg reduction.
+  for (size_t si = 0; si < reduce_shapes().size(); ++si) {
+    const ReduceShape& s = reduce_shapes()[si];
+    if (s.dims.empty()) continue;
+    for (const bool is_max : {true, false}) {
+      cases.push_back(
+          {std::string(is_max ? "amax " : "amin ") + s.name + " with ties",
+           {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i64, DType::i32},
+           [&s, is_max](DType dt) {
+             OpCheck chk;
+             chk.inputs = {is_floating(dt) ? from_set(s.leaf, {-3, -1, 0, 2, 2.5}, dt) : integers(s.leaf, -3, 3, dt)};
+             chk.fn = [&s, is_max](const std::vector<Tensor>& in) {
+               return is_max ? amax(s.view(in[0]), s.dims, s.keepdim) : amin(s.view(in[0]), s.dims, s.keepdim);
+             };
+             chk.out = exact("a selection");
+             chk.bit_exact_output = true;
+             // g / count * hit: exact, then the broadcast leaf's sum.
+             if (is_floating(dt)) chk.grad = reduce_grad_tol(dt);
+             return chk;
+           }});
+    }
+  }
+  for (const int64_t dim : {0, 1, -1}) {
+    cases.push_back(
+        {"argmax dim " + (dim < 0 ? "last" : std::to_string(dim)) + " of a transposed view with ties",
+         {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i64, DType::i32},
+         [dim](DType dt) {
+           OpCheck chk;
+           chk.inputs = {is_floating(dt) ? from_set({33, 65}, {-3, -1, 0, 2, 2.5}, dt) : integers({33, 65}, -3, 3, dt)};
+           chk.fn = [dim](const std::vector<Tensor>& in) { return max(in[0].t(), dim).second; };
+           chk.out = exact("indices of the first extreme");
+           chk.bit_exact_output = true;
+           return chk;
+         }});
+  }
+  cases.push_back({"argmax and max() of [2, 300001]", {DType::f32}, [](DType dt) {
+                     OpCheck chk;
+                     chk.inputs = {from_set({2, 300001}, {-1, 0, 1, 5}, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) {
+                       return cat({argmax(in[0], 1).to(DType::f64), max(in[0]).reshape({1}).to(DType::f64)}, 0);
+                     };
+                     chk.out = exact("indices of the first extreme and a selection");
+                     chk.bit_exact_output = true;
+                     return chk;
+                   }});
+  // cat (with dtype promotion and an empty input), stack, split / chunk / unbind: copies.
+  cases.push_back(
+      {"cat dim 0 with a wider dtype and an empty input", all_floats(), [](DType dt) {
+         const DType other = dt == DType::f32 ? DType::f16 : DType::f32;
+         OpCheck chk;
+         chk.inputs = {uniform({3, 7}, -2, 2, dt), uniform({5, 7}, -2, 2, other), zeros({0}, {.dtype = dt})};
+         chk.fn = [](const std::vector<Tensor>& in) { return cat({in[0], in[1], in[2]}, 0); };
+         chk.out = exact("copies and exact widening casts");
+         // The f32 gradient of a 16-bit input rounds to it once, identically on both: slack only.
+         chk.grad = Tol{.ulps = 1, .why = "slices of the upstream gradient, cast back"};
+         chk.grad_inputs = {0, 1};
+         return chk;
+       }});
+  cases.push_back({"cat dim 1 of transposed views", all_floats(), [](DType dt) {
+                     OpCheck chk;
+                     chk.inputs = {uniform({6, 4}, -2, 2, dt), uniform({9, 4}, -2, 2, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return cat({in[0].t(), in[1].t()}, 1); };
+                     chk.out = exact("copies");
+                     chk.grad = exact("slices of the upstream gradient");
+                     return chk;
+                   }});
+  cases.push_back({"stack dim 1", all_floats(), [](DType dt) {
+                     OpCheck chk;
+                     chk.inputs = {uniform({5, 3}, -2, 2, dt), uniform({5, 3}, -2, 2, dt), uniform({5, 3}, -2, 2, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) { return stack({in[0], in[1], in[2]}, 1); };
+                     chk.out = exact("copies");
+                     chk.grad = exact("slices of the upstream gradient");
+                     return chk;
+                   }});
+  cases.push_back({"split / chunk / unbind, recombined", all_floats(), [](DType dt) {
+                     OpCheck chk;
+                     chk.inputs = {uniform({10, 6}, -2, 2, dt)};
+                     chk.fn = [](const std::vector<Tensor>& in) {
+                       const auto parts = split(in[0], 4, 0);    // 4, 4, 2 rows
+                       const auto cols = chunk(parts[1], 3, 1);  // 3 column pairs
+                       const auto rows = unbind(parts[2], 0);    // 2 rows of 6
+                       return cat({parts[0].t().contiguous().view({-1}), cols[2].contiguous().view({-1}) * 2.0,
+                                   stack({rows[1], rows[0]}, 0).view({-1})},
+                                  0);
+                     };
+                     chk.out = exact("views, copies and an exact product");
+                     chk.grad = exact("slices of the upstream gradient into one buffer per node");
+                     return chk;
+                   }});
   // embedding.
   struct Emb {
     const char* name;

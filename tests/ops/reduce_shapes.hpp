@@ -1,5 +1,4 @@
-// The reductions' shapes and tolerances shared by the op table (tests/ops/op_cases_reduce_index_rnn.cpp) and the
-// CUDA reduction tests that are not table cases yet (tests/cuda/test_cuda_ops_reduce.cpp).
+// The reductions' shapes and tolerances of the op table (tests/ops/op_cases_reduce_index_rnn.cpp).
 #pragma once
 #include <functional>
 #include <vector>

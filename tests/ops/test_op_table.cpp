@@ -152,7 +152,7 @@ void check_against_reference(const OpCase& oc, const OpCheck& c, DType dt) {
   for (size_t i : gi) {
     const Tensor rg = rin[i].grad(), dg = got.in[i].grad();
     if (!rg.defined() && !dg.defined()) continue;
-    const Tensor gs = c.abs_scales ? abs_in[i].grad() : Tensor();
+    const Tensor gs = c.abs_scales ? abs_in[i].grad() : c.grad_scale ? c.grad_scale(rin, go, i) : Tensor();
     EXPECT_TRUE(close_to_reference(what + " grad of input " + std::to_string(i), dg, as_result(rg, dg), t, gs));
   }
 }

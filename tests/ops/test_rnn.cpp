@@ -14,12 +14,11 @@ using namespace mp;
 using autograd::gradcheck;
 
 namespace {
-using mp::test::expect_ok;
 using mp::test::excess;
+using mp::test::expect_ok;
 using mp::test::leaf;
 
 using mp::test::expect_error;
-
 
 // Note [16-bit tolerance table] (tests/test_util.hpp); this file's end-to-end bounds:
 const mp::test::Tol16 kEndToEnd[] = {

@@ -156,7 +156,8 @@ namespace {
 using mp::test::Tol16;
 constexpr double kF32Noise = 4e-6;  // f32 sums may be ordered differently (buffer alignment changes simd peeling)
 const Tol16 kOutputRounding[] = {
-    {"output rounding", DType::bf16, 1e-7, 0x1p-8 + kF32Noise, "bf16 output rounding: relative 2^-8 (8 significant bits)"},
+    {"output rounding", DType::bf16, 1e-7, 0x1p-8 + kF32Noise,
+     "bf16 output rounding: relative 2^-8 (8 significant bits)"},
     {"output rounding", DType::f16, 0x1p-25, 0x1p-11 + kF32Noise,
      "f16 output rounding: relative 2^-11 (11 significant bits); absolute 2^-25 below 2^-14 (subnormal spacing 2^-24)"},
 };
@@ -168,8 +169,8 @@ void expect_close(const Tensor& got, const Tensor& ref, const Tol16& tol, const 
   ASSERT_EQ(g.size(), r.size());
   for (size_t i = 0; i < g.size(); ++i)
     ASSERT_LE(std::abs(g[i] - r[i]), tol.rtol * std::abs(r[i]) + tol.atol)
-        << what << " " << dtype_name(tol.dtype) << " element " << i << ": " << g[i] << " vs " << r[i] << " (" << tol.reason
-        << ")";
+        << what << " " << dtype_name(tol.dtype) << " element " << i << ": " << g[i] << " vs " << r[i] << " ("
+        << tol.reason << ")";
 }
 }  // namespace
 
@@ -219,7 +220,8 @@ TEST(CrossEntropyPrecision, LowPrecisionLogitsGiveF32LossAndInputDtypeGrad) {
     EXPECT_NEAR(loss.item<double>(), ref.item<double>(), kLossRel * std::abs(ref.item<double>()));
     Tensor none16 = cross_entropy(x16, t, {.label_smoothing = 0.1, .reduction = Reduction::none});
     Tensor none32 = cross_entropy(x32, t, {.label_smoothing = 0.1, .reduction = Reduction::none});
-    expect_close(none16, none32, {"f32 loss", tol.dtype, 1e-7, kLossRel, "f32 loss of the same values"}, "cross_entropy none");
+    expect_close(none16, none32, {"f32 loss", tol.dtype, 1e-7, kLossRel, "f32 loss of the same values"},
+                 "cross_entropy none");
     loss.backward();
     ref.backward();
     EXPECT_EQ(x16.grad().dtype(), tol.dtype);

@@ -78,6 +78,9 @@ struct AmpSetup {
   std::string describe() const;
 };
 
+/// A one-line description of resolved options: "O2 bf16, batch norm f32, f32 master weights, loss scale none".
+std::string describe(const AmpOptions& options);
+
 /// Prepare `model` and `optimizer` (built over the model's f32 parameters) for the opt level: convert
 /// the model (O2/O3), point the optimizer at the converted parameters with f32 masters holding the
 /// original values (O2), and make the scaler. Call once, before training.

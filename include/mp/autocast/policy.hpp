@@ -1,6 +1,5 @@
 #pragma once
-// The per-op precision policy of autocast: one table (src/autocast/policy.cpp) puts every op of
-// include/mp/ops in a class. See docs/DESIGN.md section 1.4.
+// The per-op precision policy of autocast: one table puts every op of include/mp/ops that consults it in a class.
 #include <cstdint>
 
 #include "mp/core/device.hpp"
@@ -15,40 +14,58 @@ enum class CastPolicy : uint8_t {
   none,     ///< run in whatever dtype the inputs have (relu, pools, dropout, batch_norm with f32 statistics)
 };
 
-/// Every op that consults the policy.
+// Note [the autocast policy table]
+// MP_AUTOCAST_POLICY is the one list of the ops that consult the policy: X(op, cpu class, cuda class). The enum
+// Op, op_name() and cast_policy() all come from it (src/autocast/policy.cpp), so adding an op or moving it to
+// another class is one line, and no order can go wrong. Why each class (the reference articles agree):
+//  * lower: matrix products dominate the FLOPs and accumulate in f32 inside oneDNN / cuBLASLt / cuDNN, so 16-bit
+//    inputs lose little and run on AMX / tensor cores. Attention is lower too: its two products take 16-bit
+//    operands while its softmax statistics stay f32 inside the kernel (Note [fused attention]).
+//  * fp32: exp/log/pow amplify relative input error; softmax and the losses sum many exponentials; long reductions
+//    in 16-bit lose low-order bits (a bf16 running sum stalls at 256 ones); layer_norm's statistics need f32.
+//  * promote: element-wise ops with mixed inputs run in the widest type, so an f32 residual added to a bf16 branch
+//    stays f32.
+//  * Ops not listed run in their inputs' dtype (none): relu, pools, dropout, and batch_norm, which computes its
+//    statistics in f32 whatever its input. CPU and CUDA agree today; the columns let them differ.
+#define MP_AUTOCAST_POLICY(X)                   \
+  X(matmul, lower, lower)                       \
+  X(bmm, lower, lower)                          \
+  X(linear, lower, lower)                       \
+  X(conv2d, lower, lower)                       \
+  X(lstm_cell, lower, lower)                    \
+  X(lstm_layer, lower, lower)                   \
+  X(gru_cell, lower, lower)                     \
+  X(rnn_tanh_cell, lower, lower)                \
+  X(scaled_dot_product_attention, lower, lower) \
+  X(softmax, fp32, fp32)                        \
+  X(log_softmax, fp32, fp32)                    \
+  X(cross_entropy, fp32, fp32)                  \
+  X(nll_loss, fp32, fp32)                       \
+  X(mse_loss, fp32, fp32)                       \
+  X(layer_norm, fp32, fp32)                     \
+  X(sum, fp32, fp32)                            \
+  X(mean, fp32, fp32)                           \
+  X(var, fp32, fp32)                            \
+  X(exp, fp32, fp32)                            \
+  X(log, fp32, fp32)                            \
+  X(pow, fp32, fp32)                            \
+  X(rsqrt, fp32, fp32)                          \
+  X(add, promote, promote)                      \
+  X(sub, promote, promote)                      \
+  X(mul, promote, promote)                      \
+  X(div, promote, promote)                      \
+  X(maximum, promote, promote)                  \
+  X(minimum, promote, promote)                  \
+  X(where, promote, promote)                    \
+  X(cat, promote, promote)                      \
+  X(stack, promote, promote)
+
+/// Every op that consults the policy (Note [the autocast policy table]).
 enum class Op : uint8_t {
-  matmul,
-  bmm,
-  linear,
-  conv2d,
-  lstm_cell,
-  lstm_layer,
-  gru_cell,
-  rnn_tanh_cell,
-  scaled_dot_product_attention,  // lower
-  softmax,
-  log_softmax,
-  cross_entropy,
-  nll_loss,
-  mse_loss,
-  layer_norm,
-  sum,
-  mean,
-  var,  // fp32
-  exp,
-  log,
-  pow,
-  rsqrt,  // fp32
-  add,
-  sub,
-  mul,
-  div,
-  maximum,
-  minimum,
-  where,
-  cat,
-  stack,  // promote
-  kCount
+#define MP_AUTOCAST_OP_ENUM(op, cpu, cuda) op,
+  MP_AUTOCAST_POLICY(MP_AUTOCAST_OP_ENUM)
+#undef MP_AUTOCAST_OP_ENUM
+      kCount
 };
 
 /// The op's name as the ops API spells it ("matmul", "cross_entropy", ...).
