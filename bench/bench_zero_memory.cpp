@@ -1,10 +1,13 @@
 // Optimizer-state and gradient bytes per parameter on each rank, with and without --shard_optimizer (ZeRO stage 1,
-// Note [sharded optimizer state] in src/train/optimizer_shards.cpp), beside what the ZeRO formula predicts. Run it under
-// `mpirun -np N` (N = 1 without). For each optimizer (SGD with momentum, AdamW) and precision (fp32 O0, bf16 O2) it
-// builds the model as `mixprec train` does (make_optimizer, amp::initialize), takes one step on a random batch the way a
-// data-parallel step does (unsharded: all-reduce, update everything; sharded: reduce-scatter, update this rank's part,
-// all-gather), and counts the bytes of the tensors that exist: the weights, the gradients after backward and at the
-// update, and the optimizer's state (f32 masters; moments). Usage: bench_zero_memory [model=resnet20]
+// Note [sharded optimizer state] in src/train/optimizer_shards.cpp), beside what the ZeRO formula predicts. Run it
+// under `mpirun -np N` (N = 1 without). For each optimizer (SGD with momentum, AdamW) and precision (fp32 O0, bf16 O2)
+// it builds the model as `mixprec train` does (make_optimizer, amp::initialize), takes one step on a random batch the
+// way a data-parallel step does (unsharded: all-reduce, update everything; sharded: reduce-scatter, update this rank's
+// part, all-gather), and counts the bytes of the tensors that exist: the weights, the gradients after backward and at
+// the update (a sharded rank drops the others' after the reduce-scatter), and the optimizer's state (f32 masters;
+// moments); at_bwd (weights + every gradient + state: the step's peak of these) is what the ZeRO-1 formula predicts.
+// The collectives' transient buffers are not counted (bench/RESULTS.md says what they add).
+// Usage: bench_zero_memory [model=resnet20]
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -65,7 +68,8 @@ Bytes measure(const std::string& model_name, const std::string& optimizer, DType
     if (!shards || shards->owner(p) == w.rank()) b.owned += static_cast<double>(p.numel());
     if (const optim::ParamState* st = opt->state(p))
       for (const auto& [name, t] : st->buffers)
-        (name == "master" ? b.masters : b.moments) += static_cast<double>(t.numel() * static_cast<int64_t>(t.element_size()));
+        (name == "master" ? b.masters : b.moments) +=
+            static_cast<double>(t.numel() * static_cast<int64_t>(t.element_size()));
   }
   return b;
 }
@@ -90,16 +94,16 @@ int main(int argc, char** argv) {
     for (const Tensor& p : m->parameters()) total += p.numel();
   }
   if (me == 0)
-    std::printf("%s (%lld parameters), %d rank%s; bytes per parameter of the model on each rank\n"
-                "%-6s %-9s %-8s %4s %7s %7s %8s %8s %7s %7s %7s %7s\n",
-                model.c_str(), static_cast<long long>(total), n, n == 1 ? "" : "s", "optim", "precision", "sharded",
-                "rank", "owned", "weights", "grad_bwd", "grad_upd", "master", "moments", "total", "formula");
+    std::printf(
+        "%s (%lld parameters), %d rank%s; bytes per parameter of the model on each rank\n"
+        "%-6s %-9s %-8s %4s %7s %7s %8s %8s %7s %7s %7s %7s %7s\n",
+        model.c_str(), static_cast<long long>(total), n, n == 1 ? "" : "s", "optim", "precision", "sharded", "rank",
+        "owned", "weights", "grad_bwd", "grad_upd", "master", "moments", "at_bwd", "at_upd", "ZeRO-1");
   for (const std::string opt : {"sgd", "adamw"})
     for (const DType dt : {DType::f32, DType::bf16})
       for (const bool shard : {false, true}) {
         const Bytes b = measure(model, opt, dt, shard);
-        const std::vector<double> mine{b.owned,    b.weights, b.grads_backward, b.grads_step,
-                                       b.masters, b.moments};
+        const std::vector<double> mine{b.owned, b.weights, b.grads_backward, b.grads_step, b.masters, b.moments};
         const auto k = static_cast<int64_t>(mine.size());
         const Tensor all = zeros({k * n}, {.dtype = DType::f64});
         for (int64_t i = 0; i < k; ++i) all.data_ptr<double>()[me * k + i] = mine[static_cast<size_t>(i)];
@@ -108,11 +112,12 @@ int main(int argc, char** argv) {
         for (int r = 0; r < n; ++r) {
           const double* v = all.data_ptr<double>() + r * k;
           const double t = static_cast<double>(total);
-          // the bytes a step holds at the update: weights, gradients there, state
-          const double sum = (v[1] + v[3] + v[4] + v[5]) / t;
-          std::printf("%-6s %-9s %-8s %4d %6.1f%% %7.2f %7.2f %8.2f %8.2f %7.2f %7.2f %7.2f\n", opt.c_str(),
+          // what a step holds at the end of backward (every gradient) and at the update (this rank's): weights,
+          // gradients, state
+          const double at_bwd = (v[1] + v[2] + v[4] + v[5]) / t, at_upd = (v[1] + v[3] + v[4] + v[5]) / t;
+          std::printf("%-6s %-9s %-8s %4d %6.1f%% %7.2f %7.2f %8.2f %8.2f %7.2f %7.2f %7.2f %7.2f\n", opt.c_str(),
                       dt == DType::f32 ? "fp32 O0" : "bf16 O2", shard ? "yes" : "no", r, 100 * v[0] / t, v[1] / t,
-                      v[2] / t, v[3] / t, v[4] / t, v[5] / t, sum, formula(opt, dt, shard ? n : 1));
+                      v[2] / t, v[3] / t, v[4] / t, v[5] / t, at_bwd, at_upd, formula(opt, dt, shard ? n : 1));
         }
       }
   return 0;

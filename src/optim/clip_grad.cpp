@@ -8,8 +8,7 @@
 
 namespace mp::optim {
 
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm,
-                       const std::function<double(double)>& total) {
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const std::function<double(double)>& total) {
   MP_CHECK(max_norm > 0 && std::isfinite(max_norm), "clip_grad_norm_: max_norm must be positive and finite, got ",
            max_norm);
   autograd::NoGradGuard ng;

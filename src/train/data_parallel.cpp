@@ -200,8 +200,7 @@ void DataParallel::agree_on_found_inf(amp::GradScaler& scaler) const {
 }
 
 DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Tensor>& params, double loss,
-                                                            bool loss_nonfinite, bool stop,
-                                                            GradBuckets* buckets,
+                                                            bool loss_nonfinite, bool stop, GradBuckets* buckets,
                                                             const OptimizerShards* shards) const {
   if (!active()) {
     if (buckets != nullptr && buckets->armed()) buckets->finish();

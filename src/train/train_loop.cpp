@@ -261,10 +261,20 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
   // Settings that change what the run computes; the others (paths, workers, logging, checkpoint
   // cadence, evaluation batch, gradient buckets: Note [bucketed gradient all-reduce] 4) may change freely between
   // processes.
-  static const std::set<std::string> kFree{
-      "data_dir",         "num_workers", "eval_batch_size", "checkpoint_dir", "checkpoint_every", "save_best", "resume",
-      "stop_after_steps", "log",         "label",           "quiet",          "numerics_every",   "bucket_mb",
-      "shard_optimizer"};
+  static const std::set<std::string> kFree{"data_dir",
+                                           "num_workers",
+                                           "eval_batch_size",
+                                           "checkpoint_dir",
+                                           "checkpoint_every",
+                                           "save_best",
+                                           "resume",
+                                           "stop_after_steps",
+                                           "log",
+                                           "label",
+                                           "quiet",
+                                           "numerics_every",
+                                           "bucket_mb",
+                                           "shard_optimizer"};
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
   std::string changed;

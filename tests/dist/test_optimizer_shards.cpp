@@ -161,16 +161,13 @@ TEST_P(ShardedStep, TrainsTheWeightsAndStateOfTheWholeOptimizer) {
   }
   // The averages: after the all-gather every rank has the owners' (a master's average under O2, not of its rounding).
   shards.all_gather_averages(ema, *sharded);
-  for (const auto& [name, a] : ref_ema.averages())
-    EXPECT_LE(max_rel_diff(*ema.averages().find(name), a), tol) << name;
+  for (const auto& [name, a] : ref_ema.averages()) EXPECT_LE(max_rel_diff(*ema.averages().find(name), a), tol) << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ShardedStep,
                          ::testing::Combine(::testing::Values("sgd", "adamw"),
                                             ::testing::Values(DType::f32, DType::bf16)),
-                         [](const auto& i) {
-                           return std::get<0>(i.param) + "_" + dtype_name(std::get<1>(i.param));
-                         });
+                         [](const auto& i) { return std::get<0>(i.param) + "_" + dtype_name(std::get<1>(i.param)); });
 
 TEST(OptimizerShards, ReduceScatterAllGatherAndGatherMoveTheirBlocks) {
   dist::ProcessGroup& w = dist::world();

@@ -381,7 +381,8 @@ TEST_P(ShardedOptimizer, TrainsWhatTheRanksTrainWithoutItAndOneProcessAtTheGloba
   auto run = [&](int n, bool shard) {
     const std::string name = std::to_string(n) + (shard ? "-sharded" : "");
     const std::string args = common + " --batch_size " + std::to_string(48 / n) + (shard ? " --shard_optimizer" : "") +
-                             " --checkpoint_dir " + (dir / name).string() + " --log " + (dir / (name + ".jsonl")).string();
+                             " --checkpoint_dir " + (dir / name).string() + " --log " +
+                             (dir / (name + ".jsonl")).string();
     const Result r = n == 1 ? one_process(args) : ranks(n, args);
     EXPECT_EQ(r.code, 0) << name << ": " << r.output;
     return r.code == 0;
@@ -444,8 +445,8 @@ TEST(ShardedOptimizerResume, StopOnTwoShardedRanksResumeOnOneAndOnThree) {
   ASSERT_EQ(whole.code, 0) << whole.output;
   for (const int n : {1, 3}) {
     const fs::path split = dir / ("split" + std::to_string(n));
-    const Result first = ranks(2, common + "--batch_size 24 --shard_optimizer --stop_after_steps 3 --checkpoint_dir " +
-                                      split.string());
+    const Result first =
+        ranks(2, common + "--batch_size 24 --shard_optimizer --stop_after_steps 3 --checkpoint_dir " + split.string());
     ASSERT_EQ(first.code, 0) << first.output;
     const std::string rest_args =
         common + "--batch_size " + std::to_string(48 / n) + " --resume --checkpoint_dir " + split.string();
