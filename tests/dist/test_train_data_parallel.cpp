@@ -302,6 +302,11 @@ TEST(DataParallelTrainerLm, TwoRanksTrainTheWordLmOfOneProcessAndResumeOnOne) {
   const Result two = ranks(2, common + "--batch_size 2 --checkpoint_dir " + (dir / "two").string());
   ASSERT_EQ(two.code, 0) << two.output;
   expect_close(dir / "two", dir / "one", kF32Tol, kF32Tol, "word LM on 2 ranks");  // clipped by the global norm
+  // the same with the optimizer state sharded (Note [sharded optimizer state]): the LSTM's fused weights, clipping
+  const Result sharded =
+      ranks(2, common + "--batch_size 2 --shard_optimizer --checkpoint_dir " + (dir / "sharded").string());
+  ASSERT_EQ(sharded.code, 0) << sharded.output;
+  expect_close(dir / "sharded", dir / "one", kF32Tol, kF32Tol, "word LM on 2 sharded ranks");
   // stopped mid-epoch on two ranks (the hidden state of all 4 streams saved), finished on one
   const std::string split = "--checkpoint_dir " + (dir / "split").string();
   const Result first = ranks(2, common + "--batch_size 2 --stop_after_steps 7 " + split);
