@@ -111,19 +111,28 @@ TEST_P(ShardedStep, TrainsTheWeightsAndStateOfTheWholeOptimizer) {
     mine += owned ? ps[i].numel() : 0;
   }
   EXPECT_EQ(mine, shards.numel_per_rank()[static_cast<size_t>(me)]);
+  // At step 1 parameter 1 (a bias) gets no gradient on any rank, as an unused parameter: it is left out of the
+  // reduce-scatter (no hang), keeps no gradient and is not updated, as in the whole optimizer.
+  const auto unused = [](const std::vector<Tensor>& xs, int step) {
+    if (step == 1) xs[1].set_grad(Tensor());
+  };
   for (int step = 0; step < 3; ++step) {
     backward_of_rank(*sharded, step, me, dt);
+    unused(ps, step);
     shards.reduce_scatter_gradients();
     for (size_t i = 0; i < ps.size(); ++i)
-      EXPECT_EQ(ps[i].grad().defined(), shards.owner(ps[i]) == me) << "step " << step << ", parameter " << i;
+      EXPECT_EQ(ps[i].grad().defined(), shards.owner(ps[i]) == me && !(step == 1 && i == 1))
+          << "step " << step << ", parameter " << i;
     opt->step();
     opt->zero_grad();
     shards.all_gather_weights();
     ema.update(*sharded, opt.get());
 
     backward_of_rank(*whole, step, me, dt);
+    unused(qs, step);
     std::vector<Tensor> grads;
-    for (const Tensor& q : qs) grads.push_back(q.grad());
+    for (const Tensor& q : qs)
+      if (q.grad().defined()) grads.push_back(q.grad());
     w.all_reduce_mean(grads);
     ref->step();
     ref->zero_grad();
