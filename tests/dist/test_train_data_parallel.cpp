@@ -428,8 +428,9 @@ INSTANTIATE_TEST_SUITE_P(
         ShardCase{"sgd_bf16_O2_accum_clip",
                   "--precision bf16 --opt_level O2 --optimizer sgd --momentum 0.9 --grad_accum 2 --clip_grad_norm 0.05",
                   2e-2, 0.25, false},
-        ShardCase{"adamw_bf16_O2_clip_ema",
-                  "--precision bf16 --opt_level O2 --optimizer adamw --lr 1e-4 --clip_grad_norm 0.05 --ema_decay 0.5",
+        ShardCase{"adamw_bf16_O2_accum_clip_ema",
+                  "--precision bf16 --opt_level O2 --optimizer adamw --lr 1e-4 --grad_accum 2 --clip_grad_norm 0.05 "
+                  "--ema_decay 0.5",
                   2e-2, 0.25, false},
         // the first step overflows at 2^22 (on one rank is enough) and is skipped on every rank
         ShardCase{"adamw_fp16_O2_dynamic",
