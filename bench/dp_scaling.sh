@@ -9,6 +9,9 @@
 # had a core; MPI's waits spin, so waiting counts), "cpu 0.60" a run that shared its cores with others.
 # Per run: the steady step time over steps 11..STEPS (from the run log's cumulative throughput), and rank 0's mean
 # comm_wait and comm_in_backward over the same steps. Usage: bench/dp_scaling.sh [ROUNDS] (default 3).
+# CONFIGS=shard runs instead one process, 2 ranks at --bucket_mb 0 and 25, and 2 ranks with --shard_optimizer (Note
+# [sharded optimizer state]: one reduce-scatter and one all-gather after backward); EXTRA adds flags to every run
+# (e.g. EXTRA="--optimizer adamw --precision bf16 --opt_level O2").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${MIXPREC:-build/apps/mixprec/mixprec}
@@ -16,6 +19,8 @@ OUT=${OUT:-/tmp/dp-scaling}
 ROUNDS=${1:-3}
 STEPS=${STEPS:-60}
 QUIET_WAIT=${QUIET_WAIT:-60}
+CONFIGS=${CONFIGS:-buckets}
+EXTRA=${EXTRA:-}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MP_KERNEL_PATHS=pinned
 
@@ -35,7 +40,7 @@ wait_quiet() {  # until no compiler runs, at most QUIET_WAIT seconds
 
 resnet="--model resnet8 --dataset fashion-mnist --train_subset 16384 --batch_size 64"
 lm="--model lstm --dataset kjv --batch_size 20"
-common="--epochs 1 --stop_after_steps $STEPS --num_workers 0 --quiet"
+common="--epochs 1 --stop_after_steps $STEPS --num_workers 0 --quiet $EXTRA"
 
 run() {  # name ranks env model-args extra-args units-per-process-step
   local name=$1 n=$2 env=$3 args=$4 extra=$5 units=$6 state
@@ -78,6 +83,10 @@ for round in $(seq 1 "$ROUNDS"); do
     run "$m.1proc" 1 "" "$args" "" $units
     run "$m.2ranks.b0" 2 "" "$args" "--bucket_mb 0" $units
     run "$m.2ranks.b25" 2 "" "$args" "--bucket_mb 25" $units
+    if [[ $CONFIGS == shard ]]; then
+      run "$m.2ranks.shard" 2 "" "$args" "--shard_optimizer" $units
+      continue
+    fi
     run "$m.2ranks.b$small" 2 "" "$args" "--bucket_mb $small" $units
     run "$m.2ranks.b$small.notest" 2 "MP_BUCKET_PROGRESS=0" "$args" "--bucket_mb $small" $units
   done

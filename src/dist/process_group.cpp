@@ -33,6 +33,48 @@ void check_sum_buffer(const Tensor& t) {
            " elements are beyond one MPI message (2^31); use smaller buckets");
 }
 
+// The blocks of a reduce-scatter or gather: one count per rank, adding up to the buffer's numel; each within one
+// MPI message.
+void check_blocks(const Tensor& buffer, std::span<const int64_t> counts, int ranks, const char* op) {
+  MP_CHECK(static_cast<int>(counts.size()) == ranks, "dist::", op, ": expected one block count per rank (", ranks,
+           "), got ", counts.size());
+  int64_t total = 0;
+  for (const int64_t c : counts) {
+    MP_CHECK(c >= 0, "dist::", op, ": block counts must be >= 0, got ", c);
+    total += c;
+  }
+  MP_CHECK(total == buffer.numel(), "dist::", op, ": the block counts add up to ", total, " elements, the buffer has ",
+           buffer.numel(), "; pass counts that cover it");
+  MP_CHECK(total <= INT32_MAX, "dist::", op, ": ", total, " elements are beyond one MPI message (2^31)");
+}
+
+void check_reduce_scatter(const Tensor& buffer, const Tensor& out, std::span<const int64_t> counts, int rank,
+                          int ranks) {
+  check_operand(buffer, "reduce_scatter_sum", true);
+  check_operand(out, "reduce_scatter_sum", true);
+  MP_CHECK(buffer.dtype() == DType::f32 || buffer.dtype() == DType::f64,
+           "dist::reduce_scatter_sum: expected an f32 or f64 buffer, got ", buffer.describe());
+  check_blocks(buffer, counts, ranks, "reduce_scatter_sum");
+  MP_CHECK(out.dtype() == buffer.dtype() && out.numel() == counts[static_cast<size_t>(rank)],
+           "dist::reduce_scatter_sum: expected an output of ", counts[static_cast<size_t>(rank)], " ",
+           dtype_name(buffer.dtype()), " elements (this rank's block), got ", out.describe());
+}
+
+// gather's operands: this rank's block, and on the root the whole.
+void check_gather(const Tensor& mine, const Tensor& out, std::span<const int64_t> counts, int rank, int ranks,
+                  bool root) {
+  check_operand(mine, "gather", false);
+  MP_CHECK(static_cast<int>(counts.size()) == ranks && mine.numel() == counts[static_cast<size_t>(rank)],
+           "dist::gather: expected this rank's block of ",
+           static_cast<int>(counts.size()) == ranks ? counts[static_cast<size_t>(rank)] : -1, " elements and ", ranks,
+           " counts, got ", mine.describe(), " and ", counts.size(), " counts");
+  if (!root) return;
+  check_operand(out, "gather", false);
+  MP_CHECK(out.dtype() == mine.dtype(), "dist::gather: the output is ", out.describe(), ", the blocks ",
+           dtype_name(mine.dtype()));
+  check_blocks(out, counts, ranks, "gather");
+}
+
 // What a single process's collectives return: already complete.
 struct Done final : Pending {
   bool test() override { return true; }
@@ -54,6 +96,19 @@ class SingleProcess final : public ProcessGroup {
   void broadcast(std::span<const Tensor> ts, int root) override {
     MP_CHECK(root == 0, "dist::broadcast: root ", root, " is not a rank of a single process (0)");
     for (const Tensor& t : ts) check_operand(t, "broadcast", false);
+  }
+  void reduce_scatter_sum(const Tensor& buffer, const Tensor& out, std::span<const int64_t> counts) override {
+    check_reduce_scatter(buffer, out, counts, 0, 1);
+    if (out.raw_data() != buffer.raw_data()) Tensor(out).copy_(buffer.reshape(out.sizes()));
+  }
+  void all_gather(const Tensor& buffer, std::span<const int64_t> counts) override {
+    check_operand(buffer, "all_gather", false);
+    check_blocks(buffer, counts, 1, "all_gather");
+  }
+  void gather(const Tensor& mine, const Tensor& out, std::span<const int64_t> counts, int root) override {
+    MP_CHECK(root == 0, "dist::gather: root ", root, " is not a rank of a single process (0)");
+    check_gather(mine, out, counts, 0, 1, true);
+    if (out.raw_data() != mine.raw_data()) Tensor(out).copy_(mine.reshape(out.sizes()));
   }
   void barrier() override {}
   void abort(int /*status*/) override {}
@@ -100,6 +155,27 @@ class MpiPending final : public Pending {
   Tensor buffer_;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
+
+std::vector<int> ints(std::span<const int64_t> counts) { return {counts.begin(), counts.end()}; }
+
+// Blocks of elements as MPI_BYTE counts and displacements (any dtype travels as bytes).
+struct Blocks {
+  std::vector<int> counts, displs;
+};
+
+Blocks byte_blocks(const Tensor& buffer, std::span<const int64_t> counts) {
+  const auto es = static_cast<int64_t>(buffer.element_size());
+  MP_CHECK(buffer.numel() * es <= INT32_MAX, "dist: a buffer of ", buffer.numel() * es,
+           " bytes is beyond one MPI message (2^31)");
+  Blocks b;
+  int64_t at = 0;
+  for (const int64_t c : counts) {
+    b.counts.push_back(static_cast<int>(c * es));
+    b.displs.push_back(static_cast<int>(at * es));
+    at += c;
+  }
+  return b;
+}
 
 class MpiWorld final : public ProcessGroup {
  public:
@@ -170,6 +246,40 @@ class MpiWorld final : public ProcessGroup {
       MP_CHECK(bytes <= INT32_MAX, "dist::broadcast: a tensor of ", bytes, " bytes is beyond one MPI message (2^31)");
       check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
     }
+  }
+
+  void reduce_scatter_sum(const Tensor& buffer, const Tensor& out, std::span<const int64_t> counts) override {
+    check_reduce_scatter(buffer, out, counts, rank_, size_);
+    const std::vector<int> cs = ints(counts);
+    const bool wide = buffer.dtype() == DType::f64;
+    check_mpi(MPI_Reduce_scatter(buffer.raw_data(), out.raw_data(), cs.data(), wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
+                                 MPI_COMM_WORLD),
+              "MPI_Reduce_scatter");
+  }
+
+  void all_gather(const Tensor& buffer, std::span<const int64_t> counts) override {
+    check_operand(buffer, "all_gather", false);
+    check_blocks(buffer, counts, size_, "all_gather");
+    const Blocks b = byte_blocks(buffer, counts);
+    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buffer.raw_data(), b.counts.data(), b.displs.data(), MPI_BYTE,
+                             MPI_COMM_WORLD),
+              "MPI_Allgatherv");
+  }
+
+  void gather(const Tensor& mine, const Tensor& out, std::span<const int64_t> counts, int root) override {
+    MP_CHECK(root >= 0 && root < size_, "dist::gather: root ", root, " is not a rank (0..", size_ - 1, ")");
+    check_gather(mine, out, counts, rank_, size_, rank_ == root);
+    const auto es = static_cast<int64_t>(mine.element_size());
+    if (rank_ != root) {
+      check_mpi(MPI_Gatherv(mine.raw_data(), static_cast<int>(mine.numel() * es), MPI_BYTE, nullptr, nullptr, nullptr,
+                            MPI_BYTE, root, MPI_COMM_WORLD),
+                "MPI_Gatherv");
+      return;
+    }
+    const Blocks b = byte_blocks(out, counts);
+    check_mpi(MPI_Gatherv(mine.raw_data(), static_cast<int>(mine.numel() * es), MPI_BYTE, out.raw_data(),
+                          b.counts.data(), b.displs.data(), MPI_BYTE, root, MPI_COMM_WORLD),
+              "MPI_Gatherv");
   }
 
   void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }

@@ -8,7 +8,7 @@
 
 namespace mp::optim {
 
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const std::function<double(double)>& total) {
   MP_CHECK(max_norm > 0 && std::isfinite(max_norm), "clip_grad_norm_: max_norm must be positive and finite, got ",
            max_norm);
   autograd::NoGradGuard ng;
@@ -18,6 +18,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     if (!g.defined()) continue;
     sq += sum_squares(g).item<double>();  // one pass, f32 accumulation from any floating dtype
   }
+  if (total) sq = total(sq);
   const double norm = std::sqrt(sq);
   const double coef = max_norm / (norm + 1e-6);
   if (std::isfinite(norm) && coef < 1.0) {

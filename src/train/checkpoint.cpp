@@ -67,7 +67,9 @@ void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const 
   nn::StateDict all;
   if (refs.model != nullptr)
     for (const auto& [name, t] : refs.model->state_dict()) all.insert(std::string(kModel) + name, t);
-  if (refs.optimizer != nullptr)
+  if (refs.optimizer_state != nullptr)
+    for (const auto& [name, t] : refs.optimizer_state->flatten()) all.insert(std::string(kOptim) + name, t);
+  else if (refs.optimizer != nullptr)
     for (const auto& [name, t] : refs.optimizer->state_dict().flatten()) all.insert(std::string(kOptim) + name, t);
   if (refs.scaler != nullptr)
     for (const auto& [name, t] : refs.scaler->state_dict()) all.insert(std::string(kScaler) + name, t);

@@ -149,6 +149,11 @@ void validate(const TrainConfig& c) {
   MP_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb >= 0 && c.bucket_mb <= 8192,
            "--bucket_mb must be a size in MiB in [0, 8192] (0 = one all-reduce after backward), got ", c.bucket_mb,
            "; the default 25 suits most runs");
+  MP_CHECK(!c.shard_optimizer || c.numerics_every == 0,
+           "--shard_optimizer spreads the gradients and the optimizer state over the ranks, but --numerics_every ",
+           c.numerics_every,
+           " records them whole; pass --numerics_every 0 with --shard_optimizer, or train without --shard_optimizer "
+           "to record numerics");
   check_positive("eval_batch_size", c.eval_batch_size);
   check_non_negative("max_steps_per_epoch", c.max_steps_per_epoch);
   check_non_negative("train_subset", c.train_subset);

@@ -23,7 +23,8 @@
 //      ranks' means: the global batch's mean loss), on inf/NaN in any rank's loss, on a stop request (a signal
 //      reaching some rank) and checks that the same gradients exist everywhere. Everything after it (unscale,
 //      clipping by the global norm, the inf/NaN check, the optimizer, the scaler's update, the schedule, the weight
-//      EMA) sees the same numbers on every rank, so the weights stay identical without being sent again. The
+//      EMA) sees the same numbers on every rank, so the weights stay identical without being sent again (with
+//      --shard_optimizer a reduce-scatter replaces the all-reduce: Note [sharded optimizer state]). The
 //      scaler's found-inf is reduced as well (any rank's inf/NaN skips every rank's step), so the ranks skip the same
 //      steps and keep the same scale whatever the reduction does.
 //   5. What equals one process at N x B. The mean of the ranks' mean losses is the global batch's mean loss, so the
@@ -199,8 +200,8 @@ void DataParallel::agree_on_found_inf(amp::GradScaler& scaler) const {
 }
 
 DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Tensor>& params, double loss,
-                                                            bool loss_nonfinite, bool stop,
-                                                            GradBuckets* buckets) const {
+                                                            bool loss_nonfinite, bool stop, GradBuckets* buckets,
+                                                            const OptimizerShards* shards) const {
   if (!active()) {
     if (buckets != nullptr && buckets->armed()) buckets->finish();
     return {loss, loss_nonfinite, stop};
@@ -231,6 +232,9 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
       MP_ASSERT(buckets->armed(), "average_gradients: the buckets were not armed for the step's last backward");
       buckets->finish();
       all_reduces = buckets->take_all_reduces();  // every start since the last step's, earlier micro-batches included
+    } else if (shards != nullptr) {
+      shards->reduce_scatter_gradients();  // Note [sharded optimizer state] 2
+      all_reduces = 1;
     } else {
       world_.all_reduce_mean(grads);
       all_reduces = 1;

@@ -11,6 +11,7 @@
 #include "mp/nn/module.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "train/grad_buckets.hpp"
+#include "train/optimizer_shards.hpp"
 
 namespace mp::train::detail {
 
@@ -65,11 +66,17 @@ class DataParallel {
   /// non-finite losses and stop requests. With `buckets` armed for the backward just run, their all-reduces (started
   /// during it) are completed (Note [bucketed gradient all-reduce] in grad_buckets.cpp); without, one all-reduce
   /// averages every gradient. Throws when the ranks' gradients differ in which parameters have one.
+  /// With `shards` (--shard_optimizer), one reduce-scatter leaves each rank the averages of its own parameters'
+  /// gradients and drops the others' (Note [sharded optimizer state]).
   StepAgreement average_gradients(const std::vector<Tensor>& params, double loss, bool loss_nonfinite, bool stop,
-                                  GradBuckets* buckets = nullptr) const;
+                                  GradBuckets* buckets = nullptr, const OptimizerShards* shards = nullptr) const;
   /// Gradient buckets of `params` over this run's ranks (Note [bucketed gradient all-reduce]).
   std::unique_ptr<GradBuckets> gradient_buckets(const std::vector<Tensor>& params, double bucket_mb) const {
     return std::make_unique<GradBuckets>(world_, params, bucket_mb);
+  }
+  /// The optimizer's state sharded over this run's ranks (Note [sharded optimizer state]).
+  std::unique_ptr<OptimizerShards> optimizer_shards(optim::Optimizer& opt) const {
+    return std::make_unique<OptimizerShards>(world_, opt);
   }
   /// The concatenation along `dim` of every rank's `t` (same shape on every rank), in rank order, on every rank.
   Tensor all_gather(const Tensor& t, int64_t dim) const;

@@ -173,7 +173,12 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
   meta_.insert(parts_.metadata.begin(), parts_.metadata.end());
   if (!ckpt_.empty() && writes()) std::filesystem::create_directories(c.checkpoint_dir);
   if (parts_.dp != nullptr) parts_.dp->agree_on_found_inf(parts_.scaler);  // Note [data-parallel training] 4
-  if (data_parallel() && c.bucket_mb > 0) buckets_ = parts_.dp->gradient_buckets(parts_.params, c.bucket_mb);
+  if (data_parallel() && c.shard_optimizer) {  // Note [sharded optimizer state]: after the state is complete
+    shards_ = parts_.dp->optimizer_shards(parts_.optimizer);
+    for (const Tensor& p : parts_.params) (void)shards_->owner(p);  // each has one
+  } else if (data_parallel() && c.bucket_mb > 0) {
+    buckets_ = parts_.dp->gradient_buckets(parts_.params, c.bucket_mb);
+  }
   snapshot_buffers();  // the state the run starts from (resumed or not) is good
   paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);
@@ -256,9 +261,20 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
   // Settings that change what the run computes; the others (paths, workers, logging, checkpoint
   // cadence, evaluation batch, gradient buckets: Note [bucketed gradient all-reduce] 4) may change freely between
   // processes.
-  static const std::set<std::string> kFree{
-      "data_dir",         "num_workers", "eval_batch_size", "checkpoint_dir", "checkpoint_every", "save_best", "resume",
-      "stop_after_steps", "log",         "label",           "quiet",          "numerics_every",   "bucket_mb"};
+  static const std::set<std::string> kFree{"data_dir",
+                                           "num_workers",
+                                           "eval_batch_size",
+                                           "checkpoint_dir",
+                                           "checkpoint_every",
+                                           "save_best",
+                                           "resume",
+                                           "stop_after_steps",
+                                           "log",
+                                           "label",
+                                           "quiet",
+                                           "numerics_every",
+                                           "bucket_mb",
+                                           "shard_optimizer"};
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
   std::string changed;
@@ -318,8 +334,13 @@ void TrainLoop::adopt_kernel_paths(const std::map<std::string, std::string>& res
 }
 
 void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::string& path) {
-  if (!writes()) return;  // Note [data-parallel training] 6: rank 0 writes
   const auto t0 = Clock::now();
+  std::optional<optim::OptimizerStateDict> gathered;
+  if (shards_) {  // Note [sharded optimizer state] 3, 4: every rank sends its part, rank 0 writes the whole
+    if (parts_.refs.ema != nullptr) shards_->all_gather_averages(*parts_.refs.ema, *parts_.refs.model);
+    gathered = shards_->gather_state(0);
+  }
+  if (!writes()) return;  // Note [data-parallel training] 6: rank 0 writes
   std::map<std::string, std::string> md = meta_;
   if (const KernelPathRecord r = kernel_path_record(); !r.choices.empty())
     md[kKernelPathsKey] = nlohmann::json(r.choices).dump();
@@ -336,7 +357,9 @@ void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::s
                                    {"ema_started", hex_double(ema_.started ? 1 : 0)}};
     md[kEpochStatsKey] = j.dump();
   }
-  save_checkpoint(path.empty() ? ckpt_ : path, parts_.refs, p, extra, md);
+  CheckpointRefs refs = parts_.refs;
+  if (gathered) refs.optimizer_state = &*gathered;
+  save_checkpoint(path.empty() ? ckpt_ : path, refs, p, extra, md);
   ckpt_seconds_ += seconds_since(t0);
 }
 
@@ -457,7 +480,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     for (const Tensor& b : micro_losses_) local += b.item<double>();
     agreed =
         parts_.dp->average_gradients(parts_.params, local / static_cast<double>(n), amp::any_nonfinite(micro_losses_),
-                                     g_stop_requested.load(std::memory_order_relaxed), buckets_.get());
+                                     g_stop_requested.load(std::memory_order_relaxed), buckets_.get(), shards_.get());
   }
   // Note [stopping on a numerical failure]: where this step began, and the scale its gradients carry
   const Progress began{epoch_, batch + 1 - n, start_.global_step + sum_.steps};
@@ -468,7 +491,9 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   if (!scaler.is_enabled()) {  // nothing else looks: check the loss and the gradients before the update
     std::vector<Tensor> check = agreed ? std::vector<Tensor>{} : micro_losses_;
     for (const Tensor& p : parts_.params) check.push_back(p.grad());
-    if ((agreed && agreed->loss_nonfinite) || amp::any_nonfinite(check)) {
+    bool nonfinite = (agreed && agreed->loss_nonfinite) || amp::any_nonfinite(check);
+    if (shards_) nonfinite = shards_->sum(nonfinite ? 1 : 0) > 0;  // each rank checked its part of the gradients
+    if (nonfinite) {
       const bool loss_bad = agreed ? agreed->loss_nonfinite : amp::any_nonfinite(micro_losses_);
       const std::string what =
           std::string(loss_bad ? "the loss" : "the gradients (of a finite loss)") + " became inf/NaN at step " +
@@ -483,10 +508,13 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   if (!sum_.diverged) {
     if (c_.clip_grad_norm > 0) {
       scaler.unscale_(parts_.optimizer);
-      optim::clip_grad_norm_(parts_.params, c_.clip_grad_norm);
+      std::function<double(double)> total;  // Note [sharded optimizer state] 2: the global norm
+      if (shards_) total = [this](double sq) { return shards_->sum(sq); };
+      optim::clip_grad_norm_(parts_.params, c_.clip_grad_norm, total);
     }
     if (record) numerics_->before_update(parts_.optimizer);
     stepped = scaler.step(parts_.optimizer);
+    if (stepped && shards_) shards_->all_gather_weights();
     if (record) numerics_->after_update(parts_.optimizer, stepped);
     parts_.optimizer.zero_grad();
     try {
@@ -565,6 +593,9 @@ bool TrainLoop::end_training(double data_wait) {
     micro_replays_.clear();
   }
   data_wait_ = data_wait;
+  // Note [sharded optimizer state] 3: the averages evaluated next are the owners'
+  if (shards_ && parts_.refs.ema != nullptr && !sum_.stopped_early)
+    shards_->all_gather_averages(*parts_.refs.ema, *parts_.refs.model);
   const double process_seconds = seconds_since(t_epoch_) - ckpt_seconds_;  // this process's part
   epoch_seconds_ = carry_.seconds + process_seconds;
   if (!c_.quiet) bar_->finish({{"loss", fmt(ema_.value, text_ ? 3 : 4)}});

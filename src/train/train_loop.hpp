@@ -137,6 +137,8 @@ class TrainLoop {
   std::unique_ptr<ProgressBar> bar_;
   /// --bucket_mb > 0 in a data-parallel run: the gradient buckets (Note [bucketed gradient all-reduce])
   std::unique_ptr<GradBuckets> buckets_;
+  /// --shard_optimizer in a data-parallel run: who updates which parameter (Note [sharded optimizer state])
+  std::unique_ptr<OptimizerShards> shards_;
 };
 
 }  // namespace mp::train::detail

@@ -302,6 +302,11 @@ TEST(DataParallelTrainerLm, TwoRanksTrainTheWordLmOfOneProcessAndResumeOnOne) {
   const Result two = ranks(2, common + "--batch_size 2 --checkpoint_dir " + (dir / "two").string());
   ASSERT_EQ(two.code, 0) << two.output;
   expect_close(dir / "two", dir / "one", kF32Tol, kF32Tol, "word LM on 2 ranks");  // clipped by the global norm
+  // the same with the optimizer state sharded (Note [sharded optimizer state]): the LSTM's fused weights, clipping
+  const Result sharded =
+      ranks(2, common + "--batch_size 2 --shard_optimizer --checkpoint_dir " + (dir / "sharded").string());
+  ASSERT_EQ(sharded.code, 0) << sharded.output;
+  expect_close(dir / "sharded", dir / "one", kF32Tol, kF32Tol, "word LM on 2 sharded ranks");
   // stopped mid-epoch on two ranks (the hidden state of all 4 streams saved), finished on one
   const std::string split = "--checkpoint_dir " + (dir / "split").string();
   const Result first = ranks(2, common + "--batch_size 2 --stop_after_steps 7 " + split);
@@ -346,6 +351,143 @@ TEST(DataParallelTrainerGpt, TwoRanksTrainTheGptOfOneProcessAndResumeOnOne) {
   ASSERT_EQ(rest.code, 0) << rest.output;
   expect_close(dir / "split", dir / "one", kF32Tol, kF32Tol, "gpt stopped on 2 ranks, resumed on 1");
   fs::remove_all(dir);
+}
+
+// --shard_optimizer (Note [sharded optimizer state] in src/train/optimizer_shards.cpp): N = 2 and 3 ranks, each keeping
+// its part of the optimizer state, train what the same ranks train without it and what one process trains at the
+// global batch of 48, for SGD with momentum and AdamW, in fp32, bf16 O2 and fp16 O2, with clipping by the global norm
+// (to 0.05: every step clips, so a rank that clipped by its own part's norm would scale its gradients differently),
+// gradient accumulation and weight averages. The tolerances are DataParallelTrainer's, for the same reason: the ranks'
+// sums run in another order than one process's (and a reduce-scatter's than an all-reduce's on three ranks, a norm's
+// sum of squares over the shards than over the parameters), which f32 carries as ~1e-7 per step and 16-bit weights
+// can turn into an ulp of a weight. Rank 0 writes the same checkpoint file as one process (checkpoint_diff compares
+// every tensor's name, dtype and shape, and integer state such as the optimizer's steps exactly). AdamW in f32 needs
+// more than kF32Tol: it divides each element's gradient by its running RMS, so an element whose gradient is of the
+// order of the rounding noise of another summation order (a first-layer weight of a pixel that is rarely lit) moves by
+// a noise-driven part of lr per step instead of a noise-sized amount (the GPT test below switched to SGD for this);
+// measured after 4 steps at lr 1e-4 against one process: 1.7e-5 (2 ranks) and 7.5e-5 (3 ranks) of the largest weight,
+// bound 2e-4. Two ranks with and without sharding add each gradient element once, in f32, in either collective, and
+// round and update alike: the same bits (measured 0 in every case), asserted exactly.
+constexpr double kAdamF32Tol = 2e-4;
+
+struct ShardCase {
+  std::string name, flags;
+  double weight_tol, moment_tol;
+  bool skips;
+};
+
+class ShardedOptimizer : public ::testing::TestWithParam<ShardCase> {};
+
+TEST_P(ShardedOptimizer, TrainsWhatTheRanksTrainWithoutItAndOneProcessAtTheGlobalBatch) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const ShardCase& k = GetParam();
+  const fs::path dir = scratch_dir("dp-shard", k.name);
+  const std::string common = fmnist(2048) + "--epochs 1 --max_steps_per_epoch 4 --seed 17 " + k.flags;
+  auto run = [&](int n, bool shard) {
+    const std::string name = std::to_string(n) + (shard ? "-sharded" : "");
+    const std::string args = common + " --batch_size " + std::to_string(48 / n) + (shard ? " --shard_optimizer" : "") +
+                             " --checkpoint_dir " + (dir / name).string() + " --log " +
+                             (dir / (name + ".jsonl")).string();
+    const Result r = n == 1 ? one_process(args) : ranks(n, args);
+    EXPECT_EQ(r.code, 0) << name << ": " << r.output;
+    return r.code == 0;
+  };
+  ASSERT_TRUE(run(1, false));
+  const std::vector<nlohmann::json> s1 = records_of(dir / "1.jsonl", "step");
+  ASSERT_EQ(s1.size(), 4u);
+  int skipped = 0;
+  for (const nlohmann::json& st : s1) skipped += st["skipped"].get<bool>() ? 1 : 0;
+  EXPECT_EQ(skipped > 0, k.skips) << skipped << " steps skipped";
+  for (const int n : {2, 3}) {
+    ASSERT_TRUE(run(n, false));
+    ASSERT_TRUE(run(n, true));
+    const std::string sharded = std::to_string(n) + "-sharded";
+    const std::vector<nlohmann::json> sn = records_of(dir / (sharded + ".jsonl"), "step");
+    ASSERT_EQ(sn.size(), s1.size());
+    for (size_t i = 0; i < s1.size(); ++i) {  // the same steps skipped (found-inf agreed), the same scale
+      EXPECT_NEAR(sn[i]["loss"].get<double>(), s1[i]["loss"].get<double>(), 1e-3) << sharded << " step " << i + 1;
+      EXPECT_EQ(sn[i]["scale"], s1[i]["scale"]) << sharded << " step " << i + 1;
+      EXPECT_EQ(sn[i]["skipped"], s1[i]["skipped"]) << sharded << " step " << i + 1;
+      EXPECT_EQ(sn[i]["grad_all_reduces"].get<int64_t>(), 1) << "one reduce-scatter per step: " << sn[i].dump();
+    }
+    expect_close(dir / sharded, dir / std::to_string(n), n == 2 ? 0.0 : k.weight_tol, n == 2 ? 0.0 : k.moment_tol,
+                 k.name + ": " + std::to_string(n) + " ranks sharded against not");
+    expect_close(dir / sharded, dir / "1", k.weight_tol, k.moment_tol,
+                 k.name + ": " + std::to_string(n) + " ranks sharded against one process");
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, ShardedOptimizer,
+    ::testing::Values(
+        ShardCase{"sgd_fp32_clip", "--precision fp32 --optimizer sgd --momentum 0.9 --clip_grad_norm 0.05", kF32Tol,
+                  kF32Tol, false},
+        ShardCase{"adamw_fp32_accum_ema", "--precision fp32 --optimizer adamw --lr 1e-4 --grad_accum 2 --ema_decay 0.5",
+                  kAdamF32Tol, kAdamF32Tol, false},
+        ShardCase{"sgd_bf16_O2_accum_clip",
+                  "--precision bf16 --opt_level O2 --optimizer sgd --momentum 0.9 --grad_accum 2 --clip_grad_norm 0.05",
+                  2e-2, 0.25, false},
+        ShardCase{"adamw_bf16_O2_accum_clip_ema",
+                  "--precision bf16 --opt_level O2 --optimizer adamw --lr 1e-4 --grad_accum 2 --clip_grad_norm 0.05 "
+                  "--ema_decay 0.5",
+                  2e-2, 0.25, false},
+        // the first step overflows at 2^22 (on one rank is enough) and is skipped on every rank
+        ShardCase{"adamw_fp16_O2_dynamic",
+                  "--precision fp16 --opt_level O2 --optimizer adamw --lr 1e-4 --init_scale 4194304 "
+                  "--backoff_factor 0.015625",
+                  1.5e-2, 0.1, true}),
+    [](const ::testing::TestParamInfo<ShardCase>& i) { return i.param.name; });
+
+// A run stopped on two sharded ranks (rank 0 gathered the state into the checkpoint) continues on one process without
+// sharding and on three sharded ranks as if it had never stopped; the weight averages continue too.
+TEST(ShardedOptimizerResume, StopOnTwoShardedRanksResumeOnOneAndOnThree) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const fs::path dir = scratch_dir("dp-shard", "resume");
+  const std::string common = fmnist(2048) +
+                             "--epochs 2 --max_steps_per_epoch 4 --seed 5 --precision fp32 --optimizer adamw --lr 1e-4 "
+                             "--clip_grad_norm 0.05 --ema_decay 0.5 ";
+  const Result whole = one_process(common + "--batch_size 48 --checkpoint_dir " + (dir / "whole").string());
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  for (const int n : {1, 3}) {
+    const fs::path split = dir / ("split" + std::to_string(n));
+    const Result first =
+        ranks(2, common + "--batch_size 24 --shard_optimizer --stop_after_steps 3 --checkpoint_dir " + split.string());
+    ASSERT_EQ(first.code, 0) << first.output;
+    const std::string rest_args =
+        common + "--batch_size " + std::to_string(48 / n) + " --resume --checkpoint_dir " + split.string();
+    const Result rest = n == 1 ? one_process(rest_args) : ranks(n, rest_args + " --shard_optimizer");
+    ASSERT_EQ(rest.code, 0) << rest.output;
+    EXPECT_EQ(rest.output.find("settings that differ"), std::string::npos) << rest.output;
+    expect_close(split, dir / "whole", kAdamF32Tol, kAdamF32Tol,
+                 "stopped on 2 sharded ranks, resumed on " + std::to_string(n) + (n == 1 ? "" : " sharded"));
+  }
+  fs::remove_all(dir);
+}
+
+// One process owns every parameter: --shard_optimizer changes nothing it computes (bit for bit).
+TEST(ShardedOptimizerOneProcess, TrainsExactlyWhatItTrainsWithoutTheFlag) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const fs::path dir = scratch_dir("dp-shard", "one");
+  const std::string common = fmnist(1024) +
+                             "--epochs 1 --max_steps_per_epoch 3 --seed 9 --precision bf16 --opt_level O2 --optimizer "
+                             "adamw --lr 1e-3 --clip_grad_norm 0.05 --ema_decay 0.5 --batch_size 32 --checkpoint_dir ";
+  const Result plain = one_process(common + (dir / "plain").string());
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  const Result flag = one_process(common + (dir / "flag").string() + " --shard_optimizer");
+  ASSERT_EQ(flag.code, 0) << flag.output;
+  expect_close(dir / "flag", dir / "plain", 0.0, 0.0, "one process with --shard_optimizer against without");
+  fs::remove_all(dir);
+}
+
+// --shard_optimizer spreads what --numerics_every records whole: the pair is refused, naming both and the fix.
+TEST(ShardedOptimizerRefusals, NumericsRecordingIsRefusedWithTheFix) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const Result r = one_process(fmnist(256) + "--epochs 1 --max_steps_per_epoch 1 --shard_optimizer --numerics_every 2");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--numerics_every 2 records them whole; pass --numerics_every 0 with --shard_optimizer"),
+            std::string::npos)
+      << r.output;
 }
 
 // Ranks started with different settings are refused at start, on every rank, naming the setting; so is a global

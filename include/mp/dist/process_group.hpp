@@ -49,6 +49,19 @@ class ProcessGroup {
   virtual std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) = 0;
   /// In place: every rank's tensors get the values of rank `root`'s (any dtype, contiguous, on the CPU).
   virtual void broadcast(std::span<const Tensor> tensors, int root) = 0;
+  /// Sums `buffer` over the ranks and hands each rank its block of the sum (MPI_Reduce_scatter): `buffer` (f32 or
+  /// f64, contiguous, on the CPU, the same numel on every rank) is cut into size() blocks of counts[r] elements in rank
+  /// order; `out` (buffer's dtype, contiguous, counts[rank()] elements) receives block rank() summed. `counts` is the
+  /// same on every rank and adds up to buffer's numel.
+  virtual void reduce_scatter_sum(const Tensor& buffer, const Tensor& out, std::span<const int64_t> counts) = 0;
+  /// In place on every rank (MPI_Allgatherv): `buffer` (any dtype, contiguous, on the CPU, the same numel on every
+  /// rank) is cut into size() blocks of counts[r] elements in rank order; rank r's block r is copied into every
+  /// rank's block r. `counts` is the same on every rank and adds up to buffer's numel.
+  virtual void all_gather(const Tensor& buffer, std::span<const int64_t> counts) = 0;
+  /// Every rank's `mine` (any dtype, contiguous, on the CPU, counts[rank()] elements) into rank `root`'s `out` (mine's
+  /// dtype, contiguous, the sum of counts elements), in rank order (MPI_Gatherv). `out` is ignored on the other ranks
+  /// (pass an undefined tensor): only the root holds the whole.
+  virtual void gather(const Tensor& mine, const Tensor& out, std::span<const int64_t> counts, int root) = 0;
   /// Returns when every rank has called it.
   virtual void barrier() = 0;
   /// Ends every process of the run with exit status `status` (MPI_Abort): what a rank that fails alone does, since

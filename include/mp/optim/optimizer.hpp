@@ -98,6 +98,9 @@ class Optimizer {
   bool stochastic_rounding() const { return rounding_on_; }
   /// The f32 master of p (undefined when p has none yet).
   Tensor master(const Tensor& p) const;
+  /// Forget p's state (its master and moments; its next update starts them afresh): what a rank of a sharded run does
+  /// with the parameters another rank updates (Note [sharded optimizer state] in src/train/optimizer_shards.cpp).
+  void release_state(const Tensor& p) { state_.erase(p.impl_ptr().get()); }
   /// Use `master` (f32, p's shape) as p's master weights from now on (amp::initialize hands in the
   /// original f32 values of a model it converted to 16-bit).
   void set_master(const Tensor& p, const Tensor& master);

@@ -30,6 +30,9 @@ struct CheckpointRefs {
   optim::LRScheduler* scheduler = nullptr;  ///< saved under "scheduler."
   optim::ModelEma* ema = nullptr;           ///< the weights' f32 moving average, saved under "ema."
   bool generator = true;                    ///< default_generator()'s seed and offset under "rng."
+  /// Saved under "optimizer." instead of optimizer's own state dict when set (a sharded run's state gathered on rank
+  /// 0: Note [sharded optimizer state] in src/train/optimizer_shards.cpp); loading ignores it.
+  const optim::OptimizerStateDict* optimizer_state = nullptr;
 };
 
 /// What load_checkpoint returns besides restoring the live objects.

@@ -128,6 +128,7 @@ namespace mp::train {
     "data-parallel runs (mpirun): gradients are averaged over the ranks in buckets of about "                       \
     "this many MiB (f32), each all-reduced during backward as soon as its gradients are final "                     \
     "(PyTorch DDP's bucket_cap_mb); 0 = one all-reduce of every gradient after backward")                           \
+  X(bool, shard_optimizer, false, "data-parallel runs: each f32 master and moment on one rank only (ZeRO-1)")       \
   X(std::string, device, "cpu", "cpu, cuda or cuda:N (the model, batches and optimizer state live there)")          \
   X(std::string, matmul_precision, "highest",                                                                       \
     "f32 matmuls and convolutions on CUDA: highest (true f32) or high (TF32)")                                      \
