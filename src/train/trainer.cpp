@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "mp/amp/grad_scaler.hpp"
@@ -58,7 +59,7 @@ std::string checkpoint_path(const TrainConfig& c) {
 
 bool out_is_tty(const std::ostream& out) { return &out == &std::cout && is_terminal(stdout); }
 
-amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model) {
+amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model, const nn::StateDict& weights) {
   const amp::AmpOptions o = amp::resolve(amp_options(c));
   if (o.opt_level == amp::OptLevel::O2 || o.opt_level == amp::OptLevel::O3) {
     if (*o.keep_batchnorm_fp32)
@@ -66,6 +67,18 @@ amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model) {
     else
       model.to(o.dtype);
   }
+  if (!c.auto_precision) return o;
+  std::set<const nn::Module*> moved;  // the modules with 16-bit parameters stored in f32
+  for (auto& [name, m] : model.named_modules()) {
+    bool f32 = false, low = false;
+    for (const auto& [pn, p] : m->named_parameters(false)) {
+      const Tensor* t = weights.find(name.empty() ? pn : name + "." + pn);
+      low = low || is_low_precision(p.dtype());
+      f32 = f32 || (t != nullptr && is_low_precision(p.dtype()) && t->dtype() == DType::f32);
+    }
+    if (low && f32) moved.insert(m);
+  }
+  if (!moved.empty()) model.to(DType::f32, [&](const nn::Module& m) { return moved.count(&m) != 0; });
   return o;
 }
 
@@ -328,7 +341,7 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
                                            .image_size = sets.size,
                                            .num_classes = sets.classes,
                                            .memory_format = models::memory_format_from_flag(c.memory_format)});
-  const amp::AmpOptions o = convert_for_eval(c, *model);
+  const amp::AmpOptions o = convert_for_eval(c, *model, weights);
   model->to(run_device(c));
   check_weights_fit(c, *model, weights);
   model->load_state_dict(weights, /*strict=*/true);
