@@ -16,8 +16,10 @@ namespace mp::amp {
 // With --auto_precision an O2 run starts every layer O2 casts in 16-bit and reads their telemetry (NumericsRecorder)
 // every --auto_precision_every steps and on the step after each skipped one. A layer shows an overflow sign when its
 // forward output was the step's first non-finite one, or the amax of its forward output or of its output gradient at
-// scale 1 reaches --auto_precision_overflow x its 16-bit largest value; an f16 layer shows an underflow sign when more
-// than --auto_precision_underflow of its nonzero gradient values lie below 2^-24 at the current scale. After
+// scale 1 reaches --auto_precision_overflow x its 16-bit largest value; an f16 layer shows an underflow sign when its
+// output gradient's amax at the loss scale is below --auto_precision_underflow (2^-14: all of it subnormal or flushed;
+// the share of gradient values below 2^-24 cannot tell, as an f16 gradient holds none: they are zeros, which a dead
+// ReLU or an unused embedding row makes too). After
 // --auto_precision_patience consecutive observations with one sign the layer moves to f32:
 //  - f32, not bf16: f32 answers both signs (bf16 has f32's range but 3 bits less precision than f16), and a bf16
 //    layer among f16 ones runs no faster: f16 with bf16 operands promote to f32 anyway.
@@ -42,7 +44,7 @@ std::string num(double v) {
 
 }  // namespace
 
-LayerSign assess(const LayerNumerics& l, const AutoPrecisionOptions& o) {
+LayerSign assess(const LayerNumerics& l, const AutoPrecisionOptions& o, double scale) {
   LayerSign s;
   if (l.dtype != "f16" && l.dtype != "bf16") return s;  // f32 layers (batch norm under O2, layers moved) stay
   const DType d = dtype_from_string(l.dtype);
@@ -58,10 +60,10 @@ LayerSign assess(const LayerNumerics& l, const AutoPrecisionOptions& o) {
     s.why = "output gradient amax " + num(l.grad_amax) + " at scale 1 >= " + num(o.overflow) + " x " +
             num(largest(d));
   }
-  if (d == DType::f16 && l.grad_values > 0 && l.grad_underflow > o.underflow) {
+  if (d == DType::f16 && std::isfinite(l.grad_amax) && l.grad_amax * scale < o.underflow) {
     s.underflow = true;
-    s.why += std::string(s.why.empty() ? "" : "; ") + num(100 * l.grad_underflow) +
-             "% of nonzero gradient values below 2^-24 at the loss scale (> " + num(100 * o.underflow) + "%)";
+    s.why += std::string(s.why.empty() ? "" : "; ") + "output gradient amax " + num(l.grad_amax * scale) +
+             " at loss scale " + num(scale) + " < " + num(o.underflow);
   }
   return s;
 }
@@ -70,7 +72,7 @@ AutoPrecision::AutoPrecision(const AutoPrecisionOptions& options) : options_(opt
   MP_CHECK(options.overflow > 0 && options.overflow <= 1, "AutoPrecision: overflow must be in (0, 1], got ",
            options.overflow);
   MP_CHECK(options.underflow > 0 && options.underflow <= 1, "AutoPrecision: underflow must be in (0, 1], got ",
-           options.underflow);
+           options.underflow);  // a gradient amax: below 1, or every gradient would count
   MP_CHECK(options.patience >= 1, "AutoPrecision: patience must be at least 1, got ", options.patience);
 }
 

@@ -207,7 +207,7 @@ void validate(const TrainConfig& c) {
            "--auto_precision_overflow must be in (0, 1] (a share of the 16-bit largest value; default ",
            amp::AutoPrecisionOptions{}.overflow, "), got ", c.auto_precision_overflow);
   MP_CHECK(c.auto_precision_underflow > 0 && c.auto_precision_underflow <= 1,
-           "--auto_precision_underflow must be in (0, 1] (a share of nonzero gradient values; default ",
+           "--auto_precision_underflow must be in (0, 1] (an output gradient's amax at the loss scale; default ",
            amp::AutoPrecisionOptions{}.underflow, "), got ", c.auto_precision_underflow);
   MP_CHECK(c.auto_precision_patience >= 1, "--auto_precision_patience must be at least 1 (observations), got ",
            c.auto_precision_patience);

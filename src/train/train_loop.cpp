@@ -318,9 +318,9 @@ void TrainLoop::arm_for(int64_t next) {
   if (logged || auto_step_) numerics_->arm();
 }
 
-void TrainLoop::observe_precision(const std::vector<amp::LayerNumerics>& layers, int64_t global) {
+void TrainLoop::observe_precision(const std::vector<amp::LayerNumerics>& layers, double scale, int64_t global) {
   std::vector<amp::LayerSign> signs;
-  for (const amp::LayerNumerics& l : layers) signs.push_back(amp::assess(l, auto_->options()));
+  for (const amp::LayerNumerics& l : layers) signs.push_back(amp::assess(l, auto_->options(), scale));
   if (data_parallel()) {  // any rank's sign counts, so every rank decides alike (Note [automatic precision])
     std::vector<double> mine;
     for (const amp::LayerSign& s : signs) mine.insert(mine.end(), {s.overflow ? 1.0 : 0.0, s.underflow ? 1.0 : 0.0});
@@ -625,7 +625,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     const std::vector<amp::LayerNumerics> layers = numerics_->take();
     if (log_ && c_.numerics_every > 0 && global % c_.numerics_every == 0)
       write_numerics(*log_, epoch_ + 1, global, step_scale, layers);
-    if (auto_step_ && !sum_.diverged) observe_precision(layers, global);  // Note [automatic precision]
+    if (auto_step_ && !sum_.diverged) observe_precision(layers, step_scale, global);  // Note [automatic precision]
   }
   if (auto_) observe_next_ = !stepped;
   if (numerics_) arm_for(global + 1);  // before the next step's forward

@@ -89,8 +89,9 @@ class TrainLoop {
   /// Note [automatic precision]: arm the recorder when step `next` (global, 1-based) is recorded for the log or
   /// observed for automatic precision.
   void arm_for(int64_t next);
-  /// Judge one observation's layers (the ranks' signs agreed) and make the moves it decides.
-  void observe_precision(const std::vector<amp::LayerNumerics>& layers, int64_t global);
+  /// Judge one observation's layers, whose gradients carried loss scale `scale` (the ranks' signs agreed), and make the
+  /// moves it decides.
+  void observe_precision(const std::vector<amp::LayerNumerics>& layers, double scale, int64_t global);
   /// Move `module` to f32 (amp::promote_to_f32) and point the run's parameter lists at the new tensors; returns the
   /// modules converted.
   std::vector<std::string> move_layer(const std::string& module);

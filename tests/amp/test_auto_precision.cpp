@@ -29,7 +29,7 @@ amp::LayerNumerics calm(const std::string& module, const std::string& dtype = "f
 
 std::vector<amp::LayerSign> assess_all(const std::vector<amp::LayerNumerics>& ls, const amp::AutoPrecisionOptions& o) {
   std::vector<amp::LayerSign> s;
-  for (const auto& l : ls) s.push_back(amp::assess(l, o));
+  for (const auto& l : ls) s.push_back(amp::assess(l, o, 1.0));
   return s;
 }
 
@@ -37,7 +37,7 @@ std::vector<amp::LayerSign> assess_all(const std::vector<amp::LayerNumerics>& ls
 
 TEST(AutoPrecisionRule, CalmLayersShowNoSign) {
   const amp::AutoPrecisionOptions o;
-  const amp::LayerSign s = amp::assess(calm("fc"), o);
+  const amp::LayerSign s = amp::assess(calm("fc"), o, 1.0);
   EXPECT_FALSE(s.overflow);
   EXPECT_FALSE(s.underflow);
   EXPECT_EQ(s.why, "");
@@ -47,20 +47,20 @@ TEST(AutoPrecisionRule, OverflowSignsAtTheThreshold) {
   const amp::AutoPrecisionOptions o{.overflow = 0.5};
   amp::LayerNumerics l = calm("fc");
   l.act_amax = 32751;  // just below 0.5 x 65504 = 32752
-  EXPECT_FALSE(amp::assess(l, o).overflow);
+  EXPECT_FALSE(amp::assess(l, o, 1.0).overflow);
   l.act_amax = 32752;
-  EXPECT_TRUE(amp::assess(l, o).overflow);
-  EXPECT_NE(amp::assess(l, o).why.find("forward output amax 3.275e+04"), std::string::npos) << amp::assess(l, o).why;
+  EXPECT_TRUE(amp::assess(l, o, 1.0).overflow);
+  EXPECT_NE(amp::assess(l, o, 1.0).why.find("forward output amax 3.275e+04"), std::string::npos) << amp::assess(l, o, 1.0).why;
   // The output gradient at scale 1 likewise.
   l = calm("fc");
   l.grad_amax = 40000;
-  EXPECT_TRUE(amp::assess(l, o).overflow);
-  EXPECT_NE(amp::assess(l, o).why.find("output gradient"), std::string::npos);
+  EXPECT_TRUE(amp::assess(l, o, 1.0).overflow);
+  EXPECT_NE(amp::assess(l, o, 1.0).why.find("output gradient"), std::string::npos);
   // A stricter threshold.
   l = calm("fc");
   l.act_amax = 7000;
-  EXPECT_FALSE(amp::assess(l, o).overflow);
-  EXPECT_TRUE(amp::assess(l, {.overflow = 0.1}).overflow);  // 0.1 x 65504 = 6550.4
+  EXPECT_FALSE(amp::assess(l, o, 1.0).overflow);
+  EXPECT_TRUE(amp::assess(l, {.overflow = 0.1}, 1.0).overflow);  // 0.1 x 65504 = 6550.4
 }
 
 TEST(AutoPrecisionRule, OnlyTheFirstNonFiniteOutputIsBlamed) {
@@ -68,41 +68,48 @@ TEST(AutoPrecisionRule, OnlyTheFirstNonFiniteOutputIsBlamed) {
   amp::LayerNumerics first = calm("a"), later = calm("b");
   first.act_amax = later.act_amax = kNaN;  // both outputs non-finite
   first.act_first_nonfinite = true;        // a's came first: b only passed it on
-  EXPECT_TRUE(amp::assess(first, o).overflow);
-  EXPECT_EQ(amp::assess(first, o).why, "forward output non-finite (the step's first)");
-  EXPECT_FALSE(amp::assess(later, o).overflow);
+  EXPECT_TRUE(amp::assess(first, o, 1.0).overflow);
+  EXPECT_EQ(amp::assess(first, o, 1.0).why, "forward output non-finite (the step's first)");
+  EXPECT_FALSE(amp::assess(later, o, 1.0).overflow);
 }
 
 TEST(AutoPrecisionRule, Bf16RangeIsF32s) {
   amp::LayerNumerics l = calm("fc", "bf16");
   l.act_amax = 1e6;  // would overflow f16, not bf16
-  EXPECT_FALSE(amp::assess(l, {}).overflow);
+  EXPECT_FALSE(amp::assess(l, {}, 1.0).overflow);
   l.act_amax = 2e38;
-  EXPECT_TRUE(amp::assess(l, {}).overflow);
-  // f16's underflow threshold does not apply to bf16 (its smallest subnormal is 2^-133).
+  EXPECT_TRUE(amp::assess(l, {}, 1.0).overflow);
+  // f16's underflow threshold does not apply to bf16 (its smallest normal is 2^-126).
   l = calm("fc", "bf16");
-  l.grad_underflow = 0.9;
-  EXPECT_FALSE(amp::assess(l, {}).underflow);
+  l.grad_amax = 1e-10;
+  EXPECT_FALSE(amp::assess(l, {}, 1.0).underflow);
 }
 
-TEST(AutoPrecisionRule, UnderflowSignAboveTheShare) {
-  const amp::AutoPrecisionOptions o{.underflow = 0.25};
+// The output gradient's amax times the loss scale against f16's smallest normal (2^-14 by default).
+TEST(AutoPrecisionRule, UnderflowSignBelowTheSmallestNormalAtTheScale) {
+  const amp::AutoPrecisionOptions o;
+  ASSERT_EQ(o.underflow, std::ldexp(1.0, -14));
   amp::LayerNumerics l = calm("emb");
-  l.grad_underflow = 0.25;  // not above
-  EXPECT_FALSE(amp::assess(l, o).underflow);
-  l.grad_underflow = 0.26;
-  EXPECT_TRUE(amp::assess(l, o).underflow);
-  EXPECT_FALSE(amp::assess(l, o).overflow);
-  l.grad_values = 0;  // no gradient this step: nothing to judge
-  EXPECT_FALSE(amp::assess(l, o).underflow);
+  l.grad_amax = std::ldexp(1.0, -20);
+  EXPECT_TRUE(amp::assess(l, o, 1.0).underflow);     // 2^-20 at scale 1: subnormal
+  EXPECT_FALSE(amp::assess(l, o, 64.0).underflow);   // 2^-14 at scale 2^6: normal, not below
+  EXPECT_TRUE(amp::assess(l, o, 32.0).underflow);    // 2^-15
+  EXPECT_FALSE(amp::assess(l, o, 32.0).overflow);
+  EXPECT_EQ(amp::assess(l, o, 32.0).why, "output gradient amax 3.052e-05 at loss scale 32 < 6.104e-05");
+  l.grad_amax = 0;  // everything flushed
+  EXPECT_TRUE(amp::assess(l, o, 65536.0).underflow);
+  l.grad_amax = kNaN;  // not seen (or non-finite): nothing to judge
+  EXPECT_FALSE(amp::assess(l, o, 1.0).underflow);
+  l.grad_amax = std::ldexp(1.0, -20);
+  EXPECT_FALSE(amp::assess(l, {.underflow = std::ldexp(1.0, -21)}, 1.0).underflow);  // a lower threshold
 }
 
 TEST(AutoPrecisionRule, F32LayersAreNotEligible) {
   amp::LayerNumerics l = calm("bn", "f32");
   l.act_amax = 1e30;
   l.act_first_nonfinite = true;
-  l.grad_underflow = 1;
-  const amp::LayerSign s = amp::assess(l, {});
+  l.grad_amax = 0;
+  const amp::LayerSign s = amp::assess(l, {}, 1.0);
   EXPECT_FALSE(s.overflow);
   EXPECT_FALSE(s.underflow);
 }

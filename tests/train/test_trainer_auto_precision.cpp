@@ -69,6 +69,7 @@ TEST(AutoPrecisionRun, MovesTheLayersWhoseTelemetryOverflowsAndRecordsIt) {
                                .underflow = c.auto_precision_underflow,
                                .patience = c.auto_precision_patience});
   std::map<int64_t, std::vector<mp::amp::LayerNumerics>> by_step;
+  std::map<int64_t, double> scale;
   std::vector<std::pair<std::string, int64_t>> logged_moves;
   std::map<std::string, std::map<int64_t, std::string>> dtype_at;  // module -> step -> dtype in its record
   for (const auto& r : mp::train::read_run_log(c.log)) {
@@ -84,6 +85,7 @@ TEST(AutoPrecisionRun, MovesTheLayersWhoseTelemetryOverflowsAndRecordsIt) {
                                .grad_values = static_cast<int64_t>(number(r.at("grad_values"))),
                                .grad_underflow = number(r.at("grad_underflow"))});
       dtype_at[text(r, "module")][step] = text(r, "dtype");
+      scale[step] = number(r.at("scale"));
     } else if (type == "precision") {
       logged_moves.emplace_back(text(r, "module"), static_cast<int64_t>(number(r.at("step"))));
       EXPECT_EQ(text(r, "from"), "f16");
@@ -96,7 +98,7 @@ TEST(AutoPrecisionRun, MovesTheLayersWhoseTelemetryOverflowsAndRecordsIt) {
   std::vector<std::pair<std::string, int64_t>> expected;
   for (const auto& [step, layers] : by_step) {
     std::vector<mp::amp::LayerSign> signs;
-    for (const auto& l : layers) signs.push_back(mp::amp::assess(l, rule.options()));
+    for (const auto& l : layers) signs.push_back(mp::amp::assess(l, rule.options(), scale.at(step)));
     for (const auto& m : rule.observe(layers, signs, step)) expected.emplace_back(m.module, m.step);
   }
   ASSERT_FALSE(expected.empty()) << "no layer crossed the threshold: the test's premise (auto_config) no longer holds";

@@ -17,8 +17,9 @@ namespace mp::amp {
 struct AutoPrecisionOptions {
   double overflow = 0.5;  ///< an amax (forward output, or output gradient at scale 1) at or above this share of the
                           ///< layer's 16-bit largest value (f16 65504, bf16 3.39e38) is an overflow sign
-  double underflow = 0.5;  ///< an f16 layer whose share of nonzero gradient values below 2^-24 at the current loss
-                           ///< scale is above this shows an underflow sign
+  double underflow = 6.103515625e-05;  ///< an f16 layer whose output gradient's amax at the loss scale is below this
+                                       ///< (2^-14, f16's smallest normal: all of it subnormal or zero) shows an
+                                       ///< underflow sign
   int64_t patience = 2;    ///< consecutive observations showing the same sign before the layer moves
   int64_t every = 10;      ///< observe every N optimizer steps (and the step after a skipped one); the run's choice
 };
@@ -30,8 +31,9 @@ struct LayerSign {
   std::string why;  ///< the measured values behind the sign ("" when none)
 };
 
-/// The rule on one layer's telemetry of one step (a pure function): layers that are not 16-bit show no sign.
-LayerSign assess(const LayerNumerics& layer, const AutoPrecisionOptions& options);
+/// The rule on one layer's telemetry of one step whose gradients carried loss scale `scale` (a pure function): layers
+/// that are not 16-bit show no sign.
+LayerSign assess(const LayerNumerics& layer, const AutoPrecisionOptions& options, double scale);
 
 /// One layer's change of dtype.
 struct PrecisionMove {

@@ -86,8 +86,8 @@ namespace mp::train {
     "--auto_precision: an overflow sign is a layer's forward output or output gradient (at scale 1) reaching this " \
     "share of its 16-bit largest value (f16 65504), or its output the step's first non-finite one")                 \
   X(double, auto_precision_underflow, amp::AutoPrecisionOptions{}.underflow,                                        \
-    "--auto_precision: an underflow sign is an f16 layer with more than this share of its nonzero gradient values " \
-    "below 2^-24 at the loss scale")                                                                                \
+    "--auto_precision: an underflow sign is an f16 layer whose output gradient's amax at the loss scale is below "  \
+    "this (2^-14, f16's smallest normal: all of it subnormal or zero)")                                             \
   X(int64_t, auto_precision_patience, amp::AutoPrecisionOptions{}.patience,                                         \
     "--auto_precision: consecutive observations showing one sign before a layer moves to f32")                      \
   /* ---- dynamic loss scaling (amp::GradScalerOptions, whose defaults these are) ---- */                           \
