@@ -14,23 +14,22 @@ namespace mp::amp {
 
 // Note [automatic precision]
 // With --auto_precision an O2 run starts every layer O2 casts in 16-bit and reads their telemetry (NumericsRecorder)
-// every --auto_precision_every steps and on the step after each skipped one. A layer shows an overflow sign when its
-// forward output was the step's first non-finite one, or the amax of its forward output or of its output gradient at
-// scale 1 reaches --auto_precision_overflow x its 16-bit largest value; an f16 layer shows an underflow sign when its
-// output gradient's amax at the loss scale is below --auto_precision_underflow (2^-14: all of it subnormal or flushed;
-// the share of gradient values below 2^-24 cannot tell, as an f16 gradient holds none: they are zeros, which a dead
-// ReLU or an unused embedding row makes too). After
-// --auto_precision_patience consecutive observations with one sign the layer moves to f32:
+// every --auto_precision_every steps and on the step after each skipped one. Overflow sign: the layer's forward output
+// was the step's first non-finite one, or its output's or output gradient's (at scale 1) amax reaches
+// --auto_precision_overflow x its 16-bit largest value. Underflow sign (f16): its output gradient's amax at the loss
+// scale is below --auto_precision_underflow (2^-14: all of it subnormal or zero; an f16 gradient holds no values below
+// 2^-24 to count, only zeros, which dead ReLUs and unused embedding rows make too). After --auto_precision_patience
+// consecutive observations with one sign the layer moves to f32:
 //  - f32, not bf16: f32 answers both signs (bf16 has f32's range but 3 bits less precision than f16), and a bf16
 //    layer among f16 ones runs no faster: f16 with bf16 operands promote to f32 anyway.
-//  - its output is f32, so the ops after it compute in f32 by type promotion until one casts; casting the output back
-//    to 16-bit would bring back the overflow that moved it.
-//  - one way: a layer never moves back. Its output's range does not shrink by itself, and moving back and forth would
-//    make a run's numerics hang on when it looked; a move costs speed, never accuracy.
-//  - its f32 master becomes the parameter (the 16-bit weight was its rounding), the optimizer keeps the moments and
-//    step count (f32 already) and drops the master, which an f32 parameter does not need.
-//  - moves and streaks are saved in checkpoints, and --resume replays the moves: the resumed run continues exactly.
-// Data-parallel ranks see different batches: they add up their signs (any rank's counts), so every rank decides alike.
+//  - its output stays f32, so the ops after it compute in f32 by type promotion; casting it back to 16-bit would bring
+//    back the overflow that moved it.
+//  - one way: its range does not shrink by itself, and moving back and forth would make a run's numerics hang on when
+//    it looked; a move costs speed, never accuracy.
+//  - its f32 master becomes the parameter (the 16-bit weight was its rounding); the optimizer keeps the moments and
+//    step count (f32 already) and drops the master.
+//  - moves and streaks are checkpointed and --resume replays the moves: the resumed run continues exactly.
+// Data-parallel ranks see different batches: they add up their signs (any rank's counts), so all decide alike.
 
 namespace {
 
@@ -57,8 +56,7 @@ LayerSign assess(const LayerNumerics& l, const AutoPrecisionOptions& o, double s
     s.why = "forward output amax " + num(l.act_amax) + " >= " + num(o.overflow) + " x " + num(largest(d));
   } else if (std::isfinite(l.grad_amax) && l.grad_amax >= limit) {
     s.overflow = true;
-    s.why = "output gradient amax " + num(l.grad_amax) + " at scale 1 >= " + num(o.overflow) + " x " +
-            num(largest(d));
+    s.why = "output gradient amax " + num(l.grad_amax) + " at scale 1 >= " + num(o.overflow) + " x " + num(largest(d));
   }
   if (d == DType::f16 && std::isfinite(l.grad_amax) && l.grad_amax * scale < o.underflow) {
     s.underflow = true;

@@ -97,17 +97,17 @@ void NumericsRecorder::arm() {
     w->grad_nonzero.clear();
     // Training passes only: an evaluation between steps runs without grad mode and is not recorded. The hooks
     // hold the shared record, so a gradient hook that fires after the recorder is gone stays valid.
-    const size_t id = w->module->register_forward_hook([w, count = nonfinite_count_](nn::Module&, const Tensor&,
-                                                                                      const Tensor& out) {
-      if (!autograd::grad_mode_enabled() || !out.defined() || !out.requires_grad()) return;
-      const double amax = amax_of(out);
-      if (!std::isfinite(amax) && w->nonfinite_at < 0) w->nonfinite_at = (*count)++;
-      fold_max(w->act, amax);
-      autograd::register_hook(out, [w](const Tensor& g) {
-        fold_max(w->grad, amax_of(g));
-        return Tensor();
-      });
-    });
+    const size_t id =
+        w->module->register_forward_hook([w, count = nonfinite_count_](nn::Module&, const Tensor&, const Tensor& out) {
+          if (!autograd::grad_mode_enabled() || !out.defined() || !out.requires_grad()) return;
+          const double amax = amax_of(out);
+          if (!std::isfinite(amax) && w->nonfinite_at < 0) w->nonfinite_at = (*count)++;
+          fold_max(w->act, amax);
+          autograd::register_hook(out, [w](const Tensor& g) {
+            fold_max(w->grad, amax_of(g));
+            return Tensor();
+          });
+        });
     hooks_.emplace_back(w->module, id);
   }
 }

@@ -380,8 +380,8 @@ void TrainLoop::replay_precision(const std::string& json) {
       }
     }
   }
-  out_ << "auto precision: resumed with " << auto_->moves().size() << " layer" << (auto_->moves().size() == 1 ? "" : "s")
-       << " moved to f32 (" << names << ")\n";
+  out_ << "auto precision: resumed with " << auto_->moves().size() << " layer"
+       << (auto_->moves().size() == 1 ? "" : "s") << " moved to f32 (" << names << ")\n";
 }
 
 void TrainLoop::adopt_kernel_paths(const std::map<std::string, std::string>& resumed) {

@@ -416,6 +416,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
       c.keep_batchnorm_fp32.reset();
       c.master_weights.reset();
       c.stochastic_rounding = false;
+      c.auto_precision = false;  // the layers it moved follow the new level as every other layer
     }
     if (other_precision && !given("opt_level")) c.opt_level.reset();  // the new precision's default level
     std::set<std::string> rest = overrides->given;
@@ -425,6 +426,19 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   c.resume = false;
   validate(c);
   c = with_task_defaults(c);
+  if (ema && c.auto_precision) {
+    // The averages are f32 whatever the layers' dtypes; the model's tensors in the file tell which layers the run
+    // moved to f32 (convert_for_eval reads them off the dtypes): the others' averages go in their 16-bit dtype, as
+    // the run's own evaluation of the averages rounded them.
+    const nn::StateDict stored = read_model_state(path);
+    nn::StateDict typed;
+    for (const auto& [name, t] : weights) {
+      const Tensor* m = stored.find(name);
+      typed.insert(name,
+                   m != nullptr && is_low_precision(m->dtype()) && t.dtype() == DType::f32 ? t.to(m->dtype()) : t);
+    }
+    weights = std::move(typed);
+  }
   MP_CHECK(split == "test" || split == "valid", "eval: unknown split '", split, "': expected test or valid");
   if (is_text_task(c) && models::is_gpt_model(c.model))
     return detail::evaluate_gpt_checkpoint(c, weights, md, path, split, out);

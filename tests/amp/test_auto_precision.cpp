@@ -50,7 +50,8 @@ TEST(AutoPrecisionRule, OverflowSignsAtTheThreshold) {
   EXPECT_FALSE(amp::assess(l, o, 1.0).overflow);
   l.act_amax = 32752;
   EXPECT_TRUE(amp::assess(l, o, 1.0).overflow);
-  EXPECT_NE(amp::assess(l, o, 1.0).why.find("forward output amax 3.275e+04"), std::string::npos) << amp::assess(l, o, 1.0).why;
+  EXPECT_NE(amp::assess(l, o, 1.0).why.find("forward output amax 3.275e+04"), std::string::npos)
+      << amp::assess(l, o, 1.0).why;
   // The output gradient at scale 1 likewise.
   l = calm("fc");
   l.grad_amax = 40000;
@@ -91,9 +92,9 @@ TEST(AutoPrecisionRule, UnderflowSignBelowTheSmallestNormalAtTheScale) {
   ASSERT_EQ(o.underflow, std::ldexp(1.0, -14));
   amp::LayerNumerics l = calm("emb");
   l.grad_amax = std::ldexp(1.0, -20);
-  EXPECT_TRUE(amp::assess(l, o, 1.0).underflow);     // 2^-20 at scale 1: subnormal
-  EXPECT_FALSE(amp::assess(l, o, 64.0).underflow);   // 2^-14 at scale 2^6: normal, not below
-  EXPECT_TRUE(amp::assess(l, o, 32.0).underflow);    // 2^-15
+  EXPECT_TRUE(amp::assess(l, o, 1.0).underflow);    // 2^-20 at scale 1: subnormal
+  EXPECT_FALSE(amp::assess(l, o, 64.0).underflow);  // 2^-14 at scale 2^6: normal, not below
+  EXPECT_TRUE(amp::assess(l, o, 32.0).underflow);   // 2^-15
   EXPECT_FALSE(amp::assess(l, o, 32.0).overflow);
   EXPECT_EQ(amp::assess(l, o, 32.0).why, "output gradient amax 3.052e-05 at loss scale 32 < 6.104e-05");
   l.grad_amax = 0;  // everything flushed

@@ -378,9 +378,7 @@ TEST(DataParallelTrainerAutoPrecision, TwoRanksMoveTheLayersOneProcessMoves) {
   EXPECT_EQ(count(two.output, "auto precision: step 2: layers.0 (Linear) f16 -> f32"), 1) << two.output;
   std::map<std::string, std::string> md;
   for (const auto& t : mp::train::read_safetensors_header((dir / "split" / "checkpoint.safetensors").string(), &md))
-    if (t.name == "model.layers.0.weight") {
-      EXPECT_EQ(t.dtype, mp::DType::f32);
-    }
+    if (t.name == "model.layers.0.weight") { EXPECT_EQ(t.dtype, mp::DType::f32); }
   EXPECT_NE(md["auto_precision"].find("\"module\":\"layers.0\""), std::string::npos) << md["auto_precision"];
   const Result rest = one_process(common + "--batch_size 64 --resume " + split);
   ASSERT_EQ(rest.code, 0) << rest.output;

@@ -185,9 +185,9 @@ TEST(NnRnn, BackwardReachesEveryParameterAndInput) {
   }
 }
 
-// Outside autocast a recurrent layer computes in the promotion of its input's and weights' dtypes, as Linear does (amp's
-// automatic precision moves single layers to f32: Note [automatic precision]): 16-bit weights given an f32 input give
-// the f32 layer's output with the weights rounded to 16-bit, and their gradients reach the 16-bit weights; an f32
+// Outside autocast a recurrent layer computes in the promotion of its input's and weights' dtypes, as Linear does
+// (amp's automatic precision moves single layers to f32: Note [automatic precision]): 16-bit weights given an f32 input
+// give the f32 layer's output with the weights rounded to 16-bit, and their gradients reach the 16-bit weights; an f32
 // layer given a 16-bit input likewise. Every implementation and the single-state cells.
 TEST(NnRnn, MixedInputAndWeightDtypesComputeInThePromotedDtype) {
   for (const LstmImpl impl : {LstmImpl::fused, LstmImpl::basic}) {

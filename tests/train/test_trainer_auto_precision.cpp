@@ -18,6 +18,7 @@
 #include "mp/train/safetensors.hpp"
 #include "mp/train/trainer.hpp"
 #include "test_util.hpp"
+#include "train/precision_moves.hpp"
 #include "trainer_fixtures.hpp"
 
 namespace fs = std::filesystem;
@@ -130,13 +131,36 @@ TEST(AutoPrecisionRun, MovesTheLayersWhoseTelemetryOverflowsAndRecordsIt) {
   ASSERT_EQ(md.count("auto_precision"), 1u);
   const nlohmann::json j = nlohmann::json::parse(md.at("auto_precision"));
   std::vector<std::pair<std::string, int64_t>> saved;
-  for (const auto& m : j.at("moves")) saved.emplace_back(m.at("module").get<std::string>(), m.at("step").get<int64_t>());
+  for (const auto& m : j.at("moves"))
+    saved.emplace_back(m.at("module").get<std::string>(), m.at("step").get<int64_t>());
   EXPECT_EQ(saved, logged_moves);
 
   // Evaluation of the checkpoint runs the moved layers in f32, as the run's own evaluation did.
   const mp::train::EvalResult r = mp::train::evaluate_checkpoint(ckpt, "test", nullptr, sink);
   EXPECT_DOUBLE_EQ(r.metric, s.val_metric);
   EXPECT_DOUBLE_EQ(r.loss, s.val_loss);
+}
+
+// The weight averages of an --auto_precision run evaluate as the run evaluated them (moved layers in f32, the others
+// rounded to f16); another precision for the evaluation takes the layers with it.
+TEST(AutoPrecisionRun, EvaluatingTheAveragesAndAtAnotherPrecision) {
+  TrainConfig c = auto_config();
+  c.ema_decay = 0.9;
+  const fs::path dir = scratch_dir("auto_precision", "ema");
+  c.checkpoint_dir = dir.string();
+  std::ostringstream sink;
+  const RunSummary s = mp::train::train(c, sink);
+  ASSERT_NE(sink.str().find("auto precision: step"), std::string::npos);
+  ASSERT_TRUE(s.ema_val_metric.has_value());
+  const std::string ckpt = (dir / "checkpoint.safetensors").string();
+  const mp::train::EvalResult e = mp::train::evaluate_checkpoint(ckpt, "test", nullptr, sink, /*ema=*/true);
+  EXPECT_DOUBLE_EQ(e.metric, *s.ema_val_metric);
+  EXPECT_DOUBLE_EQ(e.loss, *s.ema_val_loss);
+  mp::train::EvalOverrides fp32;
+  fp32.values.precision = mp::DType::f32;
+  fp32.given = {"precision"};
+  const mp::train::EvalResult f = mp::train::evaluate_checkpoint(ckpt, "test", &fp32, sink);
+  EXPECT_EQ(f.examples, 128);
 }
 
 // A resume in the middle of a streak (step 1: one observation of 2 made) and after the moves (step 7): the streaks and
@@ -174,6 +198,37 @@ TEST(AutoPrecisionRun, OffChangesNothingAndMovesSurviveAResumeWithoutTheFlag) {
   for (const auto& t : mp::train::read_safetensors_header((dir / "checkpoint.safetensors").string()))
     stored[t.name] = t.dtype;
   EXPECT_EQ(stored.at("model.layer1.0.conv2.weight"), mp::DType::f32);  // moved at step 2, kept to the end
+}
+
+// The checkpoint metadata round-trips the decisions; a damaged one is refused naming the file's key and what it
+// expects.
+TEST(AutoPrecisionRun, MetadataRoundTripsAndDamageIsRefused) {
+  mp::amp::AutoPrecision ap({});
+  ap.restore({{.module = "layer1.0.conv1", .type = "Conv2d", .from = mp::DType::f16, .step = 12, .reason = "r"}},
+             {{"fc", {.overflow = 0, .underflow = 1}}});
+  const std::string json = mp::train::detail::precision_state_json(ap, true);
+  mp::amp::AutoPrecision back({});
+  bool next = false;
+  mp::train::detail::restore_precision_state(json, "ckpt 'x': metadata 'auto_precision'", back, next);
+  EXPECT_TRUE(next);
+  ASSERT_EQ(back.moves().size(), 1u);
+  EXPECT_EQ(back.moves()[0].module, "layer1.0.conv1");
+  EXPECT_EQ(back.moves()[0].step, 12);
+  EXPECT_EQ(back.moves()[0].to, mp::DType::f32);
+  EXPECT_EQ(back.streaks(), ap.streaks());
+  for (const std::string& bad : {std::string("{"), std::string("{\"moves\": 3}"),
+                                 std::string("{\"moves\": [], \"streaks\": {\"fc\": [1]}, \"observe_next\": false}"),
+                                 std::string("{\"moves\": [{\"module\": \"fc\", \"type\": \"Linear\", \"from\": "
+                                             "\"f32\", \"to\": \"f16\", \"step\": 1, \"reason\": \"\"}], "
+                                             "\"streaks\": {}, \"observe_next\": false}")}) {
+    try {
+      mp::train::detail::restore_precision_state(bad, "ckpt 'x': metadata 'auto_precision'", back, next);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const mp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ckpt 'x': metadata 'auto_precision'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("resume from another checkpoint"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(AutoPrecisionRun, ValidationNamesTheProblem) {

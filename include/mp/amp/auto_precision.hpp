@@ -20,8 +20,8 @@ struct AutoPrecisionOptions {
   double underflow = 6.103515625e-05;  ///< an f16 layer whose output gradient's amax at the loss scale is below this
                                        ///< (2^-14, f16's smallest normal: all of it subnormal or zero) shows an
                                        ///< underflow sign
-  int64_t patience = 2;    ///< consecutive observations showing the same sign before the layer moves
-  int64_t every = 10;      ///< observe every N optimizer steps (and the step after a skipped one); the run's choice
+  int64_t patience = 2;                ///< consecutive observations showing the same sign before the layer moves
+  int64_t every = 10;  ///< observe every N optimizer steps (and the step after a skipped one); the run's choice
 };
 
 /// What one observation of one layer shows.

@@ -78,8 +78,8 @@ namespace mp::train {
     "each update, so updates below half an ulp survive in expectation (there are no f32 "                           \
     "masters to keep them)")                                                                                        \
   X(bool, auto_precision, false,                                                                                    \
-    "O2: start every layer O2 casts in 16-bit and move a layer to f32 for good when its telemetry shows it "         \
-    "overflowing or underflowing (Note [automatic precision]; each move is printed, logged and checkpointed)")     \
+    "O2: start every layer O2 casts in 16-bit and move a layer to f32 for good when its telemetry shows it "        \
+    "overflowing or underflowing (Note [automatic precision]; each move is printed, logged and checkpointed)")      \
   X(int64_t, auto_precision_every, amp::AutoPrecisionOptions{}.every,                                               \
     "--auto_precision: read the layers' telemetry every N optimizer steps, and on the step after a skipped one")    \
   X(double, auto_precision_overflow, amp::AutoPrecisionOptions{}.overflow,                                          \
