@@ -59,6 +59,7 @@ struct NumericsRecorder::Watched {
   LayerNumerics rec;
   std::vector<Tensor> params;  ///< its own parameters (not its children's)
   double act = kUnseen, grad = kUnseen;
+  int64_t nonfinite_at = -1;  ///< when its forward output first went non-finite (the recorder's count), -1: never
   // before_update's host copies of its 16-bit parameters: the weights, and the masters or the nonzero-gradient mask
   std::vector<Tensor> w_before, master_before, grad_nonzero;
 };
@@ -86,22 +87,27 @@ void NumericsRecorder::disarm() {
 
 void NumericsRecorder::arm() {
   if (armed()) return;
+  *nonfinite_count_ = 0;
   for (const auto& w : watched_) {
     w->act = w->grad = kUnseen;
+    w->nonfinite_at = -1;
     w->rec = LayerNumerics{.module = w->rec.module, .type = w->rec.type};
     w->w_before.clear();
     w->master_before.clear();
     w->grad_nonzero.clear();
     // Training passes only: an evaluation between steps runs without grad mode and is not recorded. The hooks
     // hold the shared record, so a gradient hook that fires after the recorder is gone stays valid.
-    const size_t id = w->module->register_forward_hook([w](nn::Module&, const Tensor&, const Tensor& out) {
-      if (!autograd::grad_mode_enabled() || !out.defined() || !out.requires_grad()) return;
-      fold_max(w->act, amax_of(out));
-      autograd::register_hook(out, [w](const Tensor& g) {
-        fold_max(w->grad, amax_of(g));
-        return Tensor();
-      });
-    });
+    const size_t id =
+        w->module->register_forward_hook([w, count = nonfinite_count_](nn::Module&, const Tensor&, const Tensor& out) {
+          if (!autograd::grad_mode_enabled() || !out.defined() || !out.requires_grad()) return;
+          const double amax = amax_of(out);
+          if (!std::isfinite(amax) && w->nonfinite_at < 0) w->nonfinite_at = (*count)++;
+          fold_max(w->act, amax);
+          autograd::register_hook(out, [w](const Tensor& g) {
+            fold_max(w->grad, amax_of(g));
+            return Tensor();
+          });
+        });
     hooks_.emplace_back(w->module, id);
   }
 }
@@ -122,6 +128,7 @@ void NumericsRecorder::gradients(double scale) {
     for (const Tensor& p : w->params) w->rec.has_update = w->rec.has_update || is_low_precision(p.dtype());
     w->rec.update_lost = nan;  // until after_update() measures an applied step
     w->rec.act_amax = w->act == kUnseen ? nan : w->act;
+    w->rec.act_first_nonfinite = w->nonfinite_at == 0;
     w->rec.grad_amax = w->grad == kUnseen || std::isnan(w->grad) ? nan : w->grad / scale;
   }
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "mp/autocast/autocast.hpp"
 #include "mp/nn/init.hpp"
 #include "mp/ops/embedding.hpp"
 #include "mp/ops/linalg.hpp"
@@ -102,26 +103,36 @@ Tensor RNNBase::between_layers(const Tensor& y, int64_t layer) const {
   return y;
 }
 
+DType RNNBase::compute_dtype(const Tensor& x) const {
+  if (amp::autocast_active(x.device().type)) return x.dtype();  // the ops cast
+  return promote_types(x.dtype(), w_ih_[0]->dtype());
+}
+
+Tensor RNNBase::in_dtype(const Tensor& t, DType dt) { return !t.defined() || t.dtype() == dt ? t : t.to(dt); }
+
 std::pair<Tensor, LSTMState> LSTM::forward(const Tensor& input, const LSTMState& state) {
   bool unbatched = false;
   Tensor x = time_major(input, unbatched);
-  const Tensor h0 = initial_state(state.h, x, unbatched, "h0");
+  const DType dt = compute_dtype(x);
+  x = in_dtype(x, dt);
+  const Tensor h0 = in_dtype(initial_state(state.h, x, unbatched, "h0"), dt);
   const Tensor c0 = initial_state(state.c, x, unbatched, "c0");
   const int64_t T = x.size(0);
   std::vector<Tensor> h_n, c_n;
   for (int64_t l = 0; l < options_.num_layers; ++l) {
+    const Tensor w_ih = in_dtype(*w_ih_[l], dt), w_hh = in_dtype(*w_hh_[l], dt);
+    const Tensor b_ih = in_dtype(*b_ih_[l], dt), b_hh = in_dtype(*b_hh_[l], dt);
     if (options_.impl == LstmImpl::library) {
-      auto [y, hT, cT] =
-          lstm_layer_library(x, h0.select(0, l), c0.select(0, l), *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
+      auto [y, hT, cT] = lstm_layer_library(x, h0.select(0, l), c0.select(0, l), w_ih, w_hh, b_ih, b_hh);
       h_n.push_back(hT);
       c_n.push_back(cT);
       x = between_layers(y, l);
       continue;
     }
     // The input projection of every time step at once: [T, B, 4H].
-    const Tensor gx = linear(x, *w_ih_[l], *b_ih_[l]);
+    const Tensor gx = linear(x, w_ih, b_ih);
     if (options_.impl == LstmImpl::fused) {
-      auto [y, hT, cT] = lstm_layer(gx, h0.select(0, l), c0.select(0, l), *w_hh_[l], *b_hh_[l]);
+      auto [y, hT, cT] = lstm_layer(gx, h0.select(0, l), c0.select(0, l), w_hh, b_hh);
       h_n.push_back(hT);
       c_n.push_back(cT);
       x = between_layers(y, l);
@@ -132,7 +143,7 @@ std::pair<Tensor, LSTMState> LSTM::forward(const Tensor& input, const LSTMState&
     std::vector<Tensor> outs;
     outs.reserve(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
-      std::tie(h, c) = lstm_gates(add(gx_t[static_cast<size_t>(t)], linear(h, *w_hh_[l], *b_hh_[l])), c);
+      std::tie(h, c) = lstm_gates(add(gx_t[static_cast<size_t>(t)], linear(h, w_hh, b_hh)), c);
       outs.push_back(h);
     }
     h_n.push_back(h);
@@ -151,16 +162,20 @@ std::pair<Tensor, Tensor> RNNBase::forward_single_state(const Tensor& input, con
                                                         SingleStateCell cell) {
   bool unbatched = false;
   Tensor x = time_major(input, unbatched);
-  const Tensor h0 = initial_state(h0_in, x, unbatched, "h0");
+  const DType dt = compute_dtype(x);
+  x = in_dtype(x, dt);
+  const Tensor h0 = in_dtype(initial_state(h0_in, x, unbatched, "h0"), dt);
   const int64_t T = x.size(0);
   std::vector<Tensor> h_n;
   for (int64_t l = 0; l < options_.num_layers; ++l) {
+    const Tensor w_ih = in_dtype(*w_ih_[l], dt), w_hh = in_dtype(*w_hh_[l], dt);
+    const Tensor b_ih = in_dtype(*b_ih_[l], dt), b_hh = in_dtype(*b_hh_[l], dt);
     Tensor h = h0.select(0, l);
     const std::vector<Tensor> x_t = unbind(x, 0);
     std::vector<Tensor> outs;
     outs.reserve(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
-      h = cell(x_t[static_cast<size_t>(t)], h, *w_ih_[l], *w_hh_[l], *b_ih_[l], *b_hh_[l]);
+      h = cell(x_t[static_cast<size_t>(t)], h, w_ih, w_hh, b_ih, b_hh);
       outs.push_back(h);
     }
     h_n.push_back(h);

@@ -50,6 +50,11 @@ void Optimizer::set_master(const Tensor& p, const Tensor& master) {
   state_for(p).buffers["master"] = master.detach().contiguous();
 }
 
+void Optimizer::drop_master(const Tensor& p) {
+  auto it = state_.find(p.impl_ptr().get());
+  if (it != state_.end()) it->second.buffers.erase("master");
+}
+
 void Optimizer::move_state(const Tensor& from, const Tensor& to) {
   auto it = state_.find(from.impl_ptr().get());
   if (it == state_.end()) return;

@@ -202,6 +202,25 @@ void validate(const TrainConfig& c) {
            c.master_weights ? " --master_weights " + FieldText<std::optional<bool>>::format(c.master_weights)
                             : std::string(),
            "; f32 masters keep the small updates themselves and need no stochastic rounding");
+  const bool o2 = c.precision != DType::f32 && c.opt_level.value_or(amp::OptLevel::O2) == amp::OptLevel::O2;
+  MP_CHECK(!c.auto_precision || o2, "--auto_precision moves layers of an O2 model from 16-bit to f32, but got ",
+           "--precision ", precision, c.opt_level ? " --opt_level " + level : std::string(),
+           ": use --precision fp16 or bf16 with --opt_level O2 (the default for them), or drop --auto_precision");
+  // A move turns a parameter's f32 master into the weight, and with --shard_optimizer only its owner keeps that
+  // master (Note [sharded optimizer state]): the other ranks would widen their 16-bit copy instead.
+  MP_CHECK(!c.auto_precision || !c.shard_optimizer,
+           "--auto_precision moves a layer's f32 master weights into the model, but --shard_optimizer keeps each master "
+           "on one rank only; train with one of the two");
+  MP_CHECK(c.auto_precision_every >= 1, "--auto_precision_every must be at least 1 (steps between observations), got ",
+           c.auto_precision_every);
+  MP_CHECK(c.auto_precision_overflow > 0 && c.auto_precision_overflow <= 1,
+           "--auto_precision_overflow must be in (0, 1] (a share of the 16-bit largest value; default ",
+           amp::AutoPrecisionOptions{}.overflow, "), got ", c.auto_precision_overflow);
+  MP_CHECK(c.auto_precision_underflow > 0 && c.auto_precision_underflow <= 1,
+           "--auto_precision_underflow must be in (0, 1] (an output gradient's amax at the loss scale; default ",
+           amp::AutoPrecisionOptions{}.underflow, "), got ", c.auto_precision_underflow);
+  MP_CHECK(c.auto_precision_patience >= 1, "--auto_precision_patience must be at least 1 (observations), got ",
+           c.auto_precision_patience);
   validate_loss_scaling(c);
   (void)run_device(c);
   (void)float32_matmul_precision_from_string(c.matmul_precision);
@@ -226,7 +245,7 @@ std::string run_label(const TrainConfig& c) {
   std::string label = precision_name(c.precision) + " " + amp::opt_level_name(c.opt_level.value_or(amp::OptLevel::O2));
   if (c.keep_batchnorm_fp32) label += *c.keep_batchnorm_fp32 ? " BN-f32" : " BN-16";
   if (c.master_weights) label += *c.master_weights ? " masters" : " no-masters";
-  return label + (c.stochastic_rounding ? " SR" : "");
+  return label + (c.stochastic_rounding ? " SR" : "") + (c.auto_precision ? " auto" : "");
 }
 
 }  // namespace mp::train

@@ -280,7 +280,7 @@ EvalResult evaluate_gpt_checkpoint(const TrainConfig& c, const nn::StateDict& we
   quiet.quiet = true;
   const GptData data = load_gpt_data(quiet, std::move(tok), out);
   auto model = std::make_shared<models::Gpt>(gpt_run_options(c, data.tokenizer.vocab_size()));
-  const amp::AmpOptions o = convert_for_eval(c, *model);
+  const amp::AmpOptions o = convert_for_eval(c, *model, weights);
   const Device dev = run_device(c);
   model->to(dev);
   check_weights_fit(c, *model, weights);

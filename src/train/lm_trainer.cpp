@@ -219,7 +219,7 @@ EvalResult evaluate_text(const TrainConfig& c, const nn::StateDict& weights, con
   const auto t0 = Clock::now();
   const data::Corpus corpus = load_text(c);
   std::shared_ptr<models::WordLM> model = make_lm(c, corpus.vocab.size());
-  const amp::AmpOptions o = convert_for_eval(c, *model);
+  const amp::AmpOptions o = convert_for_eval(c, *model, weights);
   const Device dev = run_device(c);
   model->to(dev);
   check_weights_fit(c, *model, weights);

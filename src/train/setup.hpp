@@ -80,8 +80,9 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
 EvalResult evaluate_text(const TrainConfig& c, const nn::StateDict& weights, const std::string& split,
                          std::ostream& out);
 /// Convert a freshly built f32 model for evaluation at the config's opt level (O2/O3: 16-bit, batch
-/// norm f32 for O2) and return the resolved amp options.
-amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model);
+/// norm f32 for O2) and return the resolved amp options. With --auto_precision, the modules whose 16-bit parameters
+/// `weights` (what will be loaded) hold in f32 stay f32: the layers the run moved (Note [automatic precision]).
+amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model, const nn::StateDict& weights);
 /// Throws listing the differences (StateDictDiff::describe) when `weights` do not fit `model` by name and shape.
 void check_weights_fit(const TrainConfig& c, const nn::Module& model, const nn::StateDict& weights);
 /// --init_from: load the file's weights into the freshly built (f32, on its device) model before the optimizer and

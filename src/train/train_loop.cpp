@@ -19,6 +19,7 @@
 #include "mp/optim/clip_grad.hpp"
 #include "mp/train/safetensors.hpp"
 #include "train/numerics_log.hpp"
+#include "train/precision_moves.hpp"
 
 namespace mp::train {
 namespace {
@@ -171,6 +172,13 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
       ckpt_(checkpoint_path(c)),
       meta_{{"config", config_to_json(c)}} {
   meta_.insert(parts_.metadata.begin(), parts_.metadata.end());
+  if ((c.auto_precision || resumed.count(kAutoPrecisionKey) != 0) && parts_.refs.model != nullptr) {
+    auto_ = std::make_unique<amp::AutoPrecision>(amp::AutoPrecisionOptions{.overflow = c.auto_precision_overflow,
+                                                                           .underflow = c.auto_precision_underflow,
+                                                                           .patience = c.auto_precision_patience,
+                                                                           .every = c.auto_precision_every});
+    if (const auto it = resumed.find(kAutoPrecisionKey); it != resumed.end()) replay_precision(it->second);
+  }
   if (!ckpt_.empty() && writes()) std::filesystem::create_directories(c.checkpoint_dir);
   if (parts_.dp != nullptr) parts_.dp->agree_on_found_inf(parts_.scaler);  // Note [data-parallel training] 4
   if (data_parallel() && c.shard_optimizer) {  // Note [sharded optimizer state]: after the state is complete
@@ -187,9 +195,10 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
     log_.emplace(c.log, RunLog::ResumePoint{.global_step = start.global_step, .epochs_done = start.epoch});
   else if (!c.log.empty())
     log_.emplace(c.log, /*append=*/false);
-  if (c.numerics_every > 0 && parts_.refs.model != nullptr) {  // off: no recorder, no hooks, nothing changes
+  // both off: no recorder, no hooks, nothing changes
+  if ((c.numerics_every > 0 || c.auto_precision) && parts_.refs.model != nullptr) {
     numerics_ = std::make_unique<amp::NumericsRecorder>(*parts_.refs.model);
-    if ((start.global_step + 1) % c.numerics_every == 0) numerics_->arm();
+    arm_for(start.global_step + 1);
   }
   if (const auto b = resumed.find(kBestKey); b != resumed.end()) {  // Note [the best epoch]
     const std::string what = "checkpoint '" + ckpt_ + "': metadata '" + kBestKey + "'";
@@ -319,6 +328,78 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
          << "\n";
 }
 
+void TrainLoop::arm_for(int64_t next) {
+  const bool logged = c_.numerics_every > 0 && next % c_.numerics_every == 0;
+  auto_step_ = auto_ && c_.auto_precision && (observe_next_ || next % c_.auto_precision_every == 0);
+  if (logged || auto_step_) numerics_->arm();
+}
+
+void TrainLoop::observe_precision(const std::vector<amp::LayerNumerics>& layers, double scale, int64_t global) {
+  std::vector<amp::LayerSign> signs;
+  for (const amp::LayerNumerics& l : layers) signs.push_back(amp::assess(l, auto_->options(), scale));
+  if (data_parallel()) {  // any rank's sign counts, so every rank decides alike (Note [automatic precision])
+    std::vector<double> mine;
+    for (const amp::LayerSign& s : signs) mine.insert(mine.end(), {s.overflow ? 1.0 : 0.0, s.underflow ? 1.0 : 0.0});
+    const std::vector<double> all = parts_.dp->sum(mine);
+    for (size_t i = 0; i < signs.size(); ++i) {
+      const bool overflow = all[2 * i] > 0, underflow = all[2 * i + 1] > 0;
+      if (overflow != signs[i].overflow || underflow != signs[i].underflow)
+        signs[i].why += std::string(signs[i].why.empty() ? "" : "; ") + "a sign seen on another rank";
+      signs[i].overflow = overflow;
+      signs[i].underflow = underflow;
+    }
+  }
+  for (const amp::PrecisionMove& m : auto_->observe(layers, signs, global)) {
+    const std::vector<std::string> converted = move_layer(m.module);
+    out_ << "auto precision: " << move_text(m, converted) << "\n";
+    if (log_) write_precision_move(*log_, epoch_ + 1, m, converted);
+  }
+}
+
+std::vector<std::string> TrainLoop::move_layer(const std::string& module) {
+  std::vector<std::string> converted = amp::promote_to_f32(*parts_.refs.model, module, parts_.optimizer);
+  parts_.params = parts_.refs.model->parameters();
+  if (buckets_) {  // their hooks sit on the old tensors
+    buckets_.reset();
+    buckets_ = parts_.dp->gradient_buckets(parts_.params, c_.bucket_mb);
+  }
+  // The last good buffers keep their values in the buffers' new dtypes (Note [stopping on a numerical failure]).
+  const std::vector<Tensor> live = parts_.refs.model->buffers();
+  if (live.size() == buffers_.size())
+    for (size_t i = 0; i < live.size(); ++i)
+      if (buffers_[i].dtype() != live[i].dtype()) buffers_[i] = buffers_[i].to(live[i].dtype());
+  return converted;
+}
+
+void TrainLoop::replay_precision(const std::string& json) {
+  restore_precision_state(json, "checkpoint '" + ckpt_ + "': metadata '" + kAutoPrecisionKey + "'", *auto_,
+                          observe_next_);
+  if (auto_->moves().empty()) return;
+  const nn::StateDict saved = read_model_state(ckpt_);
+  autograd::NoGradGuard ng;
+  std::string names;
+  for (const amp::PrecisionMove& m : auto_->moves()) {
+    names += (names.empty() ? "" : ", ") + m.module;
+    for (const std::string& module : move_layer(m.module)) {
+      for (auto& [n, mod] : parts_.refs.model->named_modules()) {
+        if (n != module) continue;
+        for (auto& [pn, p] : mod->named_parameters(false)) {
+          const std::string key = module.empty() ? pn : module + "." + pn;
+          const Tensor* t = saved.find(key);
+          MP_CHECK(t != nullptr && t->dtype() == p.dtype() && t->sizes() == p.sizes(), "checkpoint '", ckpt_,
+                   "': its metadata '", kAutoPrecisionKey, "' moved ", m.module, " to f32, so expected model tensor '",
+                   key, "' as ", dtype_name(p.dtype()), " ", shape_str(p.sizes()), ", got ",
+                   t == nullptr ? std::string("none") : t->describe(),
+                   "; the file is damaged: resume from another checkpoint");
+          p.copy_(*t);
+        }
+      }
+    }
+  }
+  out_ << "auto precision: resumed with " << auto_->moves().size() << " layer"
+       << (auto_->moves().size() == 1 ? "" : "s") << " moved to f32 (" << names << ")\n";
+}
+
 void TrainLoop::adopt_kernel_paths(const std::map<std::string, std::string>& resumed) {
   const auto it = resumed.find(kKernelPathsKey);
   if (it == resumed.end()) return;  // a fresh run, an f32 run, or a checkpoint written before this key
@@ -345,6 +426,7 @@ void TrainLoop::save(const Progress& p, const nn::StateDict& extra, const std::s
   if (const KernelPathRecord r = kernel_path_record(); !r.choices.empty())
     md[kKernelPathsKey] = nlohmann::json(r.choices).dump();
   if (data_parallel()) md[kWorldSizeKey] = std::to_string(parts_.dp->size());
+  if (auto_) md[kAutoPrecisionKey] = precision_state_json(*auto_, observe_next_);
   if (p.batch > 0) {  // within an epoch: its statistics so far (Note [resumed epoch statistics])
     const nlohmann::ordered_json j{{"epoch", hex_double(static_cast<double>(p.epoch))},
                                    {"batch", hex_double(static_cast<double>(p.batch))},
@@ -567,8 +649,14 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
     }
     log_->write(fields);
   }
-  if (record && log_) write_numerics(*log_, epoch_ + 1, global, step_scale, numerics_->take());
-  if (numerics_ && (global + 1) % c_.numerics_every == 0) numerics_->arm();  // before the next step's forward
+  if (record) {
+    const std::vector<amp::LayerNumerics> layers = numerics_->take();
+    if (log_ && c_.numerics_every > 0 && global % c_.numerics_every == 0)
+      write_numerics(*log_, epoch_ + 1, global, step_scale, layers);
+    if (auto_step_ && !sum_.diverged) observe_precision(layers, step_scale, global);  // Note [automatic precision]
+  }
+  if (auto_) observe_next_ = !stepped;
+  if (numerics_) arm_for(global + 1);  // before the next step's forward
   if (!c_.quiet) {
     std::vector<std::pair<std::string, std::string>> fields{{"loss", fmt(ema_.value, text_ ? 3 : 4)}};
     if (text_) fields.emplace_back("ppl", fmt(perplexity(ema_.value), 1));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "mp/amp/auto_precision.hpp"
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/amp/telemetry.hpp"
 #include "mp/optim/lr_scheduler.hpp"
@@ -85,6 +86,18 @@ class TrainLoop {
   void snapshot_buffers();
   void restore_buffers();
   void check_resumed_config(const std::map<std::string, std::string>& resumed);
+  /// Note [automatic precision]: arm the recorder when step `next` (global, 1-based) is recorded for the log or
+  /// observed for automatic precision.
+  void arm_for(int64_t next);
+  /// Judge one observation's layers, whose gradients carried loss scale `scale` (the ranks' signs agreed), and make the
+  /// moves it decides.
+  void observe_precision(const std::vector<amp::LayerNumerics>& layers, double scale, int64_t global);
+  /// Move `module` to f32 (amp::promote_to_f32) and point the run's parameter lists at the new tensors; returns the
+  /// modules converted.
+  std::vector<std::string> move_layer(const std::string& module);
+  /// A resumed run: restore the decisions of metadata `json` and replay their moves, the moved layers' f32 weights
+  /// taken from the checkpoint file (loading them into the 16-bit layers rounded them).
+  void replay_precision(const std::string& json);
   void adopt_kernel_paths(const std::map<std::string, std::string>& resumed);
   /// Whether this process writes the run's files (rank 0 of a data-parallel run, or the only process).
   bool writes() const { return parts_.dp == nullptr || parts_.dp->writes(); }
@@ -111,6 +124,11 @@ class TrainLoop {
   std::optional<RunLog> log_;
   /// --numerics_every N: armed for every N-th step (docs/RUN_LOG.md "numerics"); null when off
   std::unique_ptr<amp::NumericsRecorder> numerics_;
+  /// --auto_precision, or a resumed run whose checkpoint moved layers: the decisions (Note [automatic precision]);
+  /// null otherwise
+  std::unique_ptr<amp::AutoPrecision> auto_;
+  bool observe_next_ = false;  ///< the last step was skipped: the next is observed
+  bool auto_step_ = false;     ///< the armed step is an observation for automatic precision
   /// The running statistics of an epoch up to a mid-epoch checkpoint.
   struct EpochCarry {
     int64_t steps = 0;    ///< steps of the epoch done before

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "mp/amp/grad_scaler.hpp"
@@ -58,7 +59,7 @@ std::string checkpoint_path(const TrainConfig& c) {
 
 bool out_is_tty(const std::ostream& out) { return &out == &std::cout && is_terminal(stdout); }
 
-amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model) {
+amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model, const nn::StateDict& weights) {
   const amp::AmpOptions o = amp::resolve(amp_options(c));
   if (o.opt_level == amp::OptLevel::O2 || o.opt_level == amp::OptLevel::O3) {
     if (*o.keep_batchnorm_fp32)
@@ -66,6 +67,18 @@ amp::AmpOptions convert_for_eval(const TrainConfig& c, nn::Module& model) {
     else
       model.to(o.dtype);
   }
+  if (!c.auto_precision) return o;
+  std::set<const nn::Module*> moved;  // the modules with 16-bit parameters stored in f32
+  for (auto& [name, m] : model.named_modules()) {
+    bool f32 = false, low = false;
+    for (const auto& [pn, p] : m->named_parameters(false)) {
+      const Tensor* t = weights.find(name.empty() ? pn : name + "." + pn);
+      low = low || is_low_precision(p.dtype());
+      f32 = f32 || (t != nullptr && is_low_precision(p.dtype()) && t->dtype() == DType::f32);
+    }
+    if (low && f32) moved.insert(m);
+  }
+  if (!moved.empty()) model.to(DType::f32, [&](const nn::Module& m) { return moved.count(&m) != 0; });
   return o;
 }
 
@@ -325,7 +338,7 @@ EvalResult evaluate_images(const TrainConfig& c, const nn::StateDict& weights, s
                                            .image_size = sets.size,
                                            .num_classes = sets.classes,
                                            .memory_format = models::memory_format_from_flag(c.memory_format)});
-  const amp::AmpOptions o = convert_for_eval(c, *model);
+  const amp::AmpOptions o = convert_for_eval(c, *model, weights);
   model->to(run_device(c));
   check_weights_fit(c, *model, weights);
   model->load_state_dict(weights, /*strict=*/true);
@@ -400,6 +413,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
       c.keep_batchnorm_fp32.reset();
       c.master_weights.reset();
       c.stochastic_rounding = false;
+      c.auto_precision = false;  // the layers it moved follow the new level as every other layer
     }
     if (other_precision && !given("opt_level")) c.opt_level.reset();  // the new precision's default level
     std::set<std::string> rest = overrides->given;
@@ -409,6 +423,19 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   c.resume = false;
   validate(c);
   c = with_task_defaults(c);
+  if (ema && c.auto_precision) {
+    // The averages are f32 whatever the layers' dtypes; the model's tensors in the file tell which layers the run
+    // moved to f32 (convert_for_eval reads them off the dtypes): the others' averages go in their 16-bit dtype, as
+    // the run's own evaluation of the averages rounded them.
+    const nn::StateDict stored = read_model_state(path);
+    nn::StateDict typed;
+    for (const auto& [name, t] : weights) {
+      const Tensor* m = stored.find(name);
+      typed.insert(name,
+                   m != nullptr && is_low_precision(m->dtype()) && t.dtype() == DType::f32 ? t.to(m->dtype()) : t);
+    }
+    weights = std::move(typed);
+  }
   MP_CHECK(split == "test" || split == "valid", "eval: unknown split '", split, "': expected test or valid");
   if (is_text_task(c) && models::is_gpt_model(c.model))
     return detail::evaluate_gpt_checkpoint(c, weights, md, path, split, out);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -481,13 +482,56 @@ TEST(ShardedOptimizerOneProcess, TrainsExactlyWhatItTrainsWithoutTheFlag) {
 }
 
 // --shard_optimizer spreads what --numerics_every records whole: the pair is refused, naming both and the fix.
-TEST(ShardedOptimizerRefusals, NumericsRecordingIsRefusedWithTheFix) {
+TEST(ShardedOptimizerRefusals, NumericsRecordingAndAutoPrecisionAreRefusedWithTheFix) {
   if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
   const Result r = one_process(fmnist(256) + "--epochs 1 --max_steps_per_epoch 1 --shard_optimizer --numerics_every 2");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("--numerics_every 2 records them whole; pass --numerics_every 0 with --shard_optimizer"),
             std::string::npos)
       << r.output;
+  const Result a = one_process(fmnist(256) +
+                               "--epochs 1 --max_steps_per_epoch 1 --shard_optimizer --precision fp16 --auto_precision");
+  EXPECT_NE(a.code, 0) << a.output;
+  EXPECT_NE(a.output.find("keeps each master on one rank only; train with one of the two"), std::string::npos)
+      << a.output;
+}
+
+// --auto_precision on two ranks (Note [automatic precision]): the ranks add up their overflow signs, so they move the
+// layers one process moves at the global batch (an amax over the global batch is the larger of the two halves'),
+// whichever rank saw the sign; the move reaches rank 0's log and checkpoint, and the stop resumes on one process. The
+// threshold, 3.0 (4.58e-5 x 65504), lies between the first layer's output amax at step 1 (2.56) and at step 2 (3.09)
+// at this seed; no other layer comes near it (at most 1.5).
+TEST(DataParallelTrainerAutoPrecision, TwoRanksMoveTheLayersOneProcessMoves) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const fs::path dir = scratch_dir("dp", "auto_precision");
+  const std::string common = fmnist(2048) +
+                             "--epochs 1 --max_steps_per_epoch 6 --seed 5 --precision fp16 --auto_precision "
+                             "--auto_precision_every 1 --auto_precision_patience 1 --auto_precision_overflow 4.58e-5 ";
+  const Result one = one_process(common + "--batch_size 64 --log " + (dir / "one.jsonl").string());
+  ASSERT_EQ(one.code, 0) << one.output;
+  const std::string split = "--checkpoint_dir " + (dir / "split").string();
+  const Result two =
+      ranks(2, common + "--batch_size 32 --stop_after_steps 4 --log " + (dir / "two.jsonl").string() + " " + split);
+  ASSERT_EQ(two.code, 0) << two.output;
+  auto moves = [](const fs::path& log) {
+    std::vector<std::pair<std::string, int64_t>> m;
+    for (const auto& r : records_of(log, "precision"))
+      m.emplace_back(r.at("module").get<std::string>(), r.at("step").get<int64_t>());
+    return m;
+  };
+  const auto expected = std::vector<std::pair<std::string, int64_t>>{{"layers.0", 2}};
+  EXPECT_EQ(moves(dir / "one.jsonl"), expected) << one.output;
+  EXPECT_EQ(moves(dir / "two.jsonl"), expected) << two.output;
+  EXPECT_EQ(count(two.output, "auto precision: step 2: layers.0 (Linear) f16 -> f32"), 1) << two.output;
+  std::map<std::string, std::string> md;
+  for (const auto& t : mp::train::read_safetensors_header((dir / "split" / "checkpoint.safetensors").string(), &md))
+    if (t.name == "model.layers.0.weight") { EXPECT_EQ(t.dtype, mp::DType::f32); }
+  EXPECT_NE(md["auto_precision"].find("\"module\":\"layers.0\""), std::string::npos) << md["auto_precision"];
+  const Result rest = one_process(common + "--batch_size 64 --resume " + split);
+  ASSERT_EQ(rest.code, 0) << rest.output;
+  EXPECT_NE(rest.output.find("auto precision: resumed with 1 layer moved to f32 (layers.0)"), std::string::npos)
+      << rest.output;
+  fs::remove_all(dir);
 }
 
 // Ranks started with different settings are refused at start, on every rank, naming the setting; so is a global

@@ -184,3 +184,37 @@ TEST(NnRnn, BackwardReachesEveryParameterAndInput) {
     EXPECT_GT(sum(abs(p.grad())).item<float>(), 0.0f) << name;
   }
 }
+
+// Outside autocast a recurrent layer computes in the promotion of its input's and weights' dtypes, as Linear does
+// (amp's automatic precision moves single layers to f32: Note [automatic precision]): 16-bit weights given an f32 input
+// give the f32 layer's output with the weights rounded to 16-bit, and their gradients reach the 16-bit weights; an f32
+// layer given a 16-bit input likewise. Every implementation and the single-state cells.
+TEST(NnRnn, MixedInputAndWeightDtypesComputeInThePromotedDtype) {
+  for (const LstmImpl impl : {LstmImpl::fused, LstmImpl::basic}) {
+    manual_seed(12);
+    LSTM half(LSTMOptions{.input_size = 5, .hidden_size = 7, .num_layers = 2, .impl = impl});
+    half.to(DType::f16);
+    LSTM wide(LSTMOptions{.input_size = 5, .hidden_size = 7, .num_layers = 2, .impl = impl});
+    wide.load_state_dict(half.state_dict());  // f32 copies of the rounded weights
+    const Tensor x = randn({4, 3, 5});
+    auto [oh, sh] = half.forward(x, {});
+    auto [ow, sw] = wide.forward(x, {});
+    EXPECT_EQ(oh.dtype(), DType::f32);
+    EXPECT_EQ(max_diff(oh, ow), 0.0);  // the same f32 computation
+    EXPECT_EQ(max_diff(sh.h, sw.h), 0.0);
+    sum(oh).backward();
+    for (const Tensor& p : half.parameters()) {
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_EQ(p.grad().dtype(), DType::f16);
+    }
+    auto [o16, s16] = wide.forward(x.to(DType::f16), {});  // f32 weights, f16 input
+    EXPECT_EQ(o16.dtype(), DType::f32);
+    EXPECT_EQ(max_diff(o16, wide.forward(x.to(DType::f16).to(DType::f32), {}).first), 0.0);
+  }
+  manual_seed(13);
+  GRU gru(GRUOptions{.input_size = 5, .hidden_size = 7});
+  gru.to(DType::f16);
+  const auto [y, h] = gru.forward(randn({4, 3, 5}), Tensor());
+  EXPECT_EQ(y.dtype(), DType::f32);
+  EXPECT_EQ(h.dtype(), DType::f32);
+}

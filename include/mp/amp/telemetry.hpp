@@ -16,13 +16,15 @@ namespace mp::amp {
 
 /// One module's numerics over one optimizer step (all its micro-batches).
 struct LayerNumerics {
-  std::string module;         ///< its name in named_modules() (its parameters are "<module>.<name>" in the state dict)
-  std::string type;           ///< its type name ("Linear", "Conv2d", ...)
-  std::string dtype;          ///< dtype of its first parameter ("f32", "f16", "bf16")
-  double act_amax = 0;        ///< max |forward output| (NaN when its forward did not run or was non-finite)
-  double grad_amax = 0;       ///< max |dL/d output|, the loss scale divided out (NaN: not seen or non-finite)
-  int64_t grad_values = 0;    ///< elements of its parameters' gradients
-  double grad_underflow = 0;  ///< share of nonzero gradient values with |g * S| < 2^-24 (S: the scale)
+  std::string module;   ///< its name in named_modules() (its parameters are "<module>.<name>" in the state dict)
+  std::string type;     ///< its type name ("Linear", "Conv2d", ...)
+  std::string dtype;    ///< dtype of its first parameter ("f32", "f16", "bf16")
+  double act_amax = 0;  ///< max |forward output| (NaN when its forward did not run or was non-finite)
+  bool act_first_nonfinite = false;    ///< its forward output was the step's first non-finite one among the watched
+                                       ///< modules (in the order their forwards ended)
+  double grad_amax = 0;                ///< max |dL/d output|, the loss scale divided out (NaN: not seen or non-finite)
+  int64_t grad_values = 0;             ///< elements of its parameters' gradients
+  double grad_underflow = 0;           ///< share of nonzero gradient values with |g * S| < 2^-24 (S: the scale)
   double grad_underflow_unscaled = 0;  ///< the same at scale 1: |g| < 2^-24
   double grad_zero = 0;                ///< share of all gradient values that are exactly 0 as computed
   bool has_update = false;             ///< it has 16-bit parameters: update_lost applies
@@ -60,6 +62,8 @@ class NumericsRecorder {
   void disarm();
   std::vector<std::shared_ptr<Watched>> watched_;
   std::vector<std::pair<nn::Module*, size_t>> hooks_;
+  /// Modules whose forward output went non-finite in the armed step so far (shared with the hooks).
+  std::shared_ptr<int64_t> nonfinite_count_ = std::make_shared<int64_t>(0);
 };
 
 /// Half an ulp of the f16 or bf16 value `w` (the spacing of the 16-bit values around |w|; the subnormal

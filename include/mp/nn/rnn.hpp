@@ -77,6 +77,11 @@ class RNNBase : public Module {
   Tensor caller_layout(const Tensor& y, bool unbatched) const;
   /// Dropout between layers (not after the last) in training mode.
   Tensor between_layers(const Tensor& y, int64_t layer) const;
+  /// The dtype layer tensors compute in: outside autocast, the promotion of the input's and the weights' (they differ
+  /// once amp's automatic precision moved this module or one before it to f32; Note [automatic precision]).
+  DType compute_dtype(const Tensor& x) const;
+  /// `t` in dtype `dt` (itself when it is; an autograd cast otherwise).
+  static Tensor in_dtype(const Tensor& t, DType dt);
   /// A cell of a single-state recurrence (gru_cell, rnn_tanh_cell): (x, h, w_ih, w_hh, b_ih, b_hh) -> h'.
   using SingleStateCell = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                      const Tensor&);

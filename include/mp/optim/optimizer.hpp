@@ -104,6 +104,8 @@ class Optimizer {
   /// Use `master` (f32, p's shape) as p's master weights from now on (amp::initialize hands in the
   /// original f32 values of a model it converted to 16-bit).
   void set_master(const Tensor& p, const Tensor& master);
+  /// Forget p's f32 master: p is f32 itself now (amp::promote_to_f32, Note [automatic precision]).
+  void drop_master(const Tensor& p);
   /// Replace parameter `old_param` by `new_param` (same shape) in its group, keeping its state (what
   /// amp::initialize does after converting the model's parameters). Throws when old_param is absent.
   virtual void replace_parameter(const Tensor& old_param, const Tensor& new_param) = 0;

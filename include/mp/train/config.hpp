@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "mp/amp/auto_precision.hpp"
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/amp/initialize.hpp"
 #include "mp/core/device.hpp"
@@ -76,6 +77,19 @@ namespace mp::train {
     "O3 (or O2 with --master_weights false): round the 16-bit weights stochastically after "                        \
     "each update, so updates below half an ulp survive in expectation (there are no f32 "                           \
     "masters to keep them)")                                                                                        \
+  X(bool, auto_precision, false,                                                                                    \
+    "O2: start every layer O2 casts in 16-bit and move a layer to f32 for good when its telemetry shows it "        \
+    "overflowing or underflowing (Note [automatic precision]; each move is printed, logged and checkpointed)")      \
+  X(int64_t, auto_precision_every, amp::AutoPrecisionOptions{}.every,                                               \
+    "--auto_precision: read the layers' telemetry every N optimizer steps, and on the step after a skipped one")    \
+  X(double, auto_precision_overflow, amp::AutoPrecisionOptions{}.overflow,                                          \
+    "--auto_precision: an overflow sign is a layer's forward output or output gradient (at scale 1) reaching this " \
+    "share of its 16-bit largest value (f16 65504), or its output the step's first non-finite one")                 \
+  X(double, auto_precision_underflow, amp::AutoPrecisionOptions{}.underflow,                                        \
+    "--auto_precision: an underflow sign is an f16 layer whose output gradient's amax at the loss scale is below "  \
+    "this (2^-14, f16's smallest normal: all of it subnormal or zero)")                                             \
+  X(int64_t, auto_precision_patience, amp::AutoPrecisionOptions{}.patience,                                         \
+    "--auto_precision: consecutive observations showing one sign before a layer moves to f32")                      \
   /* ---- dynamic loss scaling (amp::GradScalerOptions, whose defaults these are) ---- */                           \
   X(double, init_scale, amp::GradScalerOptions{}.init_scale, "dynamic loss scaling: the starting scale")            \
   X(double, growth_factor, amp::GradScalerOptions{}.growth_factor,                                                  \
