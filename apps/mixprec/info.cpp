@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "mp/dist/nccl_group.hpp"
 #include "mp/dist/process_group.hpp"
 #include "mp/kernel_paths.hpp"
 #include "mp/report/inspect.hpp"
@@ -75,8 +76,9 @@ void add_info_command(CLI::App& app) {
       const mp::PrecisionAdvice a = mp::gpu_precision_advice(g);
       std::printf("    advised precision: %s — %s\n", mp::dtype_name(a.dtype), a.reason.c_str());
     }
-    std::printf("Processes: %s%s\n", mp::dist::world().describe().c_str(),
-                mp::dist::built_with_mpi() ? " (built with MPI: mpirun -np N runs N ranks)" : " (built without MPI)");
+    std::printf("Processes: %s%s%s\n", mp::dist::world().describe().c_str(),
+                mp::dist::built_with_mpi() ? " (built with MPI: mpirun -np N runs N ranks)" : " (built without MPI)",
+                mp::dist::built_with_nccl() ? "; GPU tensors through NCCL" : "; no NCCL (GPU collectives)");
   });
 }
 

@@ -157,7 +157,9 @@ void sync_check(const char* what, const char* file, int line, const char* functi
 
 }  // namespace mp::backend::cuda
 
-#if defined(MP_HAVE_CUDA) && defined(__CUDACC__)
+// The runtime API's part: for .cu files, and for host .cpp files that call the CUDA runtime themselves (the NCCL
+// group), which define MP_CUDA_RUNTIME_API before including this header.
+#if defined(MP_HAVE_CUDA) && (defined(__CUDACC__) || defined(MP_CUDA_RUNTIME_API))
 #include <cuda_runtime_api.h>
 
 #include <functional>
