@@ -9,6 +9,7 @@
 #include "mp/core/half.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/data/data.hpp"
+#include "mp/dist/device_group.hpp"
 #include "mp/dist/nccl_group.hpp"
 #include "mp/dist/process_group.hpp"
 #include "mp/amp/amp.hpp"

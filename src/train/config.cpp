@@ -8,6 +8,7 @@
 #include "mp/amp/initialize.hpp"
 #include "mp/core/error.hpp"
 #include "mp/core/math_mode.hpp"
+#include "mp/dist/device_group.hpp"
 #include "mp/models/gpt.hpp"
 #include "mp/models/registry.hpp"
 #include "mp/nn/rnn.hpp"
@@ -208,9 +209,10 @@ void validate(const TrainConfig& c) {
            ": use --precision fp16 or bf16 with --opt_level O2 (the default for them), or drop --auto_precision");
   // A move turns a parameter's f32 master into the weight, and with --shard_optimizer only its owner keeps that
   // master (Note [sharded optimizer state]): the other ranks would widen their 16-bit copy instead.
-  MP_CHECK(!c.auto_precision || !c.shard_optimizer,
-           "--auto_precision moves a layer's f32 master weights into the model, but --shard_optimizer keeps each master "
-           "on one rank only; train with one of the two");
+  MP_CHECK(
+      !c.auto_precision || !c.shard_optimizer,
+      "--auto_precision moves a layer's f32 master weights into the model, but --shard_optimizer keeps each master "
+      "on one rank only; train with one of the two");
   MP_CHECK(c.auto_precision_every >= 1, "--auto_precision_every must be at least 1 (steps between observations), got ",
            c.auto_precision_every);
   MP_CHECK(c.auto_precision_overflow > 0 && c.auto_precision_overflow <= 1,
@@ -237,7 +239,10 @@ void validate(const TrainConfig& c) {
            "to load part of)");
 }
 
-Device run_device(const TrainConfig& c) { return device_from_flag(c.device, "--device"); }
+// A bare --device cuda under a launcher: one GPU per process (Note [device groups]).
+Device run_device(const TrainConfig& c) {
+  return dist::rank_device(device_from_flag(c.device, "--device"), c.device != "cuda");
+}
 
 std::string run_label(const TrainConfig& c) {
   if (!c.label.empty()) return c.label;

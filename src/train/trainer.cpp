@@ -15,6 +15,7 @@
 #include "mp/core/math_mode.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/data/data.hpp"
+#include "mp/dist/device_group.hpp"
 #include "mp/dist/process_group.hpp"
 #include "mp/memory/allocator.hpp"
 #include "mp/models/gpt.hpp"
@@ -291,8 +292,9 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParal
   dp.separate_random_streams();
   TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs, &dp}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
-    out << sum.label << ": " << amp::describe(t.amp) << "; " << c.model << " on " << c.dataset << " (" << sets.train->size()
-        << " train / " << sets.test->size() << " test images, " << steps_per_epoch << " steps per epoch"
+    out << sum.label << ": " << amp::describe(t.amp) << "; " << c.model << " on " << c.dataset << " ("
+        << sets.train->size() << " train / " << sets.test->size() << " test images, " << steps_per_epoch
+        << " steps per epoch"
         << (n == 1 ? std::string() : " of " + std::to_string(n) + " x " + std::to_string(c.batch_size) + " images")
         << ")\n";
 
@@ -357,7 +359,9 @@ RunSummary train(const TrainConfig& config, std::ostream& out) {
   validate(config);
   const TrainConfig c = with_task_defaults(config);
   set_float32_matmul_precision(float32_matmul_precision_from_string(c.matmul_precision));
-  const detail::DataParallel dp(dist::world());
+  // CPU tensors through MPI, a GPU run's tensors through NCCL (Note [device groups]).
+  const std::shared_ptr<dist::ProcessGroup> group = dist::group_for_device(dist::world(), run_device(c));
+  const detail::DataParallel dp(*group);
   const auto run = [&dp](const TrainConfig& rc, std::ostream& o) {
     if (!is_text_task(rc)) return detail::train_images(rc, o, dp);
     return models::is_gpt_model(rc.model) ? detail::train_gpt(rc, o, dp) : detail::train_text(rc, o, dp);
