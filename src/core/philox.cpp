@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "mp/core/error.hpp"
+
 namespace mp {
 namespace {
 
@@ -88,6 +90,30 @@ PhiloxState Generator::reserve(uint64_t n) {
   const PhiloxState old{seed_, offset_};
   offset_ += (n + 3) & ~uint64_t{3};  // whole blocks: Note [Philox stream convention]
   return old;
+}
+
+// Note [draws keyed by the global batch]
+// N data-parallel ranks at batch B should draw the dropout masks one process at batch N x B draws, so that the two
+// train the same weights with dropout on (issue 26). Philox's element i depends only on (seed, offset + i) (Note
+// [Philox stream convention]), so this needs no communication: every rank keeps the same stream, each batch-major
+// draw advances it by the global tensor's size, and rank r takes the draws of rows [r B, (r + 1) B) of the global
+// tensor, at offset + r n. Exact for tensors whose first dimension is the batch (the MLP's and GPT's activations,
+// attention weights [B, H, T, T]); a time-major tensor ([T, B, H]: the word LM) gets disjoint, independent draws on
+// each rank but not a single process's. Offsets that are not a multiple of 4 cost the CUDA kernels a second Philox
+// call for a thread's first block (Note [CUDA dropout]), nothing else.
+void Generator::set_batch_shard(int index, int count) {
+  MP_CHECK(count >= 1 && index >= 0 && index < count, "Generator::set_batch_shard: expected 0 <= index < count, got ",
+           index, " of ", count);
+  std::lock_guard<std::mutex> lock(mu_);
+  shard_index_ = index;
+  shard_count_ = count;
+}
+
+PhiloxState Generator::reserve_batch(uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PhiloxState part{seed_, offset_ + static_cast<uint64_t>(shard_index_) * n};
+  offset_ += (n * static_cast<uint64_t>(shard_count_) + 3) & ~uint64_t{3};  // the global tensor's whole blocks
+  return part;
 }
 
 void Generator::set_state(uint64_t seed, uint64_t offset) {

@@ -110,7 +110,7 @@ Tensor causal_additive(int64_t Tq, int64_t Tk, DType dt, Device d) {
 
 Tensor fused(const Prepared& r) {
   backend::AttentionParams p = r.p;
-  if (p.dropout_p > 0) p.dropout_rng = default_generator().reserve(static_cast<uint64_t>(p.B * p.H * p.Tq * p.Tk));
+  if (p.dropout_p > 0) p.dropout_rng = default_generator().reserve_batch(static_cast<uint64_t>(p.B * p.H * p.Tq * p.Tk));
   const Tensor q = r.q.detach().contiguous(), k = r.k.detach().contiguous(), v = r.v.detach().contiguous();
   Tensor out = empty(q.sizes(), {.dtype = q.dtype(), .device = q.device()});
   Tensor lse = empty({p.B, p.H, p.Tq}, {.dtype = r.compute, .device = q.device()});

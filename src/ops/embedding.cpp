@@ -48,8 +48,9 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   Tensor xc = x.detach().contiguous();
   Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
   Tensor mask = empty(x.sizes(), {.dtype = DType::u8, .device = x.device()});
-  // Reserve numel draws even for p == 1, so the stream position does not depend on p.
-  const PhiloxState st = default_generator().reserve(static_cast<uint64_t>(x.numel()));
+  // Reserve numel draws even for p == 1, so the stream position does not depend on p; keyed by the global batch
+  // (Note [draws keyed by the global batch]).
+  const PhiloxState st = default_generator().reserve_batch(static_cast<uint64_t>(x.numel()));
   backend::dropout_kernel.get(x.device())(out, mask, xc, static_cast<float>(p), scale, st);
   if (autograd::any_requires_grad({&x})) {
     const DType dt = x.dtype();

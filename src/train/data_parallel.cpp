@@ -31,11 +31,11 @@
 //      averaged gradient is the global batch's gradient up to rounding: the sums run in another order, and 16-bit
 //      gradients (O2 without accumulation) are rounded on each rank, then averaged in f32 and rounded again. Not the
 //      same by design: batch norm normalises with each rank's batch statistics (B examples, as PyTorch's DDP without
-//      SyncBatchNorm; rank 0's running statistics are the ones saved); dropout masks are not keyed by the global
-//      example index (that needs per-example offsets in the dropout kernels): rank 0 draws from the run's stream and
-//      rank r > 0 from its own Philox key (the seed mixed with r) at the same offset, so masks differ between ranks
-//      and from a single process's, and a resume on the same N continues them exactly. Runs with dropout or batch
-//      norm therefore match a single process statistically, not number for number.
+//      SyncBatchNorm; rank 0's running statistics are the ones saved). Dropout is keyed by the global batch (Note
+//      [draws keyed by the global batch] in src/core/philox.cpp): batch-major activations (the MLP's, GPT's, attention
+//      weights) get the masks of one process at N x B, and a resume on any N continues them; the word LM's
+//      time-major ones get disjoint masks per rank. Runs with batch norm, or the word LM with dropout, therefore
+//      match a single process statistically, not number for number.
 //   6. Output. Rank 0 alone prints, writes the run log, progress bar, checkpoints and last-good files; the others
 //      print only their errors. Evaluation of images is sharded: rank 0's batch-norm statistics are broadcast (the
 //      model evaluated is the one rank 0 saves), each rank evaluates a contiguous Nth of the test set and the loss
@@ -58,14 +58,6 @@
 
 namespace mp::train::detail {
 namespace {
-
-// SplitMix64's finaliser: a bijective 64-bit mix (the rank's dropout key from the run's).
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 std::vector<Tensor> state_tensors(const CheckpointRefs& refs) {
   std::vector<Tensor> ts;
@@ -183,10 +175,8 @@ std::string DataParallel::state_signature(const CheckpointRefs& refs) {
   return std::to_string(ts.size()) + " tensors, " + std::to_string(values) + " bytes";
 }
 
-void DataParallel::separate_random_streams() const {
-  if (rank() == 0) return;
-  const PhiloxState st = default_generator().state();
-  default_generator().set_state(mix64(st.seed ^ mix64(static_cast<uint64_t>(rank()))), st.offset);
+void DataParallel::shard_random_draws() const {
+  default_generator().set_batch_shard(rank(), size());  // Note [draws keyed by the global batch]
 }
 
 void DataParallel::agree_on_found_inf(amp::GradScaler& scaler) const {

@@ -46,9 +46,10 @@ class DataParallel {
   void broadcast_state(const CheckpointRefs& refs) const;
   /// The size of what broadcast_state() sends, for check_same_run(): "tensors/values" of model and optimizer.
   static std::string state_signature(const CheckpointRefs& refs);
-  /// Gives each rank r > 0 its own dropout stream (Note [data-parallel training]); call after the model is built and
-  /// a checkpoint, if any, restored.
-  void separate_random_streams() const;
+  /// Keys this rank's dropout draws by the global batch (Note [draws keyed by the global batch] in
+  /// src/core/philox.cpp): the masks one process at N x B draws. Call after the model is built and a checkpoint, if
+  /// any, restored.
+  void shard_random_draws() const;
   /// Every rank's found-inf agree in `scaler` (any rank's inf/NaN skips everyone's step).
   void agree_on_found_inf(amp::GradScaler& scaler) const;
 

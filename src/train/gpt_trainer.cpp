@@ -210,7 +210,7 @@ RunSummary train_gpt(const TrainConfig& c, std::ostream& out, const DataParallel
                                                              {"state", DataParallel::state_signature(refs)}}
                                           .dump());
   if (c.resume) dp.broadcast_state(refs);
-  dp.separate_random_streams();
+  dp.shard_random_draws();
   TrainLoop loop(c, sum,
                  {.scaler = scaler,
                   .optimizer = *opt,

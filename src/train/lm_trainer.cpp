@@ -160,7 +160,7 @@ RunSummary train_text(const TrainConfig& c, std::ostream& out, const DataParalle
                                                              {"state", DataParallel::state_signature(refs)}}
                                           .dump());
   if (c.resume) dp.broadcast_state(refs);
-  dp.separate_random_streams();
+  dp.shard_random_draws();
   TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs, &dp}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
     out << sum.label << ": " << amp::opt_level_name(o.opt_level) << (o.opt_level == amp::OptLevel::O0 ? "" : " ")

@@ -289,7 +289,7 @@ RunSummary train_images(const TrainConfig& c, std::ostream& out, const DataParal
                                                              {"state", DataParallel::state_signature(refs)}}
                                           .dump());
   if (c.resume) dp.broadcast_state(refs);
-  dp.separate_random_streams();
+  dp.shard_random_draws();
   TrainLoop loop(c, sum, {scaler, *opt, *sched, params, refs, &dp}, pos, baseline, out, resumed_metadata);
   if (!c.quiet)
     out << sum.label << ": " << amp::describe(t.amp) << "; " << c.model << " on " << c.dataset << " ("

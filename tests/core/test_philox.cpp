@@ -266,3 +266,25 @@ TEST(Generator, ManualSeedResetsDefault) {
   EXPECT_EQ(&mp::default_generator(), &mp::default_generator());
   mp::manual_seed(mp::Generator::kDefaultSeed);
 }
+
+// Note [draws keyed by the global batch]: three shards of a batch-major tensor of 3 x 5 draws take the draws the
+// whole tensor takes in one process (rows in rank order), every shard's stream ends where the whole one does, and a
+// generator without a shard reserves as reserve() does.
+TEST(Generator, BatchShardsTakeTheWholeBatchsDraws) {
+  mp::Generator whole(21);
+  whole.advance(2);  // an offset that is not a block boundary after the shards' parts
+  const mp::PhiloxState w = whole.reserve_batch(15);
+  EXPECT_EQ(whole.offset(), 4u + 16u);
+  for (int r = 0; r < 3; ++r) {
+    mp::Generator part(21);
+    part.advance(2);
+    part.set_batch_shard(r, 3);
+    const mp::PhiloxState p = part.reserve_batch(5);
+    EXPECT_EQ(part.offset(), whole.offset()) << r;
+    for (uint64_t i = 0; i < 5; ++i)
+      EXPECT_EQ(mp::philox_u32(p.seed, p.offset, i), mp::philox_u32(w.seed, w.offset, 5 * r + i)) << r << " " << i;
+  }
+  mp::Generator g(5);
+  EXPECT_THROW(g.set_batch_shard(3, 3), std::exception);
+  EXPECT_THROW(g.set_batch_shard(0, 0), std::exception);
+}

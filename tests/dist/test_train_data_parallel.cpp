@@ -335,8 +335,10 @@ TEST(DataParallelTrainerGpt, TwoRanksTrainTheGptOfOneProcessAndResumeOnOne) {
     }
   }
   const std::string common = "--dataset text --data_dir " + (dir / "text.txt").string() +
-                             " --model gpt-nano --context 8 --max_vocab 300 --dropout 0 --epochs 2 "
+                             " --model gpt-nano --context 8 --max_vocab 300 --dropout 0.2 --epochs 2 "
                              "--max_steps_per_epoch 4 --seed 3 --quiet --precision fp32 --optimizer sgd --lr 0.5 ";
+  // Dropout on: its masks are keyed by the global batch (Note [draws keyed by the global batch]), so 2 ranks at 2 draw
+  // the masks one process at 4 draws, and a stop on 2 ranks resumes on 1 with the same stream.
   // SGD, not the gpt default AdamW: the key projection's bias has a gradient of exactly zero in exact arithmetic
   // (softmax ignores a constant per query), so what it gets is rounding noise, which Adam's normalised step turns
   // into lr-sized moves of either sign: one all-reduce's other summation order then moves that bias 3e-4 apart.

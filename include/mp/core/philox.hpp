@@ -196,10 +196,19 @@ class Generator {
   /// Sets seed and offset (e.g. to replay a draw, or to restore a checkpoint).
   void set_state(uint64_t seed, uint64_t offset);
 
+  /// Note [draws keyed by the global batch]: this process holds part `index` of `count` equal parts of every batch
+  /// (a data-parallel rank: set_batch_shard(rank, ranks)); (0, 1) by default.
+  void set_batch_shard(int index, int count);
+  /// Draws for a tensor of n elements whose first dimension is this process's part of a global batch: the stream
+  /// advances by the whole global tensor's draws (n x count) and the tensor gets its part's (offset + index x n), so
+  /// element i is the draw element index x n + i of the global tensor gets in one process. Without a shard, reserve(n).
+  PhiloxState reserve_batch(uint64_t n);
+
  private:
   mutable std::mutex mu_;
   uint64_t seed_;
   uint64_t offset_ = 0;
+  int shard_index_ = 0, shard_count_ = 1;
 };
 
 /// The process-wide generator used by random factories when none is given.
