@@ -358,6 +358,7 @@ RunSummary train(const TrainConfig& config, std::ostream& out) {
   const TrainConfig c = with_task_defaults(config);
   set_float32_matmul_precision(float32_matmul_precision_from_string(c.matmul_precision));
   const detail::DataParallel dp(dist::world());
+  dist::world().set_timeout(c.dist_timeout);  // Note [rank failures]: before the first collective
   const auto run = [&dp](const TrainConfig& rc, std::ostream& o) {
     if (!is_text_task(rc)) return detail::train_images(rc, o, dp);
     return models::is_gpt_model(rc.model) ? detail::train_gpt(rc, o, dp) : detail::train_text(rc, o, dp);
