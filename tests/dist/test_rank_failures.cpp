@@ -55,9 +55,10 @@ std::string common(const fs::path& dir) {
          std::to_string(kDistTimeout) + " --checkpoint_dir " + dir.string() + " ";
 }
 
-// Two ranks; rank 1 meets `fault` ("KILL" or "STOP") as it begins step 4 (steps 1 to 3 done, checkpoint at step 2).
-Timed two_ranks_with_a_fault(const fs::path& dir, const std::string& fault) {
-  return timed("MP_TEST_RANK_FAULT=1:4:" + fault + " " + kEnv + kMpiexec +
+// Two ranks; rank `rank` meets `fault` ("KILL" or "STOP") as it begins step 4 (steps 1 to 3 done, checkpoint at
+// step 2).
+Timed two_ranks_with_a_fault(const fs::path& dir, const std::string& fault, int rank = 1) {
+  return timed("MP_TEST_RANK_FAULT=" + std::to_string(rank) + ":4:" + fault + " " + kEnv + kMpiexec +
                " --allow-run-as-root --oversubscribe -x MP_TEST_RANK_FAULT -np 2 " + kMixprec + " train " +
                common(dir) + "--batch_size 32");
 }
@@ -107,6 +108,21 @@ TEST(RankFailures, AStoppedRankEndsTheRunWithinTheTimeoutNamingIt) {
   fs::remove_all(dir);
 }
 
+// Rank 0 stopped: rank 1, which hears rank 0's announcements, names it.
+TEST(RankFailures, AStoppedRankZeroIsNamedByTheOthers) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const fs::path dir = scratch_dir("dp-fault", "stop0");
+  const Timed r = two_ranks_with_a_fault(dir, "STOP", 0);
+  std::printf("stopped rank 0: mpirun exited %d after %.1f s\n", r.result.code, r.seconds);
+  EXPECT_EQ(r.result.code, 4) << r.result.output;
+  EXPECT_LT(r.seconds, kDistTimeout + kMarginSeconds) << r.result.output;
+  EXPECT_NE(r.result.output.find("rank 1 of 2: error: waited 5 s (--dist_timeout)"), std::string::npos)
+      << r.result.output;
+  EXPECT_NE(r.result.output.find("did not arrive: rank 0"), std::string::npos) << r.result.output;
+  expect_the_checkpoint_resumes(dir);
+  fs::remove_all(dir);
+}
+
 // SIGKILL: OpenMPI usually notices the dead rank and ends rank 0 itself with its own message naming rank 1; should
 // it not, rank 0's timeout does (status 4, "did not arrive: rank 1"). Either way: non-zero, in time, rank 1 named.
 TEST(RankFailures, AKilledRankEndsTheRunWithinTheTimeoutNamingIt) {
@@ -122,4 +138,17 @@ TEST(RankFailures, AKilledRankEndsTheRunWithinTheTimeoutNamingIt) {
   EXPECT_TRUE(named) << r.result.output;
   expect_the_checkpoint_resumes(dir);
   fs::remove_all(dir);
+}
+
+TEST(RankFailures, ATimeoutOutsideItsRangeIsRefused) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  for (const char* bad : {"0", "-1", "inf"}) {
+    const mp::test::ShellResult r = mp::test::shell(kEnv + kMixprec +
+                                                    " train --dataset fashion-mnist --model mlp --train_subset 256 "
+                                                    "--epochs 1 --max_steps_per_epoch 1 --num_workers 0 --dist_timeout " +
+                                                    bad);
+    EXPECT_EQ(r.code, 1) << bad << ": " << r.output;
+    EXPECT_NE(r.output.find("--dist_timeout must be a number of seconds in (0, 86400]"), std::string::npos)
+        << bad << ": " << r.output;
+  }
 }
