@@ -307,8 +307,8 @@ class MpiWorld final : public ProcessGroup, public Finisher {
     check_blocks(buffer, counts, size_, "all_gather");
     const Blocks b = byte_blocks(buffer, counts);
     MPI_Request r = announce();
-    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buffer.raw_data(), b.counts.data(), b.displs.data(),
-                              MPI_BYTE, MPI_COMM_WORLD, &r),
+    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buffer.raw_data(), b.counts.data(), b.displs.data(), MPI_BYTE,
+                              MPI_COMM_WORLD, &r),
               "MPI_Iallgatherv");
     finish(&r, "all_gather");
   }

@@ -84,7 +84,8 @@ void expect_the_checkpoint_resumes(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir))  // no half-written file beside it
     EXPECT_EQ(e.path().filename(), "checkpoint.safetensors") << "left in " << dir;
   const fs::path log = dir / "resume.jsonl";
-  const Timed rest = timed(kEnv + kMixprec + " train " + common(dir) + "--batch_size 64 --resume --log " + log.string());
+  const Timed rest =
+      timed(kEnv + kMixprec + " train " + common(dir) + "--batch_size 64 --resume --log " + log.string());
   ASSERT_EQ(rest.result.code, 0) << rest.result.output;
   const std::vector<int64_t> steps = steps_of(log);
   EXPECT_EQ(steps, (std::vector<int64_t>{3, 4, 5, 6, 7, 8}));
@@ -143,10 +144,11 @@ TEST(RankFailures, AKilledRankEndsTheRunWithinTheTimeoutNamingIt) {
 TEST(RankFailures, ATimeoutOutsideItsRangeIsRefused) {
   if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
   for (const char* bad : {"0", "-1", "inf"}) {
-    const mp::test::ShellResult r = mp::test::shell(kEnv + kMixprec +
-                                                    " train --dataset fashion-mnist --model mlp --train_subset 256 "
-                                                    "--epochs 1 --max_steps_per_epoch 1 --num_workers 0 --dist_timeout " +
-                                                    bad);
+    const mp::test::ShellResult r =
+        mp::test::shell(kEnv + kMixprec +
+                        " train --dataset fashion-mnist --model mlp --train_subset 256 "
+                        "--epochs 1 --max_steps_per_epoch 1 --num_workers 0 --dist_timeout " +
+                        bad);
     EXPECT_EQ(r.code, 1) << bad << ": " << r.output;
     EXPECT_NE(r.output.find("--dist_timeout must be a number of seconds in (0, 86400]"), std::string::npos)
         << bad << ": " << r.output;
