@@ -53,8 +53,9 @@ int main(int argc, char** argv) {
   // damaged file, no such device); 2 a usage error (an unknown flag, a value of the wrong form: CLI11's
   // message and usage); 3 a numerical failure (the run diverged, the loss scale is stuck, a static scale skipped
   // too many steps in a row), after writing the last good state (Note [stopping on a numerical failure] in
-  // src/train/train_loop.cpp); 128 + N stopped by signal N (SIGINT 130, SIGTERM 143) after checkpointing. The
-  // README's table says the same.
+  // src/train/train_loop.cpp); 4 (dist::kExitRankFailure) a data-parallel rank waited past --dist_timeout for another
+  // (Note [rank failures] in src/dist/process_group.cpp); 128 + N stopped by signal N (SIGINT 130, SIGTERM 143)
+  // after checkpointing. The README's table says the same.
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

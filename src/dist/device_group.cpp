@@ -52,6 +52,10 @@ class RoutedGroup final : public ProcessGroup {
     device_->barrier();
     host_.barrier();
   }
+  void set_timeout(double seconds) override {
+    host_.set_timeout(seconds);
+    device_->set_timeout(seconds);
+  }
   void abort(int status) override { host_.abort(status); }
 
  private:

@@ -9,11 +9,17 @@
 // The semantics are ProcessGroup's, the same as MPI's on the CPU: all_reduce_mean sums in f32 (f64 for f64) whatever
 // the tensor's dtype, divides by the rank count and rounds once; blocks of uneven size (reduce-scatter, all-gather,
 // gather) are one grouped call of per-block reduces, broadcasts or send/receives, since NCCL's own reduce-scatter
-// and all-gather take equal blocks only.
+// and all-gather take equal blocks only. Timeouts (--dist_timeout, Note [rank failures]) bound the host's waits
+// (barrier, Pending::wait: polling the event and NCCL's async error); a collective queued on the stream that never
+// completes is seen at the next such wait, or blocks the next host read of the stream's results.
 #include "mp/dist/nccl_group.hpp"
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/collective_checks.hpp"
@@ -53,39 +59,6 @@ ncclDataType_t nccl_type(DType d) {
   }
   throw Error(std::string("NCCL: no reduction type for ") + dtype_name(d));
 }
-
-// A collective in flight: an event recorded on the stream after it.
-class NcclPending final : public Pending {
- public:
-  NcclPending(int device, cudaStream_t stream) : device_(device) {
-    backend::cuda::set_device(device_);
-    MP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    MP_CUDA_CHECK(cudaEventRecord(event_, stream));
-  }
-  ~NcclPending() override {
-    if (!done_) cudaEventSynchronize(event_);
-    cudaEventDestroy(event_);
-  }
-  NcclPending(const NcclPending&) = delete;
-  NcclPending& operator=(const NcclPending&) = delete;
-  bool test() override {
-    if (done_) return true;
-    const cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaErrorNotReady) return false;
-    MP_CUDA_CHECK(rc);
-    return done_ = true;
-  }
-  void wait() override {
-    if (done_) return;
-    MP_CUDA_CHECK(cudaEventSynchronize(event_));
-    done_ = true;
-  }
-
- private:
-  int device_;
-  cudaEvent_t event_ = nullptr;
-  bool done_ = false;
-};
 
 class NcclGroup final : public ProcessGroup {
  public:
@@ -137,14 +110,7 @@ class NcclGroup final : public ProcessGroup {
     }
   }
 
-  std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
-    detail::check_sum_buffer(buffer, device_);
-    set_device();
-    check_nccl(ncclAllReduce(buffer.raw_data(), buffer.raw_data(), static_cast<size_t>(buffer.numel()),
-                             nccl_type(buffer.dtype()), ncclSum, comm_, stream()),
-               "ncclAllReduce", comm_);
-    return std::make_unique<NcclPending>(device_.index, stream());
-  }
+  std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override;
 
   void broadcast(std::span<const Tensor> ts, int root) override {
     for (const Tensor& t : ts) detail::check_operand(t, "broadcast", false, device_);
@@ -225,13 +191,44 @@ class NcclGroup final : public ProcessGroup {
       check_nccl(ncclAllReduce(one.raw_data(), one.raw_data(), 1, ncclFloat32, ncclSum, comm_, stream()),
                  "ncclAllReduce", comm_);
     });
-    backend::cuda::synchronize(device_);
+    cudaEvent_t done = nullptr;
+    MP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    MP_CUDA_CHECK(cudaEventRecord(done, stream()));
+    wait_for(done, "barrier");
+    cudaEventDestroy(done);
   }
+
+  void set_timeout(double seconds) override { timeout_ = seconds; }
 
   void abort(int status) override {
     if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
     world_.abort(status);
+  }
+
+  // Waits for `event` (recorded after a collective) within the timeout (Note [NCCL groups]): a rank that waits longer
+  // says so, aborts the communicator and ends the run with kExitRankFailure, as the MPI group does.
+  void wait_for(cudaEvent_t event, const char* what) {
+    set_device();
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t rc = cudaEventQuery(event);
+      if (rc == cudaSuccess) return;
+      if (rc != cudaErrorNotReady) MP_CUDA_CHECK(rc);
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", comm_);
+      if (async != ncclSuccess && async != ncclInProgress) check_nccl(async, what, comm_);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_ > 0 && waited > timeout_) {
+        std::fprintf(stderr,
+                     "mixprec: rank %d of %d: error: waited %.0f s (--dist_timeout) in NCCL's %s on %s: a rank died "
+                     "or hangs; the last checkpoint is intact (--resume continues from it)\n",
+                     rank(), size(), waited, what, device_.str().c_str());
+        abort(kExitRankFailure);
+        std::_Exit(kExitRankFailure);  // a single process's abort returns
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
   }
 
  private:
@@ -255,7 +252,55 @@ class NcclGroup final : public ProcessGroup {
   Device device_;
   ncclComm_t comm_ = nullptr;
   std::string version_;
+  double timeout_ = 0;  // seconds; 0: without bound
 };
+
+// A collective in flight: an event recorded on the stream after it, waited for within the group's timeout.
+class NcclPending final : public Pending {
+ public:
+  NcclPending(NcclGroup& group, int device, cudaStream_t stream) : group_(group) {
+    backend::cuda::set_device(device);
+    MP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    MP_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
+  ~NcclPending() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {  // a destructor must not throw: the error was the collective's, reported by wait() elsewhere
+      }
+    }
+    cudaEventDestroy(event_);
+  }
+  NcclPending(const NcclPending&) = delete;
+  NcclPending& operator=(const NcclPending&) = delete;
+  bool test() override {
+    if (done_) return true;
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    MP_CUDA_CHECK(rc);
+    return done_ = true;
+  }
+  void wait() override {
+    if (done_) return;
+    group_.wait_for(event_, "all-reduce");
+    done_ = true;
+  }
+
+ private:
+  NcclGroup& group_;
+  cudaEvent_t event_ = nullptr;
+  bool done_ = false;
+};
+
+std::unique_ptr<Pending> NcclGroup::start_all_reduce_sum(const Tensor& buffer) {
+  detail::check_sum_buffer(buffer, device_);
+  set_device();
+  check_nccl(ncclAllReduce(buffer.raw_data(), buffer.raw_data(), static_cast<size_t>(buffer.numel()),
+                           nccl_type(buffer.dtype()), ncclSum, comm_, stream()),
+             "ncclAllReduce", comm_);
+  return std::make_unique<NcclPending>(*this, device_.index, stream());
+}
 
 }  // namespace
 

@@ -1,8 +1,31 @@
 // The process groups of data-parallel runs (include/mp/dist/process_group.hpp): MPI's COMM_WORLD or a single
 // process.
+//
+// Note [rank failures]
+// A rank that dies or hangs (killed, stopped, deadlocked) must not leave the others waiting forever in a collective.
+// The rule: every collective is started non-blocking and completed by finish(), which polls it with MPI_Test against
+// a deadline of set_timeout() seconds (--dist_timeout); a rank that passes it prints what it waited in and who did
+// not come, then MPI_Abort()s the run with kExitRankFailure (4), so mpirun tears every rank down and exits 4. Who did
+// not come: each collective is numbered (the same on every rank, as they call the same ones in order), and on entry a
+// rank announces its number point to point on a duplicate communicator: ranks > 0 to rank 0, rank 0 to every rank.
+// So rank 0 names every rank whose last announced collective is behind its own, and another rank can tell whether
+// rank 0 came (2 (N - 1) eight-byte messages per collective, drained while waiting). Why not a watchdog thread: MPI
+// is initialised MPI_THREAD_FUNNELED, and only the waiting thread may ask MPI who arrived. What mpirun does itself:
+// a rank that dies (SIGKILL, a crash) is usually noticed by OpenMPI's runtime, which kills the others at once and
+// exits non-zero ("mpirun noticed that process rank 1 ... exited on signal 9"), before any timeout; a rank that is
+// stopped (SIGSTOP) or deadlocked is alive to the runtime, and only the timeout ends the run. Checkpoints are written
+// to a temporary file and renamed (save_checkpoint), so a run ended this way keeps its last complete checkpoint, and
+// --resume continues from it.
 #include "mp/dist/process_group.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -60,6 +83,7 @@ class SingleProcess final : public ProcessGroup {
     if (out.raw_data() != mine.raw_data()) Tensor(out).copy_(mine.reshape(out.sizes()));
   }
   void barrier() override {}
+  void set_timeout(double /*seconds*/) override {}
   void abort(int /*status*/) override {}
 };
 
@@ -82,13 +106,24 @@ struct MpiFinalizer {
   }
 };
 
+// Completes `request` within the group's timeout (Note [rank failures]); `what` names the collective.
+class Finisher {
+ public:
+  virtual ~Finisher() = default;
+  virtual void finish(MPI_Request* request, const char* what) = 0;
+};
+
 // An MPI_Iallreduce in flight; holds its buffer so that the memory outlives the request.
 class MpiPending final : public Pending {
  public:
-  explicit MpiPending(Tensor buffer) : buffer_(std::move(buffer)) {}
+  MpiPending(Tensor buffer, Finisher& owner) : buffer_(std::move(buffer)), owner_(owner) {}
   MPI_Request* request() { return &request_; }
   ~MpiPending() override {
-    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    if (request_ == MPI_REQUEST_NULL) return;
+    try {
+      owner_.finish(&request_, "all-reduce of a gradient bucket");
+    } catch (const std::exception&) {  // an MPI error while unwinding: the error being thrown already says more
+    }
   }
   bool test() override {
     if (request_ == MPI_REQUEST_NULL) return true;
@@ -97,11 +132,12 @@ class MpiPending final : public Pending {
     return done != 0;
   }
   void wait() override {
-    if (request_ != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    if (request_ != MPI_REQUEST_NULL) owner_.finish(&request_, "all-reduce of a gradient bucket");
   }
 
  private:
   Tensor buffer_;
+  Finisher& owner_;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
@@ -126,7 +162,7 @@ Blocks byte_blocks(const Tensor& buffer, std::span<const int64_t> counts) {
   return b;
 }
 
-class MpiWorld final : public ProcessGroup {
+class MpiWorld final : public ProcessGroup, public Finisher {
  public:
   MpiWorld() {
     int provided = 0;
@@ -140,6 +176,8 @@ class MpiWorld final : public ProcessGroup {
     std::string v(version, static_cast<size_t>(len));
     if (const size_t cut = v.find_first_of(",\n"); cut != std::string::npos) v.resize(cut);
     library_ = v;
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &arrivals_), "MPI_Comm_dup");  // Note [rank failures]: announcements
+    arrived_.assign(static_cast<size_t>(size_), 0);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -164,9 +202,11 @@ class MpiWorld final : public ProcessGroup {
         buf.narrow(0, off, t.numel()).copy_(t.reshape({t.numel()}));
         off += t.numel();
       }
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf.raw_data(), static_cast<int>(n), wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
-                              MPI_COMM_WORLD),
-                "MPI_Allreduce");
+      MPI_Request r = announce();
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), static_cast<int>(n), wide ? MPI_DOUBLE : MPI_FLOAT,
+                               MPI_SUM, MPI_COMM_WORLD, &r),
+                "MPI_Iallreduce");
+      finish(&r, "all_reduce_mean");
       mul_(buf, 1.0 / static_cast<double>(size_));
       off = 0;
       for (const Tensor& t : group) {
@@ -179,7 +219,8 @@ class MpiWorld final : public ProcessGroup {
 
   std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
     check_sum_buffer(buffer);
-    auto p = std::make_unique<MpiPending>(buffer);
+    auto p = std::make_unique<MpiPending>(buffer, *this);
+    *p->request() = announce();
     const bool wide = buffer.dtype() == DType::f64;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.raw_data(), static_cast<int>(buffer.numel()),
                              wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, p->request()),
@@ -193,7 +234,9 @@ class MpiWorld final : public ProcessGroup {
       check_operand(t, "broadcast", false);
       const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
       MP_CHECK(bytes <= INT32_MAX, "dist::broadcast: a tensor of ", bytes, " bytes is beyond one MPI message (2^31)");
-      check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+      MPI_Request r = announce();
+      check_mpi(MPI_Ibcast(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &r), "MPI_Ibcast");
+      finish(&r, "broadcast");
     }
   }
 
@@ -201,18 +244,22 @@ class MpiWorld final : public ProcessGroup {
     check_reduce_scatter(buffer, out, counts, rank_, size_);
     const std::vector<int> cs = ints(counts);
     const bool wide = buffer.dtype() == DType::f64;
-    check_mpi(MPI_Reduce_scatter(buffer.raw_data(), out.raw_data(), cs.data(), wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
-                                 MPI_COMM_WORLD),
-              "MPI_Reduce_scatter");
+    MPI_Request r = announce();
+    check_mpi(MPI_Ireduce_scatter(buffer.raw_data(), out.raw_data(), cs.data(), wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
+                                  MPI_COMM_WORLD, &r),
+              "MPI_Ireduce_scatter");
+    finish(&r, "reduce_scatter_sum");
   }
 
   void all_gather(const Tensor& buffer, std::span<const int64_t> counts) override {
     check_operand(buffer, "all_gather", false);
     check_blocks(buffer, counts, size_, "all_gather");
     const Blocks b = byte_blocks(buffer, counts);
-    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buffer.raw_data(), b.counts.data(), b.displs.data(), MPI_BYTE,
-                             MPI_COMM_WORLD),
-              "MPI_Allgatherv");
+    MPI_Request r = announce();
+    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buffer.raw_data(), b.counts.data(), b.displs.data(), MPI_BYTE,
+                              MPI_COMM_WORLD, &r),
+              "MPI_Iallgatherv");
+    finish(&r, "all_gather");
   }
 
   void gather(const Tensor& mine, const Tensor& out, std::span<const int64_t> counts, int root) override {
@@ -220,24 +267,133 @@ class MpiWorld final : public ProcessGroup {
     check_gather(mine, out, counts, rank_, size_, rank_ == root);
     const auto es = static_cast<int64_t>(mine.element_size());
     if (rank_ != root) {
-      check_mpi(MPI_Gatherv(mine.raw_data(), static_cast<int>(mine.numel() * es), MPI_BYTE, nullptr, nullptr, nullptr,
-                            MPI_BYTE, root, MPI_COMM_WORLD),
-                "MPI_Gatherv");
+      MPI_Request r = announce();
+      check_mpi(MPI_Igatherv(mine.raw_data(), static_cast<int>(mine.numel() * es), MPI_BYTE, nullptr, nullptr, nullptr,
+                             MPI_BYTE, root, MPI_COMM_WORLD, &r),
+                "MPI_Igatherv");
+      finish(&r, "gather");
       return;
     }
     const Blocks b = byte_blocks(out, counts);
-    check_mpi(MPI_Gatherv(mine.raw_data(), static_cast<int>(mine.numel() * es), MPI_BYTE, out.raw_data(),
-                          b.counts.data(), b.displs.data(), MPI_BYTE, root, MPI_COMM_WORLD),
-              "MPI_Gatherv");
+    MPI_Request r = announce();
+    check_mpi(MPI_Igatherv(mine.raw_data(), static_cast<int>(mine.numel() * es), MPI_BYTE, out.raw_data(),
+                           b.counts.data(), b.displs.data(), MPI_BYTE, root, MPI_COMM_WORLD, &r),
+              "MPI_Igatherv");
+    finish(&r, "gather");
   }
 
-  void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void barrier() override {
+    MPI_Request r = announce();
+    check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &r), "MPI_Ibarrier");
+    finish(&r, "barrier");
+  }
+
+  void set_timeout(double seconds) override { timeout_ = seconds; }
 
   void abort(int status) override { MPI_Abort(MPI_COMM_WORLD, status); }
 
+  // Note [rank failures]: polls `request` until it completes, or the timeout passes and the run ends.
+  void finish(MPI_Request* request, const char* what) override {
+    if (timeout_ <= 0) {
+      check_mpi(MPI_Wait(request, MPI_STATUS_IGNORE), "MPI_Wait");
+      return;
+    }
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point start = Clock::now();
+    const auto limit = std::chrono::duration<double>(timeout_);
+    for (uint64_t polls = 0;; ++polls) {
+      int done = 0;
+      check_mpi(MPI_Test(request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done != 0) return;
+      if (polls % 256 != 255) continue;
+      drain();
+      if (Clock::now() - start > limit) timed_out(what);
+    }
+  }
+
  private:
+  static constexpr int kArrivalTag = 2601;
+
+  // Numbers the collective about to start and announces it (Note [rank failures]); returns MPI_REQUEST_NULL for the
+  // caller's request.
+  MPI_Request announce() {
+    ++seq_;
+    arrived_[static_cast<size_t>(rank_)] = seq_;
+    if (timeout_ <= 0) return MPI_REQUEST_NULL;
+    while (!sends_.empty()) {  // the announcements already delivered (eight bytes: at once, unless a peer is gone)
+      int done = 0;
+      check_mpi(MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done == 0) break;
+      sends_.pop_front();
+    }
+    for (int to = 0; to < size_; ++to) {
+      if (to == rank_ || (rank_ != 0 && to != 0)) continue;
+      sends_.push_back({std::make_unique<int64_t>(seq_), MPI_REQUEST_NULL});
+      check_mpi(MPI_Isend(sends_.back().seq.get(), 1, MPI_INT64_T, to, kArrivalTag, arrivals_, &sends_.back().request),
+                "MPI_Isend");
+    }
+    drain();
+    return MPI_REQUEST_NULL;
+  }
+
+  // Receives the announcements that have come.
+  void drain() {
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kArrivalTag, arrivals_, &flag, &st), "MPI_Iprobe");
+      if (flag == 0) return;
+      int64_t seq = 0;
+      check_mpi(MPI_Recv(&seq, 1, MPI_INT64_T, st.MPI_SOURCE, kArrivalTag, arrivals_, MPI_STATUS_IGNORE), "MPI_Recv");
+      int64_t& last = arrived_[static_cast<size_t>(st.MPI_SOURCE)];
+      last = std::max(last, seq);
+    }
+  }
+
+  // The deadline passed: say who did not come, and end the run.
+  [[noreturn]] void timed_out(const char* what) {
+    drain();
+    std::string missing;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || (rank_ != 0 && r != 0)) continue;
+      const int64_t last = arrived_[static_cast<size_t>(r)];
+      if (last >= seq_) continue;
+      missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(r) + " (its last collective: #" +
+                 std::to_string(last) + ")";
+    }
+    std::string who;
+    if (!missing.empty())
+      who = "; did not arrive: " + missing;
+    else if (rank_ == 0)
+      who = "; every rank announced it, so one of them stopped inside it";
+    else
+      who = "; rank 0 arrived, and its message names the ranks that did not";
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "mixprec: rank %d of %d: error: waited %g s (--dist_timeout) in collective #%lld (%s)%s: a rank died "
+                 "or hangs (killed, stopped, deadlocked, or far slower than the others); ending the run with exit "
+                 "status %d. The last checkpoint in --checkpoint_dir is intact: restart the rank's machine or process "
+                 "and continue with --resume (on any number of ranks), or raise --dist_timeout if it was only slow\n",
+                 rank_, size_, timeout_, static_cast<long long>(seq_), what, who.c_str(), kExitRankFailure);
+    std::fflush(stderr);
+    std::signal(SIGALRM, SIG_DFL);  // should MPI_Abort itself hang, this process still ends
+    alarm(30);
+    MPI_Abort(MPI_COMM_WORLD, kExitRankFailure);
+    std::_Exit(kExitRankFailure);
+  }
+
+  struct Send {
+    std::unique_ptr<int64_t> seq;  // the announced number: stays put until the send completes
+    MPI_Request request;
+  };
+
   int rank_ = 0, size_ = 1;
   std::string library_;
+  double timeout_ = 0;  // seconds; 0 = unbounded
+  MPI_Comm arrivals_ = MPI_COMM_NULL;
+  int64_t seq_ = 0;               // the collectives this rank has started
+  std::vector<int64_t> arrived_;  // per rank, the last collective it announced (that this rank has heard of)
+  std::deque<Send> sends_;
 };
 
 #endif  // MP_HAVE_MPI

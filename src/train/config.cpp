@@ -150,6 +150,9 @@ void validate(const TrainConfig& c) {
   MP_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb >= 0 && c.bucket_mb <= 8192,
            "--bucket_mb must be a size in MiB in [0, 8192] (0 = one all-reduce after backward), got ", c.bucket_mb,
            "; the default 25 suits most runs");
+  MP_CHECK(std::isfinite(c.dist_timeout) && c.dist_timeout > 0 && c.dist_timeout <= 86400,
+           "--dist_timeout must be a number of seconds in (0, 86400], got ", c.dist_timeout,
+           "; the default 300 suits most runs (Note [rank failures] in src/dist/process_group.cpp)");
   MP_CHECK(!c.shard_optimizer || c.numerics_every == 0,
            "--shard_optimizer spreads the gradients and the optimizer state over the ranks, but --numerics_every ",
            c.numerics_every,

@@ -43,7 +43,8 @@
 //      validation carries its hidden state through the text, so every rank evaluates all of it and rank 0 reports.
 //   7. Failures. An error that every rank meets together (a config mismatch, a numerical failure agreed in 4) is
 //      thrown on every rank; a rank that fails alone ends the whole run (the CLI calls ProcessGroup::abort), since
-//      the others may be waiting for it in a collective.
+//      the others may be waiting for it in a collective. A rank that dies or hangs without a word is met by the
+//      others' --dist_timeout on every collective (Note [rank failures] in src/dist/process_group.cpp): exit status 4.
 #include "train/data_parallel.hpp"
 
 #include <chrono>

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -149,6 +150,23 @@ std::string hex_double(double v) {
   return buf;
 }
 
+// Note [rank failures] (src/dist/process_group.cpp), the hook of its tests: MP_TEST_RANK_FAULT=R:S:KILL (or :STOP)
+// makes rank R of a data-parallel run send itself SIGKILL (SIGSTOP) as it begins optimizer step S of the run, so that
+// tests/dist/test_rank_failures.cpp fails one rank mid-epoch at a known step. Read here only; not for users.
+void fail_this_rank_for_a_test(int rank, int64_t step) {
+  static const char* const spec = std::getenv("MP_TEST_RANK_FAULT");
+  if (spec == nullptr) return;
+  int r = -1;
+  long long s = -1;
+  char what[8] = {};
+  if (std::sscanf(spec, "%d:%lld:%7s", &r, &s, what) != 3 || r != rank || s != step) return;
+  const std::string kind(what);
+  MP_CHECK(kind == "KILL" || kind == "STOP", "MP_TEST_RANK_FAULT: expected RANK:STEP:KILL or RANK:STEP:STOP, got '",
+           spec, "'");
+  std::fflush(nullptr);
+  std::raise(kind == "KILL" ? SIGKILL : SIGSTOP);
+}
+
 }  // namespace
 
 std::function<Tensor()> replayable(std::function<Tensor()> loss_of) {
@@ -283,6 +301,7 @@ void TrainLoop::check_resumed_config(const std::map<std::string, std::string>& r
                                            "quiet",
                                            "numerics_every",
                                            "bucket_mb",
+                                           "dist_timeout",
                                            "shard_optimizer"};
   const nlohmann::ordered_json was = nlohmann::ordered_json::parse(config_to_json(*saved));
   const nlohmann::ordered_json now = nlohmann::ordered_json::parse(meta_.at("config"));
@@ -544,6 +563,8 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   amp::GradScaler& scaler = parts_.scaler;
   const int64_t n = c_.grad_accum;  // Note [gradient accumulation]
   const bool last = static_cast<int64_t>(micro_losses_.size()) + 1 == n;
+  if (data_parallel() && micro_losses_.empty())
+    fail_this_rank_for_a_test(parts_.dp->rank(), start_.global_step + sum_.steps + 1);
   if (buckets_ && last) buckets_->arm();  // Note [bucketed gradient all-reduce] 2: the step's last backward only
   scaler.scale(n == 1 ? loss : mul(loss, 1.0 / static_cast<double>(n))).backward();
   micro_losses_.push_back(loss.detach());  // with a scaler, read after the step: no device sync before it is queued

@@ -359,8 +359,10 @@ RunSummary train(const TrainConfig& config, std::ostream& out) {
   validate(config);
   const TrainConfig c = with_task_defaults(config);
   set_float32_matmul_precision(float32_matmul_precision_from_string(c.matmul_precision));
+  dist::world().set_timeout(c.dist_timeout);  // Note [rank failures]: before the first collective
   // CPU tensors through MPI, a GPU run's tensors through NCCL (Note [device groups]).
   const std::shared_ptr<dist::ProcessGroup> group = dist::group_for_device(dist::world(), run_device(c));
+  group->set_timeout(c.dist_timeout);
   const detail::DataParallel dp(*group);
   const auto run = [&dp](const TrainConfig& rc, std::ostream& o) {
     if (!is_text_task(rc)) return detail::train_images(rc, o, dp);

@@ -18,6 +18,10 @@
 
 namespace mp::dist {
 
+/// The exit status of a process that waited in a collective past its timeout: another rank died or hangs
+/// (Note [rank failures] in src/dist/process_group.cpp).
+inline constexpr int kExitRankFailure = 4;
+
 /// A collective in flight (ProcessGroup::start_all_reduce_sum). Its buffer must stay alive and untouched until it
 /// completes; destroying it unfinished waits for it first.
 class Pending {
@@ -64,6 +68,10 @@ class ProcessGroup {
   virtual void gather(const Tensor& mine, const Tensor& out, std::span<const int64_t> counts, int root) = 0;
   /// Returns when every rank has called it.
   virtual void barrier() = 0;
+  /// Bounds the wait of every later collective (and Pending) to `seconds` (Note [rank failures] in
+  /// src/dist/process_group.cpp): a rank that waits longer prints which collective it waited in and the ranks that
+  /// did not arrive, then ends the run with kExitRankFailure. 0 (the default) waits without bound.
+  virtual void set_timeout(double seconds) = 0;
   /// Ends every process of the run with exit status `status` (MPI_Abort): what a rank that fails alone does, since
   /// the others may be waiting in a collective it will never join. A single process returns (its caller exits).
   virtual void abort(int status) = 0;

@@ -143,6 +143,10 @@ namespace mp::train {
     "this many MiB (f32), each all-reduced during backward as soon as its gradients are final "                     \
     "(PyTorch DDP's bucket_cap_mb); 0 = one all-reduce of every gradient after backward")                           \
   X(bool, shard_optimizer, false, "data-parallel runs: each f32 master and moment on one rank only (ZeRO-1)")       \
+  X(double, dist_timeout, 300,                                                                                      \
+    "data-parallel runs: seconds a rank waits for the others in one collective before it ends the run (exit "      \
+    "status 4), naming the ranks that did not arrive (a rank died or hangs); above the longest time one rank "     \
+    "works alone (rank 0 writing a checkpoint)")                                                                    \
   X(std::string, device, "cpu", "cpu, cuda or cuda:N (the model, batches and optimizer state live there)")          \
   X(std::string, matmul_precision, "highest",                                                                       \
     "f32 matmuls and convolutions on CUDA: highest (true f32) or high (TF32)")                                      \
