@@ -12,6 +12,7 @@
 #endif
 
 #include "mp/core/error.hpp"
+#include "mp/core/half.hpp"
 #include "mp/ops/ops.hpp"
 
 namespace mp::dist {
@@ -25,10 +26,16 @@ void check_operand(const Tensor& t, const char* op, bool floating) {
   MP_CHECK(!floating || is_floating(t.dtype()), "dist::", op, ": expected floating tensors, got ", t.describe());
 }
 
+// What all_reduce_mean_in sends: f32, or a 16-bit float.
+void check_wire(DType wire) {
+  MP_CHECK(wire == DType::f32 || wire == DType::bf16 || wire == DType::f16,
+           "dist::all_reduce_mean_in: expected f32, bf16 or f16 to send gradients in, got ", dtype_name(wire));
+}
+
 void check_sum_buffer(const Tensor& t) {
   check_operand(t, "start_all_reduce_sum", true);
-  MP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
-           "dist::start_all_reduce_sum: expected an f32 or f64 buffer, got ", t.describe());
+  MP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
+           "dist::start_all_reduce_sum: expected an f32, f64, bf16 or f16 buffer, got ", t.describe());
   MP_CHECK(t.numel() <= INT32_MAX, "dist::start_all_reduce_sum: ", t.numel(),
            " elements are beyond one MPI message (2^31); use smaller buckets");
 }
@@ -89,6 +96,10 @@ class SingleProcess final : public ProcessGroup {
   void all_reduce_mean(std::span<const Tensor> ts) override {
     for (const Tensor& t : ts) check_operand(t, "all_reduce_mean", true);
   }
+  void all_reduce_mean_in(std::span<const Tensor> ts, DType wire) override {
+    check_wire(wire);
+    all_reduce_mean(ts);
+  }
   std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
     check_sum_buffer(buffer);
     return std::make_unique<Done>();
@@ -115,6 +126,28 @@ class SingleProcess final : public ProcessGroup {
 };
 
 #if defined(MP_HAVE_MPI)
+
+// Note [16-bit sums in MPI]
+// MPI has no 16-bit float type, so bf16 and f16 buffers travel as MPI_UINT16_T words and are summed by user-defined
+// operations (MPI_Op_create, commutative): each element of both operands widened to f32 (exact), added in f32, and
+// rounded once back to the 16-bit format (round to nearest even: mp/core/half.hpp's conversions, the reference every
+// tensor conversion matches). So each partial sum MPI forms is rounded to 16 bits, as NCCL's bf16/f16 all-reduce
+// rounds it; with two ranks each element is one rounded addition. f16 overflow in the sum is the caller's to avoid:
+// all_reduce_mean_in divides by the rank count before it (Note [16-bit gradient communication] in
+// src/train/data_parallel.cpp). The operations are created once, with the world, and freed by MPI_Finalize.
+void sum_bf16(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = detail::float_to_bf16_bits(detail::bf16_bits_to_float(a[i]) + detail::bf16_bits_to_float(b[i]));
+}
+
+void sum_f16(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = detail::float_to_half_bits(detail::half_bits_to_float(a[i]) + detail::half_bits_to_float(b[i]));
+}
 
 void check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
@@ -191,6 +224,8 @@ class MpiWorld final : public ProcessGroup {
     std::string v(version, static_cast<size_t>(len));
     if (const size_t cut = v.find_first_of(",\n"); cut != std::string::npos) v.resize(cut);
     library_ = v;
+    check_mpi(MPI_Op_create(&sum_bf16, 1, &sum_bf16_), "MPI_Op_create");
+    check_mpi(MPI_Op_create(&sum_f16, 1, &sum_f16_), "MPI_Op_create");
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -228,12 +263,47 @@ class MpiWorld final : public ProcessGroup {
     }
   }
 
+  void all_reduce_mean_in(std::span<const Tensor> ts, DType wire) override {
+    check_wire(wire);
+    if (wire == DType::f32) return all_reduce_mean(ts);
+    for (const Tensor& t : ts) check_operand(t, "all_reduce_mean_in", true);
+    std::vector<Tensor> wide, narrow;  // f64 tensors keep f64 (all_reduce_mean); the others go in `wire`
+    int64_t n = 0;
+    for (const Tensor& t : ts) {
+      (t.dtype() == DType::f64 ? wide : narrow).push_back(t);
+      if (t.dtype() != DType::f64) n += t.numel();
+    }
+    if (!wide.empty()) all_reduce_mean(wide);
+    if (n == 0) return;
+    MP_CHECK(n <= INT32_MAX, "dist::all_reduce_mean_in: ", n, " elements are beyond one MPI message (2^31)");
+    // Note [16-bit gradient communication]: widened, divided by N in f32, rounded once to the wire
+    Tensor f32 = empty({n}, {.dtype = DType::f32});
+    int64_t off = 0;
+    for (const Tensor& t : narrow) {
+      f32.narrow(0, off, t.numel()).copy_(t.reshape({t.numel()}));
+      off += t.numel();
+    }
+    mul_(f32, 1.0 / static_cast<double>(size_));
+    Tensor buf = f32.to(wire);
+    check_mpi(
+        MPI_Allreduce(MPI_IN_PLACE, buf.raw_data(), static_cast<int>(n), MPI_UINT16_T, op_for(wire), MPI_COMM_WORLD),
+        "MPI_Allreduce");
+    off = 0;
+    for (const Tensor& t : narrow) {
+      Tensor dst = t.reshape({t.numel()});
+      dst.copy_(buf.narrow(0, off, t.numel()));
+      off += t.numel();
+    }
+  }
+
   std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
     check_sum_buffer(buffer);
     auto p = std::make_unique<MpiPending>(buffer);
-    const bool wide = buffer.dtype() == DType::f64;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.raw_data(), static_cast<int>(buffer.numel()),
-                             wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, p->request()),
+    const DType d = buffer.dtype();
+    const MPI_Datatype type = d == DType::f64 ? MPI_DOUBLE : d == DType::f32 ? MPI_FLOAT : MPI_UINT16_T;
+    const MPI_Op op = d == DType::f64 || d == DType::f32 ? MPI_SUM : op_for(d);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.raw_data(), static_cast<int>(buffer.numel()), type, op,
+                             MPI_COMM_WORLD, p->request()),
               "MPI_Iallreduce");
     return p;
   }
@@ -287,8 +357,12 @@ class MpiWorld final : public ProcessGroup {
   void abort(int status) override { MPI_Abort(MPI_COMM_WORLD, status); }
 
  private:
+  // The sum of 16-bit words holding `d` (Note [16-bit sums in MPI]).
+  MPI_Op op_for(DType d) const { return d == DType::bf16 ? sum_bf16_ : sum_f16_; }
+
   int rank_ = 0, size_ = 1;
   std::string library_;
+  MPI_Op sum_bf16_ = MPI_OP_NULL, sum_f16_ = MPI_OP_NULL;
 };
 
 #endif  // MP_HAVE_MPI

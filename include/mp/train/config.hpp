@@ -142,6 +142,9 @@ namespace mp::train {
     "data-parallel runs (mpirun): gradients are averaged over the ranks in buckets of about "                       \
     "this many MiB (f32), each all-reduced during backward as soon as its gradients are final "                     \
     "(PyTorch DDP's bucket_cap_mb); 0 = one all-reduce of every gradient after backward")                           \
+  X(DType, grad_comm_dtype, DType::f32,                                                                             \
+    "data-parallel runs: fp32, bf16 or fp16, the dtype gradients are sent and summed in (16-bit: half the bytes, "  \
+    "each value divided by the rank count before the sum and rounded, each partial sum rounded)")                   \
   X(bool, shard_optimizer, false, "data-parallel runs: each f32 master and moment on one rank only (ZeRO-1)")       \
   X(std::string, device, "cpu", "cpu, cuda or cuda:N (the model, batches and optimizer state live there)")          \
   X(std::string, matmul_precision, "highest",                                                                       \
