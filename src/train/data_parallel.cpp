@@ -31,11 +31,13 @@
 //      averaged gradient is the global batch's gradient up to rounding: the sums run in another order, and 16-bit
 //      gradients (O2 without accumulation) are rounded on each rank, then averaged in f32 and rounded again. Not the
 //      same by design: batch norm normalises with each rank's batch statistics (B examples, as PyTorch's DDP without
-//      SyncBatchNorm; rank 0's running statistics are the ones saved); dropout masks are not keyed by the global
-//      example index (that needs per-example offsets in the dropout kernels): rank 0 draws from the run's stream and
-//      rank r > 0 from its own Philox key (the seed mixed with r) at the same offset, so masks differ between ranks
-//      and from a single process's, and a resume on the same N continues them exactly. Runs with dropout or batch
-//      norm therefore match a single process statistically, not number for number.
+//      SyncBatchNorm; rank 0's running statistics are the ones saved; --sync_batchnorm normalises with the global
+//      batch's instead: Note [synchronised batch norm] in src/nn/batch_norm.cpp); dropout masks are not keyed by the
+//      global example index (that needs per-example offsets in the dropout kernels): rank 0 draws from the run's
+//      stream and rank r > 0 from its own Philox key (the seed mixed with r) at the same offset, so masks differ
+//      between ranks and from a single process's, and a resume on the same N continues them exactly. Runs with
+//      dropout, or batch norm without --sync_batchnorm, therefore match a single process statistically, not number
+//      for number.
 //   6. Output. Rank 0 alone prints, writes the run log, progress bar, checkpoints and last-good files; the others
 //      print only their errors. Evaluation of images is sharded: rank 0's batch-norm statistics are broadcast (the
 //      model evaluated is the one rank 0 saves), each rank evaluates a contiguous Nth of the test set and the loss

@@ -9,6 +9,7 @@
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/dist/process_group.hpp"
 #include "mp/nn/module.hpp"
+#include "mp/nn/sync_batch_norm.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/optimizer_shards.hpp"
@@ -82,6 +83,11 @@ class DataParallel {
   /// The optimizer's state sharded over this run's ranks (Note [sharded optimizer state]).
   std::unique_ptr<OptimizerShards> optimizer_shards(optim::Optimizer& opt) const {
     return std::make_unique<OptimizerShards>(world_, opt);
+  }
+  /// The sum over the ranks that batch norm over the global batch needs (--sync_batchnorm: Note [synchronised batch
+  /// norm] in src/nn/batch_norm.cpp): in place, blocking, f64.
+  nn::BatchNormAllReduce batch_norm_sum() const {
+    return [w = &world_](const Tensor& t) { w->start_all_reduce_sum(t)->wait(); };
   }
   /// The concatenation along `dim` of every rank's `t` (same shape on every rank), in rank order, on every rank.
   Tensor all_gather(const Tensor& t, int64_t dim) const;

@@ -187,6 +187,9 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
   } else if (data_parallel() && c.bucket_mb > 0) {
     buckets_ = parts_.dp->gradient_buckets(parts_.params, c.bucket_mb, c.grad_comm_dtype);
   }
+  if (c.sync_batchnorm)  // Note [synchronised batch norm]: before the first training forward; one process sums nothing
+    sync_bn_ = std::make_unique<nn::SyncBatchNormScope>(data_parallel() ? parts_.dp->batch_norm_sum()
+                                                                        : nn::BatchNormAllReduce([](const Tensor&) {}));
   snapshot_buffers();  // the state the run starts from (resumed or not) is good
   paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);

@@ -145,6 +145,9 @@ namespace mp::train {
   X(DType, grad_comm_dtype, DType::f32,                                                                             \
     "data-parallel runs: fp32, bf16 or fp16, the dtype gradients are sent and summed in (16-bit: half the bytes, "  \
     "each value divided by the rank count before the sum and rounded, each partial sum rounded)")                   \
+  X(bool, sync_batchnorm, false,                                                                                    \
+    "data-parallel runs: batch norm in training normalises with the statistics of the global batch (every rank's "  \
+    "examples; two small all-reduces per layer per step), as one process at N x B; default: each rank's own")       \
   X(bool, shard_optimizer, false, "data-parallel runs: each f32 master and moment on one rank only (ZeRO-1)")       \
   X(std::string, device, "cpu", "cpu, cuda or cuda:N (the model, batches and optimizer state live there)")          \
   X(std::string, matmul_precision, "highest",                                                                       \
