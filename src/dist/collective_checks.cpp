@@ -18,8 +18,8 @@ void check_operand(const Tensor& t, const char* op, bool floating, Device where)
 
 void check_sum_buffer(const Tensor& t, Device where) {
   check_operand(t, "start_all_reduce_sum", true, where);
-  MP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
-           "dist::start_all_reduce_sum: expected an f32 or f64 buffer, got ", t.describe());
+  MP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
+           "dist::start_all_reduce_sum: expected an f32, f64, bf16 or f16 buffer, got ", t.describe());
   MP_CHECK(t.numel() <= INT32_MAX, "dist::start_all_reduce_sum: ", t.numel(),
            " elements are beyond one MPI message (2^31); use smaller buckets");
 }

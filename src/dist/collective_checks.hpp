@@ -10,7 +10,7 @@ namespace mp::dist::detail {
 
 /// `t` on `where`, contiguous, and (with `floating`) of a floating dtype: what the collectives take.
 void check_operand(const Tensor& t, const char* op, bool floating, Device where = kCPU);
-/// An all-reduce buffer: f32 or f64, within one message (2^31 elements).
+/// An all-reduce buffer: f32, f64, bf16 or f16, within one message (2^31 elements).
 void check_sum_buffer(const Tensor& t, Device where = kCPU);
 /// The blocks of a reduce-scatter, all-gather or gather: one count per rank, adding up to the buffer's numel, within
 /// one message.

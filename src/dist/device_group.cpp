@@ -33,6 +33,9 @@ class RoutedGroup final : public ProcessGroup {
   void all_reduce_mean(std::span<const Tensor> ts) override {
     split(ts, [](ProcessGroup& g, std::span<const Tensor> part) { g.all_reduce_mean(part); });
   }
+  void all_reduce_mean_in(std::span<const Tensor> ts, DType wire) override {
+    split(ts, [wire](ProcessGroup& g, std::span<const Tensor> part) { g.all_reduce_mean_in(part, wire); });
+  }
   std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
     return of(buffer).start_all_reduce_sum(buffer);
   }

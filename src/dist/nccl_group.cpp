@@ -110,6 +110,30 @@ class NcclGroup final : public ProcessGroup {
     }
   }
 
+  void all_reduce_mean_in(std::span<const Tensor> ts, DType wire) override {
+    MP_CHECK(wire == DType::f32 || wire == DType::bf16 || wire == DType::f16,
+             "dist::all_reduce_mean_in: expected f32, bf16 or f16 to send gradients in, got ", dtype_name(wire));
+    if (wire == DType::f32) return all_reduce_mean(ts);
+    for (const Tensor& t : ts) detail::check_operand(t, "all_reduce_mean_in", true, device_);
+    autograd::NoGradGuard no_grad;
+    // Note [16-bit gradient communication]: widened, divided by N in f32, rounded once to the wire, summed by NCCL
+    // in the wire's dtype; f64 tensors keep f64.
+    std::vector<Tensor> wide, narrow, bufs;
+    for (const Tensor& t : ts) (t.dtype() == DType::f64 ? wide : narrow).push_back(t);
+    if (!wide.empty()) all_reduce_mean(wide);
+    for (const Tensor& t : narrow) bufs.push_back(mul(t.to(DType::f32), 1.0 / static_cast<double>(size())).to(wire));
+    group_call("all_reduce_mean_in", [&] {
+      for (const Tensor& b : bufs)
+        check_nccl(ncclAllReduce(b.raw_data(), b.raw_data(), static_cast<size_t>(b.numel()), nccl_type(wire), ncclSum,
+                                 comm_, stream()),
+                   "ncclAllReduce", comm_);
+    });
+    for (size_t i = 0; i < narrow.size(); ++i) {
+      Tensor t = narrow[i];  // a handle of the caller's tensor
+      t.copy_(bufs[i]);
+    }
+  }
+
   std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override;
 
   void broadcast(std::span<const Tensor> ts, int root) override {

@@ -36,6 +36,7 @@
 
 #include "dist/collective_checks.hpp"
 #include "mp/core/error.hpp"
+#include "mp/core/half.hpp"
 #include "mp/ops/ops.hpp"
 
 namespace mp::dist {
@@ -46,6 +47,12 @@ using detail::check_gather;
 using detail::check_operand;
 using detail::check_reduce_scatter;
 using detail::check_sum_buffer;
+
+// What all_reduce_mean_in sends: f32, or a 16-bit float.
+void check_wire(DType wire) {
+  MP_CHECK(wire == DType::f32 || wire == DType::bf16 || wire == DType::f16,
+           "dist::all_reduce_mean_in: expected f32, bf16 or f16 to send gradients in, got ", dtype_name(wire));
+}
 
 // What a single process's collectives return: already complete.
 struct Done final : Pending {
@@ -60,6 +67,10 @@ class SingleProcess final : public ProcessGroup {
   std::string describe() const override { return "single process"; }
   void all_reduce_mean(std::span<const Tensor> ts) override {
     for (const Tensor& t : ts) check_operand(t, "all_reduce_mean", true);
+  }
+  void all_reduce_mean_in(std::span<const Tensor> ts, DType wire) override {
+    check_wire(wire);
+    all_reduce_mean(ts);
   }
   std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
     check_sum_buffer(buffer);
@@ -88,6 +99,30 @@ class SingleProcess final : public ProcessGroup {
 };
 
 #if defined(MP_HAVE_MPI)
+
+// Note [16-bit sums in MPI]
+// MPI has no 16-bit float type, so bf16 and f16 buffers travel as MPI_UINT16_T words and are summed by user-defined
+// operations (MPI_Op_create, commutative): each element of both operands widened to f32 (exact), added in f32, and
+// rounded once back to the 16-bit format (round to nearest even: mp/core/half.hpp's conversions, the reference every
+// tensor conversion matches). So each partial sum MPI forms is rounded to 16 bits, as NCCL's bf16/f16 all-reduce
+// rounds it; with two ranks each element is one rounded addition. f16 overflow in the sum is the caller's to avoid:
+// all_reduce_mean_in divides by the rank count before it (Note [16-bit gradient communication] in
+// src/train/data_parallel.cpp). The operations are created once, with the world, and freed by MPI_Finalize.
+void sum_bf16(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = ::mp::detail::float_to_bf16_bits(::mp::detail::bf16_bits_to_float(a[i]) +
+                                            ::mp::detail::bf16_bits_to_float(b[i]));
+}
+
+void sum_f16(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = ::mp::detail::float_to_half_bits(::mp::detail::half_bits_to_float(a[i]) +
+                                            ::mp::detail::half_bits_to_float(b[i]));
+}
 
 void check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
@@ -178,6 +213,8 @@ class MpiWorld final : public ProcessGroup, public Finisher {
     library_ = v;
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &arrivals_), "MPI_Comm_dup");  // Note [rank failures]: announcements
     arrived_.assign(static_cast<size_t>(size_), 0);
+    check_mpi(MPI_Op_create(&sum_bf16, 1, &sum_bf16_), "MPI_Op_create");
+    check_mpi(MPI_Op_create(&sum_f16, 1, &sum_f16_), "MPI_Op_create");
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -217,13 +254,50 @@ class MpiWorld final : public ProcessGroup, public Finisher {
     }
   }
 
+  void all_reduce_mean_in(std::span<const Tensor> ts, DType wire) override {
+    check_wire(wire);
+    if (wire == DType::f32) return all_reduce_mean(ts);
+    for (const Tensor& t : ts) check_operand(t, "all_reduce_mean_in", true);
+    std::vector<Tensor> wide, narrow;  // f64 tensors keep f64 (all_reduce_mean); the others go in `wire`
+    int64_t n = 0;
+    for (const Tensor& t : ts) {
+      (t.dtype() == DType::f64 ? wide : narrow).push_back(t);
+      if (t.dtype() != DType::f64) n += t.numel();
+    }
+    if (!wide.empty()) all_reduce_mean(wide);
+    if (n == 0) return;
+    MP_CHECK(n <= INT32_MAX, "dist::all_reduce_mean_in: ", n, " elements are beyond one MPI message (2^31)");
+    // Note [16-bit gradient communication]: widened, divided by N in f32, rounded once to the wire
+    Tensor f32 = empty({n}, {.dtype = DType::f32});
+    int64_t off = 0;
+    for (const Tensor& t : narrow) {
+      f32.narrow(0, off, t.numel()).copy_(t.reshape({t.numel()}));
+      off += t.numel();
+    }
+    mul_(f32, 1.0 / static_cast<double>(size_));
+    Tensor buf = f32.to(wire);
+    MPI_Request r = announce();  // Note [rank failures]
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), static_cast<int>(n), MPI_UINT16_T, op_for(wire),
+                             MPI_COMM_WORLD, &r),
+              "MPI_Iallreduce");
+    finish(&r, "all_reduce_mean_in");
+    off = 0;
+    for (const Tensor& t : narrow) {
+      Tensor dst = t.reshape({t.numel()});
+      dst.copy_(buf.narrow(0, off, t.numel()));
+      off += t.numel();
+    }
+  }
+
   std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) override {
     check_sum_buffer(buffer);
     auto p = std::make_unique<MpiPending>(buffer, *this);
     *p->request() = announce();
-    const bool wide = buffer.dtype() == DType::f64;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.raw_data(), static_cast<int>(buffer.numel()),
-                             wide ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, p->request()),
+    const DType d = buffer.dtype();
+    const MPI_Datatype type = d == DType::f64 ? MPI_DOUBLE : d == DType::f32 ? MPI_FLOAT : MPI_UINT16_T;
+    const MPI_Op op = d == DType::f64 || d == DType::f32 ? MPI_SUM : op_for(d);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.raw_data(), static_cast<int>(buffer.numel()), type, op,
+                             MPI_COMM_WORLD, p->request()),
               "MPI_Iallreduce");
     return p;
   }
@@ -387,8 +461,12 @@ class MpiWorld final : public ProcessGroup, public Finisher {
     MPI_Request request;
   };
 
+  // The sum of 16-bit words holding `d` (Note [16-bit sums in MPI]).
+  MPI_Op op_for(DType d) const { return d == DType::bf16 ? sum_bf16_ : sum_f16_; }
+
   int rank_ = 0, size_ = 1;
   std::string library_;
+  MPI_Op sum_bf16_ = MPI_OP_NULL, sum_f16_ = MPI_OP_NULL;
   double timeout_ = 0;  // seconds; 0 = unbounded
   MPI_Comm arrivals_ = MPI_COMM_NULL;
   int64_t seq_ = 0;               // the collectives this rank has started

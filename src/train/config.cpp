@@ -153,6 +153,12 @@ void validate(const TrainConfig& c) {
   MP_CHECK(std::isfinite(c.dist_timeout) && c.dist_timeout > 0 && c.dist_timeout <= 86400,
            "--dist_timeout must be a number of seconds in (0, 86400], got ", c.dist_timeout,
            "; the default 300 suits most runs (Note [rank failures] in src/dist/process_group.cpp)");
+  MP_CHECK(c.grad_comm_dtype == DType::f32 || c.grad_comm_dtype == DType::bf16 || c.grad_comm_dtype == DType::f16,
+           "--grad_comm_dtype must be fp32, bf16 or fp16, got ", dtype_name(c.grad_comm_dtype));
+  MP_CHECK(!c.shard_optimizer || c.grad_comm_dtype == DType::f32, "--grad_comm_dtype ",
+           precision_name(c.grad_comm_dtype),
+           " applies to the gradient all-reduce, but --shard_optimizer reduce-scatters the gradients in f32; drop "
+           "--grad_comm_dtype (or pass fp32) with --shard_optimizer, or train without --shard_optimizer");
   MP_CHECK(!c.shard_optimizer || c.numerics_every == 0,
            "--shard_optimizer spreads the gradients and the optimizer state over the ranks, but --numerics_every ",
            c.numerics_every,

@@ -31,11 +31,12 @@
 //      averaged gradient is the global batch's gradient up to rounding: the sums run in another order, and 16-bit
 //      gradients (O2 without accumulation) are rounded on each rank, then averaged in f32 and rounded again. Not the
 //      same by design: batch norm normalises with each rank's batch statistics (B examples, as PyTorch's DDP without
-//      SyncBatchNorm; rank 0's running statistics are the ones saved). Dropout is keyed by the global batch (Note
-//      [draws keyed by the global batch] in src/core/philox.cpp): batch-major activations (the MLP's, GPT's, attention
-//      weights) get the masks of one process at N x B, and a resume on any N continues them; the word LM's
-//      time-major ones get disjoint masks per rank. Runs with batch norm, or the word LM with dropout, therefore
-//      match a single process statistically, not number for number.
+//      SyncBatchNorm; rank 0's running statistics are the ones saved; --sync_batchnorm normalises with the global
+//      batch's instead: Note [synchronised batch norm] in src/nn/batch_norm.cpp). Dropout is keyed by the global batch
+//      (Note [draws keyed by the global batch] in src/core/philox.cpp): batch-major activations (the MLP's, GPT's,
+//      attention weights) get the masks of one process at N x B, and a resume on any N continues them; the word LM's
+//      time-major ones get disjoint masks per rank. Runs with batch norm without --sync_batchnorm, or the word LM with
+//      dropout, therefore match a single process statistically, not number for number.
 //   6. Output. Rank 0 alone prints, writes the run log, progress bar, checkpoints and last-good files; the others
 //      print only their errors. Evaluation of images is sharded: rank 0's batch-norm statistics are broadcast (the
 //      model evaluated is the one rank 0 saves), each rank evaluates a contiguous Nth of the test set and the loss
@@ -45,6 +46,28 @@
 //      thrown on every rank; a rank that fails alone ends the whole run (the CLI calls ProcessGroup::abort), since
 //      the others may be waiting for it in a collective. A rank that dies or hangs without a word is met by the
 //      others' --dist_timeout on every collective (Note [rank failures] in src/dist/process_group.cpp): exit status 4.
+//
+// Note [16-bit gradient communication]
+// --grad_comm_dtype bf16 or fp16 (default fp32) sends the gradients of point 4 in 16 bits: half the bytes of every
+// all-reduce message (the run log's grad_bytes per step), for bandwidth-bound links. What it does, on both paths
+// (ProcessGroup::all_reduce_mean_in after backward, GradBuckets during it; f64 parameters stay f64):
+//   1. Each rank widens its gradient to f32, multiplies by 1/N and rounds once to the wire dtype. Dividing first keeps
+//      fp16 in range: N values each at most 65504/N in magnitude sum to at most 65504, where summing first overflows
+//      as soon as the ranks' gradients add up past 65504 (two ranks at 40000 give inf, and a dynamic loss scale would
+//      halve for nothing). For N a power of two the division is exact (but below fp16's normal range).
+//   2. MPI sums the 16-bit values with a user-defined operation (Note [16-bit sums in MPI] in
+//      src/dist/process_group.cpp): each partial sum widened to f32, added, rounded back to 16 bits.
+//   3. The sum, the mean already, is widened (exactly) and rounded to the gradient's dtype.
+// The cost in accuracy, with u the wire's unit roundoff (bf16 2^-8, fp16 2^-11) against f32's 2^-24: each pre-divided
+// value is rounded once (relative error <= u) and each of the N - 1 partial sums once more (<= u of the partial sum),
+// so the averaged gradient is within about N u of sum |g_r| / N of the f32 average (2u for two ranks): where the ranks'
+// gradients cancel, a larger share of the result. fp16 also has a narrow range: values below 2^-14
+// (after the division by N) lose relative precision and below 2^-25 become 0, so gradients must carry a loss scale
+// (fp16 O2 with dynamic scaling; they are sent before unscaling) or be large enough; and f32 gradients beyond 65504
+// (fp32 or O1 runs: f32 weights) overflow to inf even divided (the scaler then skips the step; without one the run
+// stops on a numerical failure). bf16 has f32's range and no such limits, but 8 bits of precision. f32 stays the
+// default because it changes nothing (the one-process arithmetic of point 5) and costs no accuracy; a 16-bit wire is
+// for links where the bytes dominate the step (networks). Its speed on this machine's shared memory is not measured.
 #include "train/data_parallel.hpp"
 
 #include <chrono>
@@ -192,7 +215,7 @@ void DataParallel::agree_on_found_inf(amp::GradScaler& scaler) const {
 
 DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Tensor>& params, double loss,
                                                             bool loss_nonfinite, bool stop, GradBuckets* buckets,
-                                                            const OptimizerShards* shards) const {
+                                                            const OptimizerShards* shards, DType wire) const {
   if (!active()) {
     if (buckets != nullptr && buckets->armed()) buckets->finish();
     return {loss, loss_nonfinite, stop};
@@ -217,18 +240,27 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
   // comm_wait covers both orders alike: from here (the end of backward) until the gradients are averaged and the step
   // agreed, the wait for the slowest rank included.
   const auto t = std::chrono::steady_clock::now();
-  int64_t all_reduces = 0;
+  int64_t all_reduces = 0, bytes = 0;
+  // what one message of every gradient carries: f64 as f64, the others in the wire dtype (f32 widens 16-bit ones)
+  auto message_bytes = [&](DType w) {
+    int64_t b = 0;
+    for (const Tensor& g : grads) b += g.numel() * (g.dtype() == DType::f64 ? 8 : (w == DType::f32 ? 4 : 2));
+    return b;
+  };
   auto average = [&] {
     if (buckets != nullptr) {
       MP_ASSERT(buckets->armed(), "average_gradients: the buckets were not armed for the step's last backward");
       buckets->finish();
       all_reduces = buckets->take_all_reduces();  // every start since the last step's, earlier micro-batches included
+      bytes = buckets->take_bytes();
     } else if (shards != nullptr) {
       shards->reduce_scatter_gradients();  // Note [sharded optimizer state] 2
       all_reduces = 1;
+      bytes = message_bytes(DType::f32);
     } else {
-      world_.all_reduce_mean(grads);
+      world_.all_reduce_mean_in(grads, wire);  // Note [16-bit gradient communication]
       all_reduces = 1;
+      bytes = message_bytes(wire);
     }
   };
   if (buckets != nullptr) average();
@@ -243,7 +275,7 @@ DataParallel::StepAgreement DataParallel::average_gradients(const std::vector<Te
            params.size(), "); every rank must run the same model on batches of the same shape");
   if (buckets == nullptr) average();
   const double wait = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  return {m[0], m[1] > 0, m[2] > 0, all_reduces, wait, buckets != nullptr ? buckets->pass_hook_seconds() : 0.0};
+  return {m[0], m[1] > 0, m[2] > 0, all_reduces, bytes, wait, buckets != nullptr ? buckets->pass_hook_seconds() : 0.0};
 }
 
 Tensor DataParallel::all_gather(const Tensor& t, int64_t dim) const {

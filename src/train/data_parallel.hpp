@@ -9,6 +9,7 @@
 #include "mp/amp/grad_scaler.hpp"
 #include "mp/dist/process_group.hpp"
 #include "mp/nn/module.hpp"
+#include "mp/nn/sync_batch_norm.hpp"
 #include "mp/train/checkpoint.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/optimizer_shards.hpp"
@@ -59,6 +60,8 @@ class DataParallel {
     bool loss_nonfinite = false;   ///< some rank's loss was inf/NaN
     bool stop = false;             ///< some rank was asked to stop (a signal)
     int64_t grad_all_reduces = 0;  ///< all-reduces of gradients this step (buckets, or 1 without them)
+    int64_t grad_bytes = 0;        ///< bytes of gradient values in this rank's messages this step (halved by a 16-bit
+                                   ///< --grad_comm_dtype: Note [16-bit gradient communication])
     double comm_wait = 0;          ///< seconds from the end of backward until the gradients were averaged and the step
                                    ///< agreed (waiting for the slowest rank included)
     double comm_in_backward = 0;   ///< seconds the bucket hooks took inside backward (flatten, start, MPI_Test)
@@ -68,16 +71,24 @@ class DataParallel {
   /// during it) are completed (Note [bucketed gradient all-reduce] in grad_buckets.cpp); without, one all-reduce
   /// averages every gradient. Throws when the ranks' gradients differ in which parameters have one.
   /// With `shards` (--shard_optimizer), one reduce-scatter leaves each rank the averages of its own parameters'
-  /// gradients and drops the others' (Note [sharded optimizer state]).
+  /// gradients and drops the others' (Note [sharded optimizer state]). `wire` (--grad_comm_dtype) is what the
+  /// one all-reduce sends gradients in (Note [16-bit gradient communication]); buckets have their own.
   StepAgreement average_gradients(const std::vector<Tensor>& params, double loss, bool loss_nonfinite, bool stop,
-                                  GradBuckets* buckets = nullptr, const OptimizerShards* shards = nullptr) const;
-  /// Gradient buckets of `params` over this run's ranks (Note [bucketed gradient all-reduce]).
-  std::unique_ptr<GradBuckets> gradient_buckets(const std::vector<Tensor>& params, double bucket_mb) const {
-    return std::make_unique<GradBuckets>(world_, params, bucket_mb);
+                                  GradBuckets* buckets = nullptr, const OptimizerShards* shards = nullptr,
+                                  DType wire = DType::f32) const;
+  /// Gradient buckets of `params` over this run's ranks, sent in `wire` (Note [bucketed gradient all-reduce]).
+  std::unique_ptr<GradBuckets> gradient_buckets(const std::vector<Tensor>& params, double bucket_mb,
+                                                DType wire = DType::f32) const {
+    return std::make_unique<GradBuckets>(world_, params, bucket_mb, wire);
   }
   /// The optimizer's state sharded over this run's ranks (Note [sharded optimizer state]).
   std::unique_ptr<OptimizerShards> optimizer_shards(optim::Optimizer& opt) const {
     return std::make_unique<OptimizerShards>(world_, opt);
+  }
+  /// The sum over the ranks that batch norm over the global batch needs (--sync_batchnorm: Note [synchronised batch
+  /// norm] in src/nn/batch_norm.cpp): in place, blocking, f64.
+  nn::BatchNormAllReduce batch_norm_sum() const {
+    return [w = &world_](const Tensor& t) { w->start_all_reduce_sum(t)->wait(); };
   }
   /// The concatenation along `dim` of every rank's `t` (same shape on every rank), in rank order, on every rank.
   Tensor all_gather(const Tensor& t, int64_t dim) const;

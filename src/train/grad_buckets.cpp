@@ -19,7 +19,11 @@
 //      gradients widened to f32 (so fp16 cannot overflow in the sum and needs no division before it), summed in f32,
 //      times 1/N, rounded once. Bucketing changes which message carries an element, not the additions, except that
 //      MPI may pick another reduction order for another message size when N > 2; with N = 2 each element is one
-//      commutative addition, so bucketed and unbucketed gradients are bitwise equal.
+//      commutative addition, so bucketed and unbucketed gradients are bitwise equal. With --grad_comm_dtype bf16 or
+//      fp16 the arithmetic is ProcessGroup::all_reduce_mean_in's (Note [16-bit gradient communication] in
+//      data_parallel.cpp): the f32 buffer is multiplied by 1/N and rounded once into the bucket's 16-bit buffer,
+//      which is what is sent and summed; the sum is widened back into the f32 buffer. The same roundings in the same
+//      order as the unbucketed path, so with N = 2 the two are again bitwise equal.
 //   5. Progress. OpenMPI here (4.1, shared-memory transport, non-blocking collectives in libnbc; `ompi_info`: "OMPI
 //      progress: no") has no progress thread: a started all-reduce advances only while this process is inside an MPI
 //      call. Each hook therefore calls MPI_Test on the buckets in flight, so the exchange moves on between backward's
@@ -50,15 +54,17 @@ struct Bucket {
   std::vector<size_t> params;    // indices into State::params
   std::vector<int64_t> offsets;  // of each parameter in the buffer
   Tensor buffer;                 // the flattened gradients, f32 (f64 for f64 parameters)
-  int64_t waiting = 0;           // parameters not yet ready in the armed pass
+  Tensor sent;  // with a 16-bit wire (f32 buckets, N > 1; one rank sends nothing): buffer / N rounded, all-reduced
+  int64_t waiting = 0;  // parameters not yet ready in the armed pass
   std::unique_ptr<dist::Pending> inflight;
 };
 
 }  // namespace
 
 struct GradBuckets::State {
-  explicit State(dist::ProcessGroup& w) : world(w) {}
+  State(dist::ProcessGroup& w, DType d) : world(w), wire(d) {}
   dist::ProcessGroup& world;
+  DType wire;
   std::vector<Tensor> params;
   std::vector<Bucket> buckets;
   std::vector<int64_t> bucket_of;  // per parameter, -1: not bucketed (needs no gradient)
@@ -67,7 +73,8 @@ struct GradBuckets::State {
   bool armed = false;
   Stats stats;
   double pass_hook_seconds = 0;
-  int64_t taken = 0;  // stats.all_reduces at the last take_all_reduces()
+  int64_t taken = 0;        // stats.all_reduces at the last take_all_reduces()
+  int64_t taken_bytes = 0;  // stats.bytes at the last take_bytes()
   // MPI_Test from the hooks; MP_BUCKET_PROGRESS=0 turns it off to measure what it brings (Note 5)
   bool progress = [] {
     const char* e = std::getenv("MP_BUCKET_PROGRESS");
@@ -83,8 +90,14 @@ struct GradBuckets::State {
       else
         slice.zero_();
     }
-    b.inflight = world.start_all_reduce_sum(b.buffer);
+    if (b.sent.defined()) {  // Note [16-bit gradient communication]: divided by N before the sum, rounded once
+      mul_(b.buffer, 1.0 / static_cast<double>(world.size()));
+      b.sent.copy_(b.buffer);
+    }
+    const Tensor& msg = b.sent.defined() ? b.sent : b.buffer;
+    b.inflight = world.start_all_reduce_sum(msg);
     ++stats.all_reduces;
+    stats.bytes += msg.numel() * static_cast<int64_t>(msg.element_size());
   }
   // Starts the buckets whose parameters are all ready, in order.
   void start_ready() {
@@ -111,10 +124,12 @@ struct GradBuckets::State {
   }
 };
 
-GradBuckets::GradBuckets(dist::ProcessGroup& world, const std::vector<Tensor>& params, double bucket_mb)
-    : state_(std::make_shared<State>(world)) {
+GradBuckets::GradBuckets(dist::ProcessGroup& world, const std::vector<Tensor>& params, double bucket_mb, DType wire)
+    : state_(std::make_shared<State>(world, wire)) {
   MP_CHECK(bucket_mb > 0, "GradBuckets: expected a bucket size > 0 MiB, got ", bucket_mb,
            " (0 means no buckets: one all-reduce after backward)");
+  MP_CHECK(wire == DType::f32 || wire == DType::bf16 || wire == DType::f16,
+           "GradBuckets: expected gradients sent in f32, bf16 or f16, got ", dtype_name(wire));
   State& s = *state_;
   s.params = params;
   s.bucket_of.assign(params.size(), -1);
@@ -142,6 +157,8 @@ GradBuckets::GradBuckets(dist::ProcessGroup& world, const std::vector<Tensor>& p
   for (Bucket& bk : s.buckets) {
     const DType a = params[bk.params.front()].dtype() == DType::f64 ? DType::f64 : DType::f32;
     bk.buffer = empty({bk.offsets.back() + params[bk.params.back()].numel()}, {.dtype = a});
+    if (a == DType::f32 && wire != DType::f32 && world.size() > 1)
+      bk.sent = empty({bk.buffer.numel()}, {.dtype = wire});
   }
   std::weak_ptr<State> weak = state_;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -191,7 +208,10 @@ void GradBuckets::finish() {
   for (Bucket& b : s.buckets) {
     b.inflight->wait();
     b.inflight.reset();
-    mul_(b.buffer, inv);
+    if (b.sent.defined())
+      b.buffer.copy_(b.sent);  // the mean already (divided before the sum), widened exactly
+    else
+      mul_(b.buffer, inv);
     for (size_t k = 0; k < b.params.size(); ++k) {
       const size_t i = b.params[k];
       if (s.has_grad[i] == 0) continue;
@@ -214,6 +234,12 @@ const GradBuckets::Stats& GradBuckets::stats() const { return state_->stats; }
 int64_t GradBuckets::take_all_reduces() {
   const int64_t n = state_->stats.all_reduces - state_->taken;
   state_->taken = state_->stats.all_reduces;
+  return n;
+}
+
+int64_t GradBuckets::take_bytes() {
+  const int64_t n = state_->stats.bytes - state_->taken_bytes;
+  state_->taken_bytes = state_->stats.bytes;
   return n;
 }
 

@@ -15,8 +15,10 @@ class GradBuckets {
  public:
   /// Buckets of about `bucket_mb` MiB of communicated values (f32: 4 bytes per element; f64 parameters 8) over the
   /// parameters of `params` that require grad, in reverse order (the order backward finalises them), a parameter
-  /// larger than that alone in its bucket; a post-accumulate hook on each. Throws unless bucket_mb > 0.
-  GradBuckets(dist::ProcessGroup& world, const std::vector<Tensor>& params, double bucket_mb);
+  /// larger than that alone in its bucket; a post-accumulate hook on each. Throws unless bucket_mb > 0. `wire` is the
+  /// dtype the gradients travel and are summed in: f32, or bf16 / f16 (Note [16-bit gradient communication] in
+  /// data_parallel.cpp: divided by the rank count before the sum; f64 parameters stay f64); the layout is the same.
+  GradBuckets(dist::ProcessGroup& world, const std::vector<Tensor>& params, double bucket_mb, DType wire = DType::f32);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -36,6 +38,7 @@ class GradBuckets {
   /// What the buckets cost, summed over the run.
   struct Stats {
     int64_t all_reduces = 0;          ///< buckets all-reduced (one MPI_Iallreduce each)
+    int64_t bytes = 0;                ///< of gradient values they sent (each rank's message sizes)
     int64_t started_in_backward = 0;  ///< of them, started by a hook during backward
     double hook_seconds = 0;          ///< time in the hooks: flattening, starting, MPI_Test
     double finish_seconds = 0;        ///< time in finish(): waiting, averaging, copying back
@@ -43,6 +46,8 @@ class GradBuckets {
   const Stats& stats() const;
   /// All-reduces started since the last call (since construction at the first): per optimizer step, the buckets.
   int64_t take_all_reduces();
+  /// The bytes of those all-reduces' messages since the last call (since construction at the first).
+  int64_t take_bytes();
   /// The hooks' time in the last armed backward pass.
   double pass_hook_seconds() const;
 

@@ -203,8 +203,11 @@ TrainLoop::TrainLoop(const TrainConfig& c, RunSummary& sum, Parts parts, const P
     shards_ = parts_.dp->optimizer_shards(parts_.optimizer);
     for (const Tensor& p : parts_.params) (void)shards_->owner(p);  // each has one
   } else if (data_parallel() && c.bucket_mb > 0) {
-    buckets_ = parts_.dp->gradient_buckets(parts_.params, c.bucket_mb);
+    buckets_ = parts_.dp->gradient_buckets(parts_.params, c.bucket_mb, c.grad_comm_dtype);
   }
+  if (c.sync_batchnorm)  // Note [synchronised batch norm]: before the first training forward; one process sums nothing
+    sync_bn_ = std::make_unique<nn::SyncBatchNormScope>(data_parallel() ? parts_.dp->batch_norm_sum()
+                                                                        : nn::BatchNormAllReduce([](const Tensor&) {}));
   snapshot_buffers();  // the state the run starts from (resumed or not) is good
   paths_at_start_ = kernel_path_record();
   if (c.resume) check_resumed_config(resumed);
@@ -380,7 +383,7 @@ std::vector<std::string> TrainLoop::move_layer(const std::string& module) {
   parts_.params = parts_.refs.model->parameters();
   if (buckets_) {  // their hooks sit on the old tensors
     buckets_.reset();
-    buckets_ = parts_.dp->gradient_buckets(parts_.params, c_.bucket_mb);
+    buckets_ = parts_.dp->gradient_buckets(parts_.params, c_.bucket_mb, c_.grad_comm_dtype);
   }
   // The last good buffers keep their values in the buffers' new dtypes (Note [stopping on a numerical failure]).
   const std::vector<Tensor> live = parts_.refs.model->buffers();
@@ -581,9 +584,9 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
   if (data_parallel()) {
     double local = 0;
     for (const Tensor& b : micro_losses_) local += b.item<double>();
-    agreed =
-        parts_.dp->average_gradients(parts_.params, local / static_cast<double>(n), amp::any_nonfinite(micro_losses_),
-                                     g_stop_requested.load(std::memory_order_relaxed), buckets_.get(), shards_.get());
+    agreed = parts_.dp->average_gradients(
+        parts_.params, local / static_cast<double>(n), amp::any_nonfinite(micro_losses_),
+        g_stop_requested.load(std::memory_order_relaxed), buckets_.get(), shards_.get(), c_.grad_comm_dtype);
   }
   // Note [stopping on a numerical failure]: where this step began, and the scale its gradients carry
   const Progress began{epoch_, batch + 1 - n, start_.global_step + sum_.steps};
@@ -665,6 +668,7 @@ bool TrainLoop::step(const Tensor& loss, int64_t batch, double units, double dat
         {"memory", memory::memory_stats(dev_).allocated - baseline_}};
     if (agreed) {  // docs/RUN_LOG.md: a data-parallel step's gradient communication
       fields.emplace_back("grad_all_reduces", agreed->grad_all_reduces);
+      fields.emplace_back("grad_bytes", agreed->grad_bytes);
       fields.emplace_back("comm_wait", agreed->comm_wait);
       fields.emplace_back("comm_in_backward", agreed->comm_in_backward);
     }

@@ -157,6 +157,8 @@ class TrainLoop {
   std::unique_ptr<GradBuckets> buckets_;
   /// --shard_optimizer in a data-parallel run: who updates which parameter (Note [sharded optimizer state])
   std::unique_ptr<OptimizerShards> shards_;
+  /// --sync_batchnorm in a data-parallel run: batch norm over the global batch (Note [synchronised batch norm])
+  std::unique_ptr<nn::SyncBatchNormScope> sync_bn_;
 };
 
 }  // namespace mp::train::detail

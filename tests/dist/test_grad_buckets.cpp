@@ -46,13 +46,17 @@ Tensor loss_of(const std::vector<Tensor>& ps, int pass, int skip) {
 }
 
 // The gradients each parameter would get from one all-reduce after backward (ProcessGroup::all_reduce_mean).
-std::vector<Tensor> reference(DType dt, int passes, int skip = -1) {
+// With a 16-bit `wire`, ProcessGroup::all_reduce_mean_in's (Note [16-bit gradient communication]).
+std::vector<Tensor> reference(DType dt, int passes, int skip = -1, DType wire = DType::f32) {
   std::vector<Tensor> ps = make_params(dt);
   for (int pass = 0; pass < passes; ++pass) loss_of(ps, pass, pass == passes - 1 ? skip : -1).backward();
   std::vector<Tensor> grads;
   for (const Tensor& p : ps)
     if (p.grad().defined()) grads.push_back(p.grad());
-  dist::world().all_reduce_mean(grads);
+  if (wire == DType::f32)
+    dist::world().all_reduce_mean(grads);
+  else
+    dist::world().all_reduce_mean_in(grads, wire);
   std::vector<Tensor> out;
   for (const Tensor& p : ps) out.push_back(p.grad());
   return out;
@@ -60,9 +64,10 @@ std::vector<Tensor> reference(DType dt, int passes, int skip = -1) {
 
 // The same through GradBuckets of `mb` MiB, armed for the last pass only; returns the gradients.
 // `stats` (when given) gets the buckets' counters.
-std::vector<Tensor> bucketed(DType dt, double mb, int passes, int skip = -1, GradBuckets::Stats* stats = nullptr) {
+std::vector<Tensor> bucketed(DType dt, double mb, int passes, int skip = -1, GradBuckets::Stats* stats = nullptr,
+                             DType wire = DType::f32) {
   std::vector<Tensor> ps = make_params(dt);
-  GradBuckets buckets(dist::world(), ps, mb);
+  GradBuckets buckets(dist::world(), ps, mb, wire);
   for (int pass = 0; pass < passes; ++pass) {
     if (pass == passes - 1) buckets.arm();
     loss_of(ps, pass, pass == passes - 1 ? skip : -1).backward();
@@ -157,4 +162,25 @@ TEST(GradBuckets, AParameterWithoutAGradientDoesNotHang) {
     EXPECT_TRUE(earlier[3].defined());
     expect_same(earlier, reference(DType::f32, 2, 3), "unused in the last micro-batch, " + std::to_string(mb) + " MiB");
   }
+}
+
+// --grad_comm_dtype bf16 / fp16 (Note [16-bit gradient communication]): the buckets divide by N, round once to the
+// wire, sum in it and widen back, the operations ProcessGroup::all_reduce_mean_in does in the same order, so with two
+// ranks (one rounded addition per element) the gradients are bitwise those of the one all-reduce; the messages carry
+// half the bytes of f32 ones. A group of one sends nothing and keeps the gradients as they are.
+TEST(GradBuckets, SixteenBitWireMatchesTheOneAllReduceAndHalvesTheBytes) {
+  const int64_t elements = 7 + 12000 + 15 + 30000 + 11;
+  for (const DType wire : {DType::bf16, DType::f16})
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16})
+      for (const double mb : {25.0, 0.05}) {
+        const std::string what =
+            std::string(dtype_name(dt)) + " sent in " + dtype_name(wire) + ", " + std::to_string(mb) + " MiB";
+        GradBuckets::Stats stats, wide;
+        const std::vector<Tensor> got = bucketed(dt, mb, 1, -1, &stats, wire);
+        expect_same(got, reference(dt, 1, -1, wire), what);
+        (void)bucketed(dt, mb, 1, -1, &wide);
+        EXPECT_EQ(wide.bytes, 4 * elements) << what;
+        EXPECT_EQ(stats.bytes, dist::world().size() > 1 ? 2 * elements : 4 * elements) << what;
+        if (dist::world().size() == 1) expect_same(got, bucketed(dt, mb, 1), what + ", one process: unchanged");
+      }
 }

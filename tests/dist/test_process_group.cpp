@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mp/mp.hpp"
+#include "test_util.hpp"
 
 using namespace mp;
 
@@ -99,4 +100,97 @@ TEST(Dist, CollectivesRefuseWhatTheyCannotSend) {
   EXPECT_THROW(w.all_reduce_mean(strided), Error);
   EXPECT_THROW(w.broadcast(strided, 0), Error);
   EXPECT_THROW(w.broadcast(ints, w.size()), Error);
+}
+
+namespace {
+
+// x rounded to the wire dtype (round to nearest even), as a float.
+float to_wire(float x, DType wire) {
+  return wire == DType::bf16 ? static_cast<float>(BFloat16(x)) : static_cast<float>(Half(x));
+}
+
+// Rank r's value at element i: not representable in 16 bits, different on every rank.
+double value_of(int r, int64_t i) { return (1.0 + 0.0137 * static_cast<double>(i + 1)) * (r + 1.0) / 3.0 - 0.4; }
+
+}  // namespace
+
+// Note [16-bit gradient communication]: all_reduce_mean_in divides each rank's value by N, rounds it once to the wire,
+// sums in the wire (Note [16-bit sums in MPI]: f32 addition, rounded) and rounds to the tensor's dtype. With two
+// ranks each element is one addition, so the result is known exactly; for any N it is within N roundings (u each:
+// bf16 2^-8, f16 2^-11 relative) of the f32 mean: |got - mean| <= N u sum_r |v_r| / N, plus for bf16 tensors the last
+// rounding to bf16 (2^-8 of the mean).
+// A group of one sends nothing: the values stay as they are.
+TEST(Dist, AllReduceMeanInSixteenBitsRoundsBeforeAndAfterTheSum) {
+  dist::ProcessGroup& w = dist::world();
+  const int n = w.size();
+  const int64_t count = 64;
+  for (const DType wire : {DType::bf16, DType::f16})
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      std::vector<float> mine(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) mine[static_cast<size_t>(i)] = static_cast<float>(value_of(w.rank(), i));
+      const Tensor t = from_vector<float>(mine, {count}).to(dt);
+      const Tensor before = t.clone();
+      const Tensor ts[1] = {t};
+      w.all_reduce_mean_in(ts, wire);
+      const std::vector<float> got = t.to(DType::f32).to_vector<float>();
+      const double u = wire == DType::bf16 ? 0x1p-8 : 0x1p-11;
+      const std::string what = std::string(dtype_name(dt)) + " sent in " + dtype_name(wire);
+      if (n == 1) {
+        EXPECT_TRUE(mp::test::bitwise_equal(t, before)) << what;
+        continue;
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        // each rank's value as its tensor holds it (rounded to dt), then the arithmetic of the Note
+        auto held = [&](int r) {
+          const float v = static_cast<float>(value_of(r, i));
+          return dt == DType::bf16 ? static_cast<float>(BFloat16(v)) : v;
+        };
+        double mean = 0, magnitude = 0;
+        for (int r = 0; r < n; ++r) {
+          mean += held(r) / static_cast<double>(n);
+          magnitude += std::abs(held(r)) / static_cast<double>(n);
+        }
+        const float g = got[static_cast<size_t>(i)];
+        EXPECT_LE(std::abs(g - mean), n * u * magnitude + (dt == DType::bf16 ? 0x1p-8 * std::abs(mean) : 0) + 1e-7)
+            << what << ", element " << i;
+        if (n != 2) continue;
+        const float half = 1.0f / 2.0f;
+        float want = to_wire(to_wire(held(0) * half, wire) + to_wire(held(1) * half, wire), wire);
+        if (dt == DType::bf16) want = static_cast<float>(BFloat16(want));
+        EXPECT_EQ(g, want) << what << ", element " << i;
+      }
+    }
+  w.barrier();
+}
+
+// The division before the sum is what keeps f16 in range: every rank holds 40000 (f16's largest is 65504). Sent in
+// f16, the mean is 40000; summed first (the f16 sum alone, start_all_reduce_sum) it is N x 40000: inf.
+TEST(Dist, SixteenBitMeanDividesBeforeTheSumSoFp16DoesNotOverflow) {
+  dist::ProcessGroup& w = dist::world();
+  for (const DType dt : {DType::f32, DType::f16}) {
+    const Tensor t = full({8}, 40000.0, {.dtype = dt});
+    const Tensor ts[1] = {t};
+    w.all_reduce_mean_in(ts, DType::f16);
+    for (float v : t.to(DType::f32).to_vector<float>()) EXPECT_EQ(v, 40000.0f) << dtype_name(dt);
+  }
+  const Tensor summed = full({8}, 40000.0, {.dtype = DType::f16});
+  w.start_all_reduce_sum(summed)->wait();
+  for (float v : summed.to(DType::f32).to_vector<float>()) {
+    if (w.size() > 1)
+      EXPECT_TRUE(std::isinf(v)) << "a 16-bit sum of " << w.size() << " x 40000 should overflow f16, got " << v;
+    else
+      EXPECT_EQ(v, 40000.0f);
+  }
+  w.barrier();
+}
+
+TEST(Dist, AllReduceMeanInRefusesAWireThatIsNotF32Bf16OrF16) {
+  const Tensor ts[1] = {zeros({2})};
+  try {
+    dist::world().all_reduce_mean_in(ts, DType::f64);
+    ADD_FAILURE() << "f64 was accepted as a wire dtype";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected f32, bf16 or f16 to send gradients in, got f64"), std::string::npos)
+        << e.what();
+  }
 }

@@ -249,6 +249,132 @@ INSTANTIATE_TEST_SUITE_P(Precisions, BucketedGradients,
                                            Case{"fp16_O2_dynamic", "--precision fp16 --opt_level O2", 0, 0, 0, false}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
+// --grad_comm_dtype bf16 / fp16 (Note [16-bit gradient communication] in src/train/data_parallel.cpp): two ranks
+// train close to what they train with f32 communication, the bucketed and the one-shot path agree bit for bit (the same
+// roundings in the same order: Note [bucketed gradient all-reduce] 4), and each step's messages carry half the bytes.
+// Tolerances (checkpoint_diff, relative to a tensor's largest value), from the roundings: with two ranks each averaged
+// gradient element is within 2u of (|g_0| + |g_1|) / 2 of the f32 average (u = 2^-8 bf16, 2^-11 fp16: each pre-divided
+// value and the sum rounded once), so each SGD update differs by at most 2u of the ranks' gradient magnitudes, and the
+// weights by at most 2u of how far they moved (less than their largest value here), doubled for the gradients of later
+// steps, computed at weights that already differ: weights 4u (bf16 1.6e-2, fp16 2e-3; measured 2.6e-3 and 1.4e-4). The
+// moments (momentum: sums of recent gradients) are compared with their own largest value, while the bound is relative
+// to (|g_0| + |g_1|) / 2, which is larger where the ranks' gradients cancel: measured 2.7 x 4u in bf16 (0.042), so
+// 32u (bf16 0.125, fp16 0.016; fp16 measured 3.1e-4). fp16 O2's f16 gradients halve exactly and two of them add exactly
+// in f32, so there the f16 sum rounds once, as the f32 path's final rounding does: measured equal. What they catch: a
+// wire that sums instead of averaging moved the weights of these runs by ~0.3 (the bucketed test's figures above).
+struct WireCase {
+  std::string name, flags, wire;
+  double weight_tol, moment_tol;
+};
+
+class GradCommDtype : public ::testing::TestWithParam<WireCase> {};
+
+TEST_P(GradCommDtype, TwoRanksTrainCloseToF32CommunicationWithHalfTheBytes) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const WireCase& k = GetParam();
+  const fs::path dir = scratch_dir("dp-wire", k.name);
+  const std::string common =
+      fmnist(2048) + "--epochs 1 --max_steps_per_epoch 6 --seed 17 --batch_size 32 " + k.flags + " ";
+  auto run = [&](const std::string& name, const std::string& flags) {
+    const Result r = ranks(2, common + flags + " --checkpoint_dir " + (dir / name).string() + " --log " +
+                                  (dir / (name + ".jsonl")).string());
+    EXPECT_EQ(r.code, 0) << name << ": " << r.output;
+    return records_of(dir / (name + ".jsonl"), "step");
+  };
+  const std::vector<nlohmann::json> f32 = run("f32", "--bucket_mb 25");
+  const std::vector<nlohmann::json> bucketed = run("bucketed", "--bucket_mb 25 --grad_comm_dtype " + k.wire);
+  const std::vector<nlohmann::json> oneshot = run("oneshot", "--bucket_mb 0 --grad_comm_dtype " + k.wire);
+  ASSERT_EQ(f32.size(), 6u);
+  ASSERT_EQ(bucketed.size(), f32.size());
+  ASSERT_EQ(oneshot.size(), f32.size());
+  const int64_t wide = f32[0]["grad_bytes"].get<int64_t>();
+  // mlp: 784x512 + 512 + 512x512 + 512 + 512x10 + 10 parameters, 4 bytes each in f32
+  EXPECT_EQ(wide, 4 * (784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10));
+  for (size_t i = 0; i < f32.size(); ++i) {
+    EXPECT_EQ(f32[i]["grad_bytes"].get<int64_t>(), wide) << "step " << i + 1;
+    EXPECT_EQ(bucketed[i]["grad_bytes"].get<int64_t>() * 2, wide) << "step " << i + 1;
+    EXPECT_EQ(oneshot[i]["grad_bytes"].get<int64_t>() * 2, wide) << "step " << i + 1;
+    EXPECT_EQ(bucketed[i]["skipped"], f32[i]["skipped"]) << "step " << i + 1;
+    EXPECT_EQ(bucketed[i]["scale"], f32[i]["scale"]) << "step " << i + 1;
+  }
+  expect_close(dir / "oneshot", dir / "bucketed", 0.0, 0.0, k.name + ": one all-reduce against buckets");
+  expect_close(dir / "bucketed", dir / "f32", k.weight_tol, k.moment_tol,
+               k.name + ": " + k.wire + " against f32 communication");
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Wires, GradCommDtype,
+    ::testing::Values(WireCase{"fp32_bf16", "--precision fp32", "bf16", 4 * 0x1p-8, 32 * 0x1p-8},
+                      WireCase{"fp32_fp16", "--precision fp32", "fp16", 4 * 0x1p-11, 32 * 0x1p-11},
+                      // the use fp16 communication is for: fp16 O2 gradients, loss-scaled, sent before unscaling
+                      WireCase{"fp16_O2_fp16", "--precision fp16 --opt_level O2", "fp16", 4 * 0x1p-11, 32 * 0x1p-11}),
+    [](const ::testing::TestParamInfo<WireCase>& i) { return i.param.name; });
+
+// One process communicates nothing: --grad_comm_dtype changes no number and logs no gradient bytes. With
+// --shard_optimizer (an f32 reduce-scatter) it is refused, saying what to do.
+TEST(GradCommDtypeOneProcess, ChangesNothingAndIsRefusedWithShardOptimizer) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const fs::path dir = scratch_dir("dp-wire", "one");
+  const std::string common = fmnist(512) + "--epochs 1 --max_steps_per_epoch 3 --seed 3 --batch_size 32 ";
+  const Result plain = one_process(common + "--checkpoint_dir " + (dir / "plain").string());
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  const Result wire = one_process(common + "--grad_comm_dtype fp16 --checkpoint_dir " + (dir / "wire").string() +
+                                  " --log " + (dir / "wire.jsonl").string());
+  ASSERT_EQ(wire.code, 0) << wire.output;
+  expect_close(dir / "wire", dir / "plain", 0.0, 0.0, "one process, --grad_comm_dtype fp16 against none");
+  for (const nlohmann::json& st : records_of(dir / "wire.jsonl", "step")) EXPECT_FALSE(st.contains("grad_bytes"));
+  const Result sharded = one_process(common + "--grad_comm_dtype bf16 --shard_optimizer");
+  EXPECT_NE(sharded.code, 0) << sharded.output;
+  EXPECT_NE(sharded.output.find("--grad_comm_dtype bf16 applies to the gradient all-reduce, but --shard_optimizer "
+                                "reduce-scatters the gradients in f32"),
+            std::string::npos)
+      << sharded.output;
+  const Result bad = one_process(common + "--grad_comm_dtype f8");
+  EXPECT_NE(bad.code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("unknown --grad_comm_dtype 'f8': expected fp32, fp16 or bf16"), std::string::npos)
+      << bad.output;
+  fs::remove_all(dir);
+}
+
+// --sync_batchnorm (Note [synchronised batch norm] in src/nn/batch_norm.cpp): ResNet-8 (batch norm after every
+// convolution) on two ranks at batch 16 trains the weights and running statistics one process trains at 32, both with
+// the flag (one process takes the same f64 composite, summing over itself: Note 5); without it each rank normalises
+// with its own 16 examples, another function. Tolerance: the two runs compute the same function up to rounding (the
+// statistics' f64 sums split in two, convolutions at batch 16 against 32: measured 5e-5 of a gradient tensor after one
+// step); the batch-norm biases' gradients are sums of dy that nearly cancel (the next layer normalises again), so
+// their rounding is a large share of their small values, and it grows over the steps: measured after 3 steps 5.3e-3 of
+// a bias tensor (weights) and 4.9e-2 of conv1's momentum (2e-3 at --lr 0.01). That growth (100x in two steps) is
+// measured, not derived; the bounds leave 3x: 2e-2 and 0.15. What it catches: the statistics per rank (the flag
+// ignored) moved the weights by 0.55 of a tensor and the moments by 1.5 (the run without the flag, asserted > 10x).
+TEST(SyncBatchNorm, TwoRanksTrainTheResnet8OfOneProcessAtTheGlobalBatch) {
+  if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
+  const fs::path dir = scratch_dir("dp-syncbn", "resnet8");
+  // stopped after 3 steps: the checkpoint is written, no evaluation runs (10000 test images on one thread)
+  const std::string common =
+      "--dataset fashion-mnist --model resnet8 --train_subset 1024 --num_workers 0 --quiet --epochs 1 "
+      "--stop_after_steps 3 --seed 7 --precision fp32 ";
+  const Result one =
+      one_process(common + "--batch_size 32 --sync_batchnorm --checkpoint_dir " + (dir / "one").string());
+  ASSERT_EQ(one.code, 0) << one.output;
+  const Result synced =
+      ranks(2, common + "--batch_size 16 --sync_batchnorm --checkpoint_dir " + (dir / "synced").string());
+  ASSERT_EQ(synced.code, 0) << synced.output;
+  const Result local = ranks(2, common + "--batch_size 16 --checkpoint_dir " + (dir / "local").string());
+  ASSERT_EQ(local.code, 0) << local.output;
+  const Result plain = one_process(common + "--batch_size 32 --checkpoint_dir " + (dir / "plain").string());
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  constexpr double kWeightTol = 2e-2, kMomentTol = 0.15;
+  expect_close(dir / "synced", dir / "one", kWeightTol, kMomentTol,
+               "resnet8, 2 ranks against 1, both --sync_batchnorm");
+  const CheckpointDiff d =
+      checkpoint_diff(dir / "local" / "checkpoint.safetensors", dir / "plain" / "checkpoint.safetensors");
+  std::printf("resnet8, 2 ranks against 1, neither --sync_batchnorm: weights %.3g (%s), moments %.3g\n", d.weights,
+              d.worst_weight.c_str(), d.moments);
+  EXPECT_GT(d.weights, 10 * kWeightTol) << "per-rank batch statistics should train another function";
+  fs::remove_all(dir);
+}
+
 TEST(BucketedGradientsRefusals, ANegativeBucketSizeIsRefusedWithTheRange) {
   if (!kHaveMpi) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev)";
   const Result r = one_process(fmnist(256) + "--epochs 1 --max_steps_per_epoch 1 --bucket_mb -1");

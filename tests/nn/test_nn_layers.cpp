@@ -2,10 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
 #include "mp/autograd/node.hpp"
 #include "mp/core/philox.hpp"
 #include "mp/nn/nn.hpp"
+#include "mp/nn/sync_batch_norm.hpp"
 #include "mp/ops/ops.hpp"
 
 using namespace mp;
@@ -99,6 +101,60 @@ TEST(NnLayers, BatchNormTrainingUpdatesRunningStatsAndCounter) {
   Tensor u = untracked.forward(randn({4, 3, 2, 2}));
   EXPECT_LT(std::abs(mean(u).item<float>()), 1e-5);
   EXPECT_THROW(bn.forward(randn({2, 2, 2, 2})), Error);  // BatchNorm1d takes 2-D or 3-D
+}
+
+// Note [synchronised batch norm]: in a process that is the whole run (the sum over the processes is the identity) the
+// f64 composite computes what the fused f32 kernels compute: the outputs, the gradients of x, weight, bias and the
+// residual, the running statistics; the sum is called once forward and once backward per layer. Tolerance 1e-4: the
+// values are O(1) (normalised; gradients of a random upstream gradient), the kernels' f32 statistics and products are
+// within a few ulps (~1e-6) of the f64 ones; an error in the formula (biased/unbiased, a missing term) is >= 1e-2.
+TEST(NnLayers, SyncBatchNormInOneProcessMatchesTheFusedKernels) {
+  manual_seed(5);
+  const Shape sh{6, 3, 4, 5};
+  const Tensor x0 = (randn(sh) * 2.0 + 1.0).contiguous(MemoryFormat::channels_last),
+               r0 = randn(sh).contiguous(MemoryFormat::channels_last), dy = randn(sh);
+  struct Out {
+    Tensor y, dx, dw, db, dr, rm, rv;
+  };
+  auto run = [&](bool sync, int* calls) {
+    BatchNorm2d bn(3);
+    {
+      autograd::NoGradGuard ng;
+      Tensor(bn.weight()).copy_(from_vector<float>({0.5f, 1.5f, -1.0f}, {3}));
+      Tensor(bn.bias()).copy_(from_vector<float>({0.1f, -0.2f, 0.3f}, {3}));
+    }
+    std::optional<SyncBatchNormScope> scope;
+    if (sync) scope.emplace([calls](const Tensor&) { ++*calls; });
+    const Tensor x = x0.clone().requires_grad_(), r = r0.clone().requires_grad_();
+    const Tensor y = bn.forward_add_relu(x, r);
+    autograd::backward({y}, {dy});
+    return Out{y.detach(),
+               x.grad(),
+               bn.weight().grad(),
+               bn.bias().grad(),
+               r.grad(),
+               bn.running_mean().clone(),
+               bn.running_var().clone()};
+  };
+  int calls = 0;
+  const Out fused = run(false, &calls);
+  EXPECT_EQ(calls, 0);
+  const Out synced = run(true, &calls);
+  EXPECT_EQ(calls, 2);  // forward's statistics, backward's sums
+  EXPECT_LT(max_diff(synced.y, fused.y), 1e-4);
+  EXPECT_LT(max_diff(synced.dx, fused.dx), 1e-4);
+  EXPECT_LT(max_diff(synced.dw, fused.dw), 1e-4);
+  EXPECT_LT(max_diff(synced.db, fused.db), 1e-4);
+  EXPECT_LT(max_diff(synced.dr, fused.dr), 1e-4);
+  EXPECT_LT(max_diff(synced.rm, fused.rm), 1e-5);
+  EXPECT_LT(max_diff(synced.rv, fused.rv), 1e-5);
+  // eval mode uses the running statistics: no sums
+  BatchNorm2d bn(3);
+  bn.eval();
+  const SyncBatchNormScope scope([&calls](const Tensor&) { ++calls; });
+  (void)bn.forward(x0);
+  EXPECT_EQ(calls, 2);
+  EXPECT_THROW(SyncBatchNormScope([](const Tensor&) {}), Error);  // one scope at a time
 }
 
 TEST(NnLayers, LayerNormEmbeddingDropoutFlattenActivations) {

@@ -47,8 +47,14 @@ class ProcessGroup {
   /// contiguous, on the CPU; summed in f32 (f64 for f64 tensors) whatever their dtype, in one message for all
   /// of them, then divided by size() and rounded once to the tensor's dtype.
   virtual void all_reduce_mean(std::span<const Tensor> tensors) = 0;
-  /// Starts summing `buffer` in place over the ranks without waiting (MPI_Iallreduce): f32 or f64, contiguous, on the
-  /// CPU, the same numel on every rank. Completes in the order started; MPI progresses it only inside MPI calls of
+  /// all_reduce_mean sent and summed in `wire` (f32: all_reduce_mean itself; bf16 or f16: Note [16-bit sums in MPI] in
+  /// src/dist/process_group.cpp): each value widened to f32, divided by size() and rounded once to `wire` before the
+  /// sum (so N values each within f16's range sum within it), summed in `wire` (each partial sum rounded), then
+  /// rounded to the tensor's dtype. f64 tensors are sent in f64 whatever `wire` is. A single process does nothing.
+  virtual void all_reduce_mean_in(std::span<const Tensor> tensors, DType wire) = 0;
+  /// Starts summing `buffer` in place over the ranks without waiting (MPI_Iallreduce): f32, f64, bf16 or f16 (16-bit
+  /// sums: Note [16-bit sums in MPI], each partial sum rounded to the buffer's dtype), contiguous, on the CPU, the same
+  /// numel on every rank. Completes in the order started; MPI progresses it only inside MPI calls of
   /// this process (Note [bucketed gradient all-reduce] in src/train/grad_buckets.cpp), so call test() meanwhile.
   virtual std::unique_ptr<Pending> start_all_reduce_sum(const Tensor& buffer) = 0;
   /// In place: every rank's tensors get the values of rank `root`'s (any dtype, contiguous, on the CPU).

@@ -13,4 +13,5 @@
 #include "mp/nn/pooling.hpp"
 #include "mp/nn/rnn.hpp"
 #include "mp/nn/sequential.hpp"
+#include "mp/nn/sync_batch_norm.hpp"
 #include "mp/nn/state_dict.hpp"

@@ -142,6 +142,12 @@ namespace mp::train {
     "data-parallel runs (mpirun): gradients are averaged over the ranks in buckets of about "                       \
     "this many MiB (f32), each all-reduced during backward as soon as its gradients are final "                     \
     "(PyTorch DDP's bucket_cap_mb); 0 = one all-reduce of every gradient after backward")                           \
+  X(DType, grad_comm_dtype, DType::f32,                                                                             \
+    "data-parallel runs: fp32, bf16 or fp16, the dtype gradients are sent and summed in (16-bit: half the bytes, "  \
+    "each value divided by the rank count before the sum and rounded, each partial sum rounded)")                   \
+  X(bool, sync_batchnorm, false,                                                                                    \
+    "data-parallel runs: batch norm in training normalises with the statistics of the global batch (every rank's "  \
+    "examples; two small all-reduces per layer per step), as one process at N x B; default: each rank's own")       \
   X(bool, shard_optimizer, false, "data-parallel runs: each f32 master and moment on one rank only (ZeRO-1)")       \
   X(double, dist_timeout, 300,                                                                                      \
     "data-parallel runs: seconds a rank waits for the others in one collective before it ends the run (exit "      \
