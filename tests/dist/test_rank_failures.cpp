@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mp/train/safetensors.hpp"
+#include "dist/mpi_cli.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -20,14 +21,9 @@ using mp::test::scratch_dir;
 
 namespace {
 
-#if defined(MP_MPIEXEC) && defined(MP_CLI_PATH)
-constexpr bool kHaveMpi = true;
-const std::string kMpiexec = MP_MPIEXEC;
-const std::string kMixprec = MP_CLI_PATH;
-#else
-constexpr bool kHaveMpi = false;
-const std::string kMpiexec, kMixprec;
-#endif
+using mp::test::kHaveMpi;
+using mp::test::kMixprec;
+using mp::test::kMpiexec;
 
 // The timeout the runs are given, and how long past it (start-up and three steps on 2 shared cores, MPI_Abort's
 // tear-down) a run may take at most: a hang would instead last until the outer `timeout 90`.

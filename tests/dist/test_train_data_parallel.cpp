@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "mp/train/safetensors.hpp"
+#include "dist/mpi_cli.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -23,14 +24,9 @@ using mp::test::scratch_dir;
 
 namespace {
 
-#if defined(MP_MPIEXEC) && defined(MP_CLI_PATH)
-constexpr bool kHaveMpi = true;
-const std::string kMpiexec = MP_MPIEXEC;
-const std::string kMixprec = MP_CLI_PATH;
-#else
-constexpr bool kHaveMpi = false;
-const std::string kMpiexec, kMixprec;
-#endif
+using mp::test::kHaveMpi;
+using mp::test::kMixprec;
+using mp::test::kMpiexec;
 
 using Result = mp::test::ShellResult;
 using mp::test::shell;
@@ -617,8 +613,8 @@ TEST(ShardedOptimizerRefusals, NumericsRecordingAndAutoPrecisionAreRefusedWithTh
   EXPECT_NE(r.output.find("--numerics_every 2 records them whole; pass --numerics_every 0 with --shard_optimizer"),
             std::string::npos)
       << r.output;
-  const Result a = one_process(fmnist(256) +
-                               "--epochs 1 --max_steps_per_epoch 1 --shard_optimizer --precision fp16 --auto_precision");
+  const Result a = one_process(
+      fmnist(256) + "--epochs 1 --max_steps_per_epoch 1 --shard_optimizer --precision fp16 --auto_precision");
   EXPECT_NE(a.code, 0) << a.output;
   EXPECT_NE(a.output.find("keeps each master on one rank only; train with one of the two"), std::string::npos)
       << a.output;
