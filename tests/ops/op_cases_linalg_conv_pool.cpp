@@ -197,8 +197,8 @@ std::vector<OpCase> linalg_conv_pool_cases() {
                        // Outputs are convex combinations of v's rows (|out| <= 1): the f32/f64 sums (K = 16 for the
                        // scores, 23 for the weighted sum) and exp differ in order and ulps, absolute relative to the
                        // largest output. 16-bit: the composite rounds the scores and the weights to the input dtype
-                       // (the fused kernel keeps them in f32), each a relative 2^-p change that the softmax and the
-                       // weighted sum carry to the output: 4 units of 2^-p.
+                       // (the fused kernel rounds only bf16 weights, on VDPBF16PS), each a relative 2^-p change that
+                       // the softmax and the weighted sum carry to the output: 4 units of 2^-p.
                        const double u = unit_roundoff(dt);
                        chk.out.normwise = is_low_precision(dt) ? 8 * u : 64 * acc_roundoff(dt);
                        chk.out.why = "composite (rounded scores and weights in 16-bit) vs fused f32 tiles: normwise";

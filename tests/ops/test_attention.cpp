@@ -258,15 +258,18 @@ TEST(Attention, FullyMaskedRowGivesZeroAndFiniteGradients) {
 
 // ------------------------------------------------------------------------------------------- 16-bit
 
-// bf16 and f16 inputs are widened exactly, everything runs in f32 and each output is rounded once, so against
-// the f64 result of the same (already 16-bit) inputs the error is one rounding of the output (half an ulp:
-// 2^-9 relative for bf16, 2^-12 for f16) plus f32 error (~1e-6 relative), bounded here per tensor by
-// 2^-8 (bf16) or 2^-11 (f16) times the tensor's largest magnitude. dv likewise: one rounding; dq and dk two
-// (below).
+// Against the f64 result of the same (already 16-bit) inputs. f16 inputs (and bf16 without AVX512-BF16) are
+// widened exactly, everything runs in f32 and each output is rounded once: at most the unit roundoff u (2^-8
+// relative for bf16, 2^-11 for f16) plus f32 error (~1e-6 relative), bounded here per tensor by u times the
+// tensor's largest magnitude; dv likewise, dq and dk two roundings (below). bf16 on VDPBF16PS also rounds each
+// weight P and each dS to bf16 before the products with them (Note [fused attention]): out_i gains
+// sum_j P_ij e_ij v_j with |e| <= u, at most u (P |v|)_i, and dv_j at most u (P^T |dO|)_j, which the f64
+// attention of |v| and its gradient for |dO| give; both bounds are checked per element. The per-tensor bounds
+// still hold there: the roundings' signs vary, so their sums stay near one rounding.
 TEST(Attention, SixteenBitIsOneRoundingOfTheF64Result) {
   manual_seed(7);
-  // Both ways of forming the bf16 scores: VDPBF16PS on the bf16 pairs (AVX512-BF16 CPUs) and f32 products of
-  // the widened operands (with the AVX-512 loops off); D = 7 pads the last pair.
+  // Both ways of forming the bf16 products: VDPBF16PS on bf16 pairs (AVX512-BF16 CPUs) and f32 products of
+  // the widened operands (with the AVX-512 loops off); D = 7 pads the last pair, odd T the last row pair.
   for (bool avx512 : {true, false}) {
     const bool before = backend::cpu::set_avx512_loops(avx512);
     for (DType dt : {DType::bf16, DType::f16}) {
@@ -281,7 +284,8 @@ TEST(Attention, SixteenBitIsOneRoundingOfTheF64Result) {
         const AttentionOptions o = opts_of(c, mask);
         const auto fn = [&](auto& a, auto& b, auto& d) { return scaled_dot_product_attention(a, b, d, o); };
         const Grads low = run(fn, q, k, v, g);
-        const Grads ref = run(fn, q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), g.to(DType::f64));
+        const Tensor q64 = q.to(DType::f64), k64 = k.to(DType::f64), v64 = v.to(DType::f64), g64 = g.to(DType::f64);
+        const Grads ref = run(fn, q64, k64, v64, g64);
         EXPECT_EQ(low.out.dtype(), dt);
         EXPECT_EQ(low.dq.dtype(), dt);
         EXPECT_LE(max_abs_diff(low.out, ref.out), tol * max_abs(ref.out));
@@ -290,14 +294,50 @@ TEST(Attention, SixteenBitIsOneRoundingOfTheF64Result) {
         EXPECT_LE(max_abs_diff(low.dq, ref.dq), 2 * tol * max_abs(ref.dq));
         EXPECT_LE(max_abs_diff(low.dk, ref.dk), 2 * tol * max_abs(ref.dk));
         EXPECT_LE(max_abs_diff(low.dv, ref.dv), tol * max_abs(ref.dv));
+        if (dt == DType::bf16) {  // per element: the output's rounding and the weights'
+          const Grads wabs = run(fn, q64, k64, abs(v64), abs(g64));
+          const auto within = [](const Tensor& got, const Tensor& want, const Tensor& weighted) {
+            const auto a = got.to_vector<double>(), b = want.to_vector<double>(), w = weighted.to_vector<double>();
+            double worst = 0;  // largest error / bound
+            for (size_t i = 0; i < a.size(); ++i)
+              worst = std::max(worst, std::abs(a[i] - b[i]) / (0x1p-8 * (1.01 * (std::abs(b[i]) + w[i])) + 1e-30));
+            return worst;
+          };
+          EXPECT_LE(within(low.out, ref.out, wabs.out), 1.0);
+          EXPECT_LE(within(low.dv, ref.dv, wabs.dv), 1.0);
+        }
       }
     }
     backend::cpu::set_avx512_loops(before);
   }
 }
 
+// With dropout the 16-bit kernel keeps the f64 kernel's mask (the same stream positions) and its bounds.
+TEST(Attention, SixteenBitDropoutKeepsTheMaskAndTheBounds) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double tol = dt == DType::bf16 ? 0x1p-8 : 0x1p-11;
+    manual_seed(9);
+    Tensor q = randn({2, 2, 75, 32}).to(dt), k = randn({2, 2, 75, 32}).to(dt), v = randn({2, 2, 75, 32}).to(dt),
+           g = randn({2, 2, 75, 32}).to(dt);
+    const auto fn = [&](auto& a, auto& b, auto& d) {
+      return scaled_dot_product_attention(a, b, d, {.causal = true, .dropout_p = 0.25});
+    };
+    manual_seed(21);
+    const Grads low = run(fn, q, k, v, g);
+    manual_seed(21);
+    const Grads ref = run(fn, q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), g.to(DType::f64));
+    // A dropped weight is exactly 0 on both sides; kept ones are 1 / (1 - p) times the weight.
+    EXPECT_LE(max_abs_diff(low.out, ref.out), 2 * tol * max_abs(ref.out));
+    EXPECT_LE(max_abs_diff(low.dq, ref.dq), 2 * tol * max_abs(ref.dq));
+    EXPECT_LE(max_abs_diff(low.dk, ref.dk), 2 * tol * max_abs(ref.dk));
+    EXPECT_LE(max_abs_diff(low.dv, ref.dv), 2 * tol * max_abs(ref.dv));
+  }
+}
+
 // The composite rounds the scores and the weights to 16 bits before its second matmul (as PyTorch's math
-// path does); the fused kernel keeps them in f32, so it is closer to f64 than the composite is.
+// path does); the fused kernel forms the scores in f32 (and rounds only the weights, on VDPBF16PS), so it is
+// at least as close to f64 as the composite is.
 TEST(Attention, FusedBf16IsAtLeastAsCloseToF64AsTheComposite) {
   manual_seed(8);
   Tensor q = randn({2, 2, 100, 64}).to(DType::bf16), k = randn({2, 2, 100, 64}).to(DType::bf16),
@@ -436,8 +476,8 @@ TEST(Attention, AutocastRunsInTheLowDtype) {
     amp::Autocast guard({.dtype = low});
     const Tensor out = scaled_dot_product_attention(q, k, v, {.causal = true});
     EXPECT_EQ(out.dtype(), low);
-    // q, k, v rounded to 16 bits (relative 2^-9 / 2^-12 each) and the output rounded once: a few 2^-8 (bf16)
-    // or 2^-11 (f16) of the output's scale (|out| <= max |v| ~ 4).
+    // q, k, v rounded to 16 bits (relative 2^-8 / 2^-11 each at most), the weights too on VDPBF16PS, and the
+    // output rounded once: a few 2^-8 (bf16) or 2^-11 (f16) of the output's scale (|out| <= max |v| ~ 4).
     EXPECT_LT(max_abs_diff(out, ref), (low == DType::bf16 ? 0x1p-8 : 0x1p-11) * 8 * max_abs(ref));
   }
   // f64 is left alone by "lower" ops.

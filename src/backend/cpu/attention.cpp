@@ -20,10 +20,12 @@
 // dropout, as the composite's softmax does.
 // Tile products are register-blocked loops on GCC vector types (4 rows x 64 keys, or 4 rows x 64
 // columns of D), compiled for AVX-512 and picked at run time (call_isa). With bf16 inputs on a CPU with
-// AVX512-BF16 the two score-shaped products (q k^T, and dO v^T in the backward) take the bf16 pairs as
-// they are (VDPBF16PS: exact products, f32 sums; the scale multiplies the f32 scores), 1.13x on the whole
-// op; the products with the f32 weights (P v, P^T dO, dS k, dS^T q) stay f32, so the weights are never
-// rounded to 16 bits. Measured against the oneDNN composite in bench/RESULTS.md ("Fused attention").
+// AVX512-BF16 every tile product runs on VDPBF16PS (attention_bf16.hpp: exact products of bf16 pairs, f32
+// sums): q k^T and dO v^T on the inputs' bf16 as they are, and P v, P^T dO, dS k and dS^T q on the weights
+// P and dS rounded to bf16 (to nearest even), as FlashAttention-2 and PyTorch's CPU flash attention do:
+// one more relative rounding of at most 2^-8 per weight, whose bound the tests check; the running max, the
+// sums l, the logsumexp and D_i stay f32, from the unrounded weights. The forward then packs a head's key and
+// value tiles once for all its query tiles. Measured in bench/RESULTS.md ("Fused attention").
 #include <omp.h>
 
 #include <algorithm>
@@ -38,6 +40,7 @@
 #endif
 
 #include "backend/attention_kernels.hpp"
+#include "backend/cpu/attention_bf16.hpp"
 #include "backend/cpu/loops.hpp"
 #include "backend/fast_math.hpp"
 #include "backend/index_kernels.hpp"
@@ -133,72 +136,14 @@ MP_FORCE_INLINE void nn_acc(const A* p, int64_t ldp, const A* v, int64_t ldv, A*
   for (; r < rows; ++r) nn_rows<A, 1>(p + r * ldp, ldp, v, ldv, c + r * ldc, ldc, inner, Dp);
 }
 
-// ---------------------------------------------------------------- bf16 dot products
+// ---------------------------------------------------------------- bf16 operands
 
-// Rows [r0, r0 + n) of a bf16 tensor t ([*, D] contiguous) as raw bf16 into dst rows of D2 (D rounded up to
-// even; the pad is 0), so that each 32-bit word holds the pair (2p, 2p + 1).
-void pack_rows_bf16(const Tensor& t, int64_t r0, int64_t n, int64_t D, int64_t D2, uint16_t* dst) {
-  const uint16_t* src = static_cast<const uint16_t*>(t.raw_data()) + r0 * D;
-  for (int64_t r = 0; r < n; ++r) {
-    std::memcpy(dst + r * D2, src + r * D, static_cast<size_t>(D) * sizeof(uint16_t));
-    if (D2 > D) dst[r * D2 + D] = 0;
-  }
+// Row r0 of a bf16 tensor ([*, D] contiguous) as raw bf16.
+const uint16_t* raw_bf16(const Tensor& t, int64_t r0, int64_t D) {
+  return static_cast<const uint16_t*>(t.raw_data()) + r0 * D;
 }
 
-// Keys [r0, r0 + n) of a bf16 tensor laid out for VDPBF16PS: dst[(p kBc + j) 2 + e] = key j's element 2p + e
-// (0 past D and for j >= n).
-void pack_keys_bf16(const Tensor& t, int64_t r0, int64_t n, int64_t D, int64_t D2, uint16_t* dst) {
-  const uint16_t* src = static_cast<const uint16_t*>(t.raw_data()) + r0 * D;
-  std::fill(dst, dst + D2 * kBc, uint16_t{0});
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t d = 0; d < D; ++d) dst[((d >> 1) * kBc + j) * 2 + (d & 1)] = src[j * D + d];
-}
-
-#if defined(MP_HAVE_AVX512_LOOPS)
-#define MP_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
-// c[r][0:kBc] = scale * sum_p a-pair(r, p) . key-pairs(p, 0:kBc) for R rows: VDPBF16PS multiplies the bf16
-// pairs exactly and accumulates in f32.
-template <int R>
-MP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void nt_rows_bf16(const uint16_t* a, int64_t lda,
-                                                                              const uint16_t* kp, float* c, int64_t Dh,
-                                                                              float scale) {
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < Dh; ++p) {
-    __m512bh b[4];
-    for (int u = 0; u < 4; ++u) b[u] = (__m512bh)_mm512_loadu_si512(kp + (p * kBc + u * 16) * 2);
-    for (int r = 0; r < R; ++r) {
-      uint32_t w;
-      std::memcpy(&w, a + r * lda + 2 * p, sizeof w);
-      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
-      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], x, b[u]);
-    }
-  }
-  const __m512 sc = _mm512_set1_ps(scale);
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < 4; ++u) _mm512_storeu_ps(c + r * kBc + u * 16, _mm512_mul_ps(acc[r][u], sc));
-}
-
-// c [rows, kBc] = scale * a [rows, D2] (bf16 pairs, row stride lda) times packed keys kp.
-MP_AVX512_BF16_TARGET void nt_tile_bf16(const uint16_t* a, int64_t lda, const uint16_t* kp, float* c, int64_t rows,
-                                        int64_t D2, float scale) {
-  const int64_t Dh = D2 / 2;
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) nt_rows_bf16<4>(a + r * lda, lda, kp, c + r * kBc, Dh, scale);
-  for (; r < rows; ++r) nt_rows_bf16<1>(a + r * lda, lda, kp, c + r * kBc, Dh, scale);
-}
-#endif
-
-// Whether bf16 operands take VDPBF16PS for the q k^T and dO v^T tiles.
-bool use_bf16_dot(const Tensor& q) {
-#if defined(MP_HAVE_AVX512_LOOPS)
-  return q.dtype() == DType::bf16 && cpu_features().avx512_bf16 && avx512_loops_enabled();
-#else
-  return false;
-#endif
-}
+constexpr int64_t round_even(int64_t n) { return (n + 1) / 2 * 2; }
 
 // ---------------------------------------------------------------- shared pieces
 
@@ -221,7 +166,7 @@ Problem<A> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const
   pr.p = p;
   pr.Dp = (p.D + kLanes<A> - 1) / kLanes<A> * kLanes<A>;
   pr.D2 = (p.D + 1) / 2 * 2;
-  pr.bf16dot = std::is_same_v<A, float> && use_bf16_dot(q);
+  pr.bf16dot = std::is_same_v<A, float> && q.dtype() == DType::bf16 && attn_bf16::bf16_tiles_available();
   if (mask.defined()) {
     pr.mask = mask.data_ptr<A>();
     for (int d = 0; d < 4; ++d) pr.ms[d] = mask.stride(d);
@@ -289,39 +234,86 @@ void dropout_factors(const AttentionParams& p, int64_t bh, int64_t i, int64_t k0
   }
 }
 
-// c [rows, kBc] = scale * (bf16 pairs a) . (packed keys kp) through VDPBF16PS (only called when pr.bf16dot).
+// ---------------------------------------------------------------- forward
+
+// The online-softmax step of query row i against keys k0..k0 + nc: sr holds the row's scores (unmasked) and
+// leaves with its weights exp(s - m) (times the dropout factors), m and l are the running max and sum, and
+// the output row orow[0:Dp] is rescaled when the max grows.
 template <class A>
-void nt_scores(const Problem<A>& pr, const uint16_t* a, const uint16_t* kp, A* c, int64_t rows, bool scaled = true) {
-#if defined(MP_HAVE_AVX512_LOOPS)
-  if constexpr (std::is_same_v<A, float>) {
-    nt_tile_bf16(a, pr.D2, kp, c, rows, pr.D2, scaled ? static_cast<float>(pr.p.scale) : 1.0f);
+MP_FORCE_INLINE void online_softmax_row(const Problem<A>& pr, int64_t bh, int64_t i, int64_t k0, int64_t nc, A* sr,
+                                        A& m, A& l, A* orow, A* z) {
+  const AttentionParams& p = pr.p;
+  mask_scores(pr, bh / p.H, bh % p.H, i, k0, nc, sr);
+  A mx = -kInf<A>;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < nc; ++j) mx = sr[j] > mx ? sr[j] : mx;
+  const A mnew = std::max(m, mx);
+  if (mnew == -kInf<A>) {  // every key so far masked: nothing to add
+    std::fill(sr, sr + nc, A(0));
     return;
   }
-#endif
-  MP_ASSERT(false, "nt_scores without VDPBF16PS");
+  const A alpha = math_exp(m - mnew);
+  A sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < nc; ++j) {
+    const A e = math_exp(sr[j] - mnew);
+    sr[j] = e;
+    sum += e;
+  }
+  l = l * alpha + sum;
+  m = mnew;
+  if (alpha != A(1)) {
+#pragma omp simd
+    for (int64_t d = 0; d < pr.Dp; ++d) orow[d] *= alpha;
+  }
+  if (p.dropout_p > 0) {
+    dropout_factors<A>(p, bh, i, k0, nc, z);
+#pragma omp simd
+    for (int64_t j = 0; j < nc; ++j) sr[j] *= z[j];
+  }
 }
 
-// ---------------------------------------------------------------- forward
+// Divides the query tile's output rows by l, stores them and their logsumexp.
+template <class A>
+MP_FORCE_INLINE void finish_rows(const Problem<A>& pr, const Tensor& lse, int64_t bh, int64_t q0, int64_t nr,
+                                 const A* m, const A* l, A* o) {
+  const AttentionParams& p = pr.p;
+  A* lse_p = lse.data_ptr<A>() + bh * p.Tq + q0;
+  for (int64_t r = 0; r < nr; ++r) {
+    const bool empty = l[r] == A(0);
+    const A inv = empty ? A(0) : A(1) / l[r];
+    A* orow = o + r * pr.Dp;
+#pragma omp simd
+    for (int64_t d = 0; d < p.D; ++d) orow[d] *= inv;
+    lse_p[r] = empty ? kInf<A> : m[r] + std::log(l[r]);
+    store_row<A>(*pr.out, bh * p.Tq + q0 + r, p.D, orow);
+  }
+}
 
 template <class A>
 struct ForwardScratch {
   std::vector<A> qf, kt, vf, s, o, m, l, z, tmp;
-  std::vector<uint16_t> qp, kp;  // bf16 pairs (bf16dot)
-  ForwardScratch(int64_t D, int64_t Dp, int64_t D2)
-      : qf(kBr * Dp),
-        kt(D * kBc),
-        vf(kBc * Dp),
+  // bf16 operands (bf16dot): the query tile's pairs, its weights, and the head's packed key and value tiles,
+  // packed once per head (packed_bh) as far as the items reached (packed_tiles).
+  std::vector<uint16_t> qp, pb, kp, vp;
+  int64_t packed_bh = -1, packed_tiles = 0;
+  ForwardScratch(const Problem<A>& pr)
+      : qf(pr.bf16dot ? 0 : kBr * pr.Dp),
+        kt(pr.bf16dot ? 0 : pr.p.D * kBc),
+        vf(pr.bf16dot ? 0 : kBc * pr.Dp),
         s(kBr * kBc),
-        o(kBr * Dp),
+        o(kBr * pr.Dp),
         m(kBr),
         l(kBr),
         z(kBc),
-        tmp(std::max(D, kBc)),
-        qp(kBr * D2),
-        kp(kBc * D2) {}
+        tmp(std::max(pr.p.D, kBc)),
+        qp(pr.bf16dot ? kBr * pr.D2 : 0),
+        pb(pr.bf16dot ? kBr * kBc : 0),
+        kp(pr.bf16dot ? (pr.p.Tk + kBc - 1) / kBc * kBc * pr.D2 : 0),
+        vp(pr.bf16dot ? (pr.p.Tk + kBc - 1) / kBc * kBc * pr.Dp : 0) {}
 };
 
-// One (batch, head, query tile) of the forward.
+// One (batch, head, query tile) of the forward, all in A.
 template <class A>
 struct ForwardTile {
   MP_FORCE_INLINE void operator()(const Problem<A>* prp, const Tensor* lse, int64_t item, ForwardScratch<A>* w) const {
@@ -330,73 +322,65 @@ struct ForwardTile {
     const int64_t D = p.D, Dp = pr.Dp;
     const int64_t n_qt = (p.Tq + kBr - 1) / kBr;
     const int64_t bh = item / n_qt, q0 = (item % n_qt) * kBr;
-    const int64_t b = bh / p.H, h = bh % p.H;
     const int64_t nr = std::min(kBr, p.Tq - q0);
     A *qf = w->qf.data(), *kt = w->kt.data(), *vf = w->vf.data(), *s = w->s.data(), *o = w->o.data();
     A *m = w->m.data(), *l = w->l.data(), *z = w->z.data(), *tmp = w->tmp.data();
     for (int64_t r = 0; r < nr; ++r) {
-      if (!pr.bf16dot) widen_row<A>(*pr.q, bh * p.Tq + q0 + r, D, Dp, static_cast<A>(p.scale), qf + r * Dp, tmp);
+      widen_row<A>(*pr.q, bh * p.Tq + q0 + r, D, Dp, static_cast<A>(p.scale), qf + r * Dp, tmp);
       m[r] = -kInf<A>;
       l[r] = A(0);
     }
-    if (pr.bf16dot) pack_rows_bf16(*pr.q, bh * p.Tq + q0, nr, D, pr.D2, w->qp.data());
     std::fill(o, o + nr * Dp, A(0));
     // Causal: keys past the tile's last row are masked for every row of it.
     const int64_t k_end = p.causal ? std::min(p.Tk, q0 + nr) : p.Tk;
     for (int64_t k0 = 0; k0 < k_end; k0 += kBc) {
       const int64_t nc = std::min(kBc, p.Tk - k0);
       for (int64_t j = 0; j < nc; ++j) widen_row<A>(*pr.v, bh * p.Tk + k0 + j, D, Dp, A(1), vf + j * Dp, tmp);
-      if (pr.bf16dot) {
-        pack_keys_bf16(*pr.k, bh * p.Tk + k0, nc, D, pr.D2, w->kp.data());
-        nt_scores(pr, w->qp.data(), w->kp.data(), s, nr);
-      } else {
-        widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
-        nt_tile<A>(qf, Dp, kt, s, nr, D);
-      }
-      for (int64_t r = 0; r < nr; ++r) {
-        A* sr = s + r * kBc;
-        mask_scores(pr, b, h, q0 + r, k0, nc, sr);
-        A mx = -kInf<A>;
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < nc; ++j) mx = sr[j] > mx ? sr[j] : mx;
-        const A mnew = std::max(m[r], mx);
-        if (mnew == -kInf<A>) {  // every key so far masked: nothing to add
-          std::fill(sr, sr + nc, A(0));
-          continue;
-        }
-        const A alpha = math_exp(m[r] - mnew);
-        A sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < nc; ++j) {
-          const A e = math_exp(sr[j] - mnew);
-          sr[j] = e;
-          sum += e;
-        }
-        l[r] = l[r] * alpha + sum;
-        m[r] = mnew;
-        if (alpha != A(1)) {
-          A* orow = o + r * Dp;
-#pragma omp simd
-          for (int64_t d = 0; d < Dp; ++d) orow[d] *= alpha;
-        }
-        if (p.dropout_p > 0) {
-          dropout_factors<A>(p, bh, q0 + r, k0, nc, z);
-#pragma omp simd
-          for (int64_t j = 0; j < nc; ++j) sr[j] *= z[j];
-        }
-      }
+      widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
+      nt_tile<A>(qf, Dp, kt, s, nr, D);
+      for (int64_t r = 0; r < nr; ++r) online_softmax_row(pr, bh, q0 + r, k0, nc, s + r * kBc, m[r], l[r], o + r * Dp, z);
       nn_acc<A>(s, kBc, vf, Dp, o, Dp, nr, nc, Dp);
     }
-    A* lse_p = lse->data_ptr<A>() + bh * p.Tq + q0;
-    for (int64_t r = 0; r < nr; ++r) {
-      const bool empty = l[r] == A(0);
-      const A inv = empty ? A(0) : A(1) / l[r];
-      A* orow = o + r * Dp;
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
-      lse_p[r] = empty ? kInf<A> : m[r] + std::log(l[r]);
-      store_row<A>(*pr.out, bh * p.Tq + q0 + r, D, orow);
+    finish_rows(pr, *lse, bh, q0, nr, m, l, o);
+  }
+};
+
+// The same with bf16 operands on VDPBF16PS (pr.bf16dot): scores from the bf16 pairs of q and k, and the
+// weights rounded to bf16 for the product with v (Note [fused attention]).
+struct ForwardTileBf16 {
+  MP_FORCE_INLINE void operator()(const Problem<float>* prp, const Tensor* lse, int64_t item,
+                                  ForwardScratch<float>* w) const {
+    const Problem<float>& pr = *prp;
+    const AttentionParams& p = pr.p;
+    const int64_t D = p.D, Dp = pr.Dp, D2 = pr.D2;
+    const int64_t n_qt = (p.Tq + kBr - 1) / kBr;
+    const int64_t bh = item / n_qt, q0 = (item % n_qt) * kBr;
+    const int64_t nr = std::min(kBr, p.Tq - q0);
+    float *s = w->s.data(), *o = w->o.data(), *m = w->m.data(), *l = w->l.data(), *z = w->z.data();
+    std::fill(m, m + nr, -kInf<float>);
+    std::fill(l, l + nr, 0.0f);
+    std::fill(o, o + nr * Dp, 0.0f);
+    attn_bf16::pack_rows(raw_bf16(*pr.q, bh * p.Tq + q0, D), nr, D, D2, w->qp.data());
+    if (w->packed_bh != bh) {
+      w->packed_bh = bh;
+      w->packed_tiles = 0;
     }
+    const int64_t k_end = p.causal ? std::min(p.Tk, q0 + nr) : p.Tk;
+    for (int64_t k0 = 0, kt = 0; k0 < k_end; k0 += kBc, ++kt) {
+      const int64_t nc = std::min(kBc, p.Tk - k0), nc2 = round_even(nc);
+      uint16_t* kp = w->kp.data() + kt * kBc * D2;
+      uint16_t* vp = w->vp.data() + kt * kBc * Dp;
+      if (kt >= w->packed_tiles) {
+        attn_bf16::pack_transposed_vnni(raw_bf16(*pr.k, bh * p.Tk + k0, D), nc, D, D2, kBc, kp);
+        attn_bf16::pack_vnni(raw_bf16(*pr.v, bh * p.Tk + k0, D), nc, nc2, D, Dp, vp);
+        w->packed_tiles = kt + 1;
+      }
+      attn_bf16::gemm(w->qp.data(), D2, kp, kBc, s, kBc, nr, D2 / 2, false, static_cast<float>(p.scale));
+      for (int64_t r = 0; r < nr; ++r) online_softmax_row(pr, bh, q0 + r, k0, nc, s + r * kBc, m[r], l[r], o + r * Dp, z);
+      attn_bf16::f32_rows_to_bf16(s, kBc, nr, nc, nc2, w->pb.data(), kBc);
+      attn_bf16::gemm(w->pb.data(), kBc, vp, Dp, o, Dp, nr, nc2 / 2, true, 1.0f);
+    }
+    finish_rows(pr, *lse, bh, q0, nr, m, l, o);
   }
 };
 
@@ -408,42 +392,101 @@ void forward_typed(const Tensor& out, const Tensor& lse, const Tensor& q, const 
   const int64_t n_qt = (p.Tq + kBr - 1) / kBr;
   const int64_t items = p.B * p.H * n_qt;
   const bool avx512 = avx512_loops_enabled();
+  // bf16: a thread takes a head's query tiles one after another, so it packs the head's keys and values once,
+  // unless there are too few heads to keep the threads busy.
+  const int64_t chunk = pr.bf16dot && p.B * p.H >= 2 * omp_get_max_threads() ? n_qt : 1;
 #pragma omp parallel if (items > 1)
   {
-    ForwardScratch<A> w(p.D, pr.Dp, pr.D2);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) call_isa(avx512, ForwardTile<A>{}, &pr, &lse, it, &w);
+    ForwardScratch<A> w(pr);
+#pragma omp for schedule(dynamic, chunk)
+    for (int64_t it = 0; it < items; ++it) {
+      if constexpr (std::is_same_v<A, float>) {
+        if (pr.bf16dot) {
+          call_isa(avx512, ForwardTileBf16{}, &pr, &lse, it, &w);
+          continue;
+        }
+      }
+      call_isa(avx512, ForwardTile<A>{}, &pr, &lse, it, &w);
+    }
   }
 }
 
 // ---------------------------------------------------------------- backward
 
+// rowsum(dO o O) of the head's query rows, in A (FlashAttention's D_i).
+template <class A>
+void dout_dot_out(const Problem<A>& pr, int64_t bh, A* dvec, A* tmp, A* tmp2) {
+  const AttentionParams& p = pr.p;
+  for (int64_t i = 0; i < p.Tq; ++i) {
+    const A* orow = load_at<A>(*pr.out, (bh * p.Tq + i) * p.D, p.D, tmp);
+    const A* dorow = load_at<A>(*pr.dout, (bh * p.Tq + i) * p.D, p.D, tmp2);
+    A acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < p.D; ++d) acc += dorow[d] * orow[d];
+    dvec[i] = acc;
+  }
+}
+
+// Query row i against keys k0..k0 + nc: sr enters with the scores and leaves with the weights P (times the
+// dropout factors), dpr enters with dO v^T and leaves with dS = P (dP - D_i).
+template <class A>
+MP_FORCE_INLINE void weights_and_dscores_row(const Problem<A>& pr, int64_t bh, int64_t i, int64_t k0, int64_t nc,
+                                             A li, A di, A* sr, A* dpr, A* z) {
+  const AttentionParams& p = pr.p;
+  mask_scores(pr, bh / p.H, bh % p.H, i, k0, nc, sr);
+#pragma omp simd
+  for (int64_t j = 0; j < nc; ++j) sr[j] = math_exp(sr[j] - li);
+  if (p.dropout_p > 0) {
+    dropout_factors<A>(p, bh, i, k0, nc, z);
+#pragma omp simd
+    for (int64_t j = 0; j < nc; ++j) {
+      dpr[j] = sr[j] * (dpr[j] * z[j] - di);
+      sr[j] *= z[j];
+    }
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < nc; ++j) dpr[j] = sr[j] * (dpr[j] - di);
+  }
+}
+
 template <class A>
 struct BackwardScratch {
-  std::vector<A> qs, dob, dq, dvec, kf, kt, vt, dk, dv, s, dp, t, z, tmp;
-  std::vector<uint16_t> qp, dop, kp, vp;  // bf16 pairs (bf16dot)
-  BackwardScratch(int64_t Tq, int64_t D, int64_t Dp, int64_t D2, bool bf16dot)
-      : qs(Tq * Dp),
-        dob(Tq * Dp),
-        dq(Tq * Dp),
-        dvec(Tq),
-        kf(kBc * Dp),
-        kt(D * kBc),
-        vt(D * kBc),
-        dk(kBc * Dp),
-        dv(kBc * Dp),
+  std::vector<A> qs, dob, dq, dvec, kf, kt, vt, dk, dv, s, dp, t, z, tmp, tmp2;
+  // bf16 operands (bf16dot): the head's q and dO as row pairs and transposed, the key tile's packings, the
+  // weights' and dS's.
+  std::vector<uint16_t> qp, dop, qT, doT, kp, vp, kv, pv, dsv, dsr;
+  BackwardScratch(const Problem<A>& pr)
+      : qs(pr.bf16dot ? 0 : pr.p.Tq * pr.Dp),
+        dob(pr.bf16dot ? 0 : pr.p.Tq * pr.Dp),
+        dq(pr.p.Tq * pr.Dp),
+        dvec(pr.p.Tq),
+        kf(pr.bf16dot ? 0 : kBc * pr.Dp),
+        kt(pr.bf16dot ? 0 : pr.p.D * kBc),
+        vt(pr.bf16dot ? 0 : pr.p.D * kBc),
+        dk(kBc * pr.Dp),
+        dv(kBc * pr.Dp),
         s(kBr * kBc),
         dp(kBr * kBc),
         t(kBc * kBr),
         z(kBc),
-        tmp(std::max(D, kBc)),
-        qp(bf16dot ? Tq * D2 : 0),
-        dop(bf16dot ? Tq * D2 : 0),
-        kp(bf16dot ? kBc * D2 : 0),
-        vp(bf16dot ? kBc * D2 : 0) {}
+        tmp(std::max(pr.p.D, kBc)),
+        tmp2(std::max(pr.p.D, kBc)) {
+    if (!pr.bf16dot) return;
+    const int64_t Tq2 = round_even(pr.p.Tq);
+    qp.resize(pr.p.Tq * pr.D2);
+    dop.resize(pr.p.Tq * pr.D2);
+    qT.resize(pr.p.D * Tq2);
+    doT.resize(pr.p.D * Tq2);
+    kp.resize(kBc * pr.D2);
+    vp.resize(kBc * pr.D2);
+    kv.resize(kBc * pr.Dp);
+    pv.resize(kBr * kBc);
+    dsv.resize(kBr * kBc);
+    dsr.resize(kBr * kBc);
+  }
 };
 
-// One (batch, head) of the backward.
+// One (batch, head) of the backward, all in A.
 template <class A>
 struct BackwardHead {
   MP_FORCE_INLINE void operator()(const Problem<A>* prp, const Tensor* lse_t, const Tensor* dq_t, const Tensor* dk_t,
@@ -451,70 +494,34 @@ struct BackwardHead {
     const Problem<A>& pr = *prp;
     const AttentionParams& p = pr.p;
     const int64_t D = p.D, Dp = pr.Dp;
-    const int64_t b = bh / p.H, h = bh % p.H;
     A *qs = w->qs.data(), *dob = w->dob.data(), *dq = w->dq.data(), *dvec = w->dvec.data();
     A *kf = w->kf.data(), *kt = w->kt.data(), *vt = w->vt.data(), *dk = w->dk.data(), *dv = w->dv.data();
     A *s = w->s.data(), *dp = w->dp.data(), *t = w->t.data(), *z = w->z.data(), *tmp = w->tmp.data();
     const A* lse = lse_t->data_ptr<A>() + bh * p.Tq;
-    // The head's queries (scaled), output gradients and rowsum(dO o O), widened once.
+    // The head's queries (scaled) and output gradients, widened once.
     for (int64_t i = 0; i < p.Tq; ++i) {
       widen_row<A>(*pr.q, bh * p.Tq + i, D, Dp, static_cast<A>(p.scale), qs + i * Dp, tmp);
       widen_row<A>(*pr.dout, bh * p.Tq + i, D, Dp, A(1), dob + i * Dp, tmp);
-      const A* orow = load_at<A>(*pr.out, (bh * p.Tq + i) * D, D, tmp);
-      const A* dorow = dob + i * Dp;
-      A acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t d = 0; d < D; ++d) acc += dorow[d] * orow[d];
-      dvec[i] = acc;
     }
+    dout_dot_out(pr, bh, dvec, tmp, w->tmp2.data());
     std::fill(dq, dq + p.Tq * Dp, A(0));
-    if (pr.bf16dot) {
-      pack_rows_bf16(*pr.q, bh * p.Tq, p.Tq, D, pr.D2, w->qp.data());
-      pack_rows_bf16(*pr.dout, bh * p.Tq, p.Tq, D, pr.D2, w->dop.data());
-    }
     for (int64_t k0 = 0; k0 < p.Tk; k0 += kBc) {
       const int64_t nc = std::min(kBc, p.Tk - k0);
       for (int64_t j = 0; j < nc; ++j) widen_row<A>(*pr.k, bh * p.Tk + k0 + j, D, Dp, A(1), kf + j * Dp, tmp);
-      if (pr.bf16dot) {
-        pack_keys_bf16(*pr.k, bh * p.Tk + k0, nc, D, pr.D2, w->kp.data());
-        pack_keys_bf16(*pr.v, bh * p.Tk + k0, nc, D, pr.D2, w->vp.data());
-      } else {
-        widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
-        widen_transposed<A>(*pr.v, bh * p.Tk + k0, nc, D, vt, tmp);
-      }
+      widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
+      widen_transposed<A>(*pr.v, bh * p.Tk + k0, nc, D, vt, tmp);
       std::fill(dk, dk + nc * Dp, A(0));
       std::fill(dv, dv + nc * Dp, A(0));
       // Causal: query tiles wholly before key k0 see none of these keys.
       const int64_t q_begin = p.causal ? k0 / kBr * kBr : 0;
       for (int64_t q0 = q_begin; q0 < p.Tq; q0 += kBr) {
         const int64_t nr = std::min(kBr, p.Tq - q0);
-        if (pr.bf16dot) {
-          nt_scores(pr, w->qp.data() + q0 * pr.D2, w->kp.data(), s, nr);
-          nt_scores(pr, w->dop.data() + q0 * pr.D2, w->vp.data(), dp, nr, false);
-        } else {
-          nt_tile<A>(qs + q0 * Dp, Dp, kt, s, nr, D);
-          nt_tile<A>(dob + q0 * Dp, Dp, vt, dp, nr, D);
-        }
-        for (int64_t r = 0; r < nr; ++r) {
-          const int64_t i = q0 + r;
-          A *sr = s + r * kBc, *dpr = dp + r * kBc;
-          mask_scores(pr, b, h, i, k0, nc, sr);
-          const A li = lse[i], di = dvec[i];
-#pragma omp simd
-          for (int64_t j = 0; j < nc; ++j) sr[j] = math_exp(sr[j] - li);
-          if (p.dropout_p > 0) {
-            dropout_factors<A>(p, bh, i, k0, nc, z);
-            for (int64_t j = 0; j < nc; ++j) {
-              t[j * kBr + r] = sr[j] * z[j];  // dropped weights, transposed (for dV)
-              dpr[j] = sr[j] * (dpr[j] * z[j] - di);
-            }
-          } else {
-            for (int64_t j = 0; j < nc; ++j) {
-              t[j * kBr + r] = sr[j];
-              dpr[j] = sr[j] * (dpr[j] - di);
-            }
-          }
-        }
+        nt_tile<A>(qs + q0 * Dp, Dp, kt, s, nr, D);
+        nt_tile<A>(dob + q0 * Dp, Dp, vt, dp, nr, D);
+        for (int64_t r = 0; r < nr; ++r)
+          weights_and_dscores_row(pr, bh, q0 + r, k0, nc, lse[q0 + r], dvec[q0 + r], s + r * kBc, dp + r * kBc, z);
+        for (int64_t r = 0; r < nr; ++r)
+          for (int64_t j = 0; j < nc; ++j) t[j * kBr + r] = s[r * kBc + j];
         nn_acc<A>(t, kBr, dob + q0 * Dp, Dp, dv, Dp, nc, nr, Dp);  // dV += P^T dO
         nn_acc<A>(dp, kBc, kf, Dp, dq + q0 * Dp, Dp, nr, nc, Dp);  // dQ += dS K (scaled at the end)
         for (int64_t r = 0; r < nr; ++r)
@@ -526,13 +533,75 @@ struct BackwardHead {
         store_row<A>(*dv_t, bh * p.Tk + k0 + j, D, dv + j * Dp);
       }
     }
+    store_dq(pr, *dq_t, bh, dq);
+  }
+
+  // dq times the scale, stored.
+  static MP_FORCE_INLINE void store_dq(const Problem<A>& pr, const Tensor& dq_t, int64_t bh, A* dq) {
+    const AttentionParams& p = pr.p;
     const A sc = static_cast<A>(p.scale);
     for (int64_t i = 0; i < p.Tq; ++i) {
-      A* row = dq + i * Dp;
+      A* row = dq + i * pr.Dp;
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) row[d] *= sc;
-      store_row<A>(*dq_t, bh * p.Tq + i, D, row);
+      for (int64_t d = 0; d < p.D; ++d) row[d] *= sc;
+      store_row<A>(dq_t, bh * p.Tq + i, p.D, row);
     }
+  }
+};
+
+// The same with bf16 operands on VDPBF16PS (pr.bf16dot): the two score-shaped products from the bf16 pairs,
+// and P and dS rounded to bf16 for the three products with them (Note [fused attention]). dK and dV are
+// accumulated transposed ([D, kBc]), so that every product sums over the pairs of one operand's rows.
+struct BackwardHeadBf16 {
+  MP_FORCE_INLINE void operator()(const Problem<float>* prp, const Tensor* lse_t, const Tensor* dq_t,
+                                  const Tensor* dk_t, const Tensor* dv_t, int64_t bh,
+                                  BackwardScratch<float>* w) const {
+    const Problem<float>& pr = *prp;
+    const AttentionParams& p = pr.p;
+    const int64_t D = p.D, Dp = pr.Dp, D2 = pr.D2, Tq2 = round_even(p.Tq);
+    float *dq = w->dq.data(), *dvec = w->dvec.data(), *dkt = w->dk.data(), *dvt = w->dv.data();
+    float *s = w->s.data(), *dp = w->dp.data(), *z = w->z.data(), *tmp = w->tmp.data();
+    const float* lse = lse_t->data_ptr<float>() + bh * p.Tq;
+    const float scale = static_cast<float>(p.scale);
+    const uint16_t* qraw = raw_bf16(*pr.q, bh * p.Tq, D);
+    const uint16_t* doraw = raw_bf16(*pr.dout, bh * p.Tq, D);
+    attn_bf16::pack_rows(qraw, p.Tq, D, D2, w->qp.data());
+    attn_bf16::pack_rows(doraw, p.Tq, D, D2, w->dop.data());
+    attn_bf16::pack_transposed_rows(qraw, p.Tq, D, Tq2, w->qT.data());
+    attn_bf16::pack_transposed_rows(doraw, p.Tq, D, Tq2, w->doT.data());
+    dout_dot_out(pr, bh, dvec, tmp, w->tmp2.data());
+    std::fill(dq, dq + p.Tq * Dp, 0.0f);
+    for (int64_t k0 = 0; k0 < p.Tk; k0 += kBc) {
+      const int64_t nc = std::min(kBc, p.Tk - k0), nc2 = round_even(nc);
+      const uint16_t* kraw = raw_bf16(*pr.k, bh * p.Tk + k0, D);
+      attn_bf16::pack_transposed_vnni(kraw, nc, D, D2, kBc, w->kp.data());
+      attn_bf16::pack_transposed_vnni(raw_bf16(*pr.v, bh * p.Tk + k0, D), nc, D, D2, kBc, w->vp.data());
+      attn_bf16::pack_vnni(kraw, nc, nc2, D, Dp, w->kv.data());
+      std::fill(dkt, dkt + D * kBc, 0.0f);
+      std::fill(dvt, dvt + D * kBc, 0.0f);
+      const int64_t q_begin = p.causal ? k0 / kBr * kBr : 0;
+      for (int64_t q0 = q_begin; q0 < p.Tq; q0 += kBr) {
+        const int64_t nr = std::min(kBr, p.Tq - q0), nr2 = round_even(nr);
+        attn_bf16::gemm(w->qp.data() + q0 * D2, D2, w->kp.data(), kBc, s, kBc, nr, D2 / 2, false, scale);
+        attn_bf16::gemm(w->dop.data() + q0 * D2, D2, w->vp.data(), kBc, dp, kBc, nr, D2 / 2, false, 1.0f);
+        for (int64_t r = 0; r < nr; ++r)
+          weights_and_dscores_row(pr, bh, q0 + r, k0, nc, lse[q0 + r], dvec[q0 + r], s + r * kBc, dp + r * kBc, z);
+        attn_bf16::f32_rows_to_vnni(s, kBc, nr, nr2, nc, kBc, w->pv.data());
+        attn_bf16::f32_rows_to_vnni(dp, kBc, nr, nr2, nc, kBc, w->dsv.data());
+        attn_bf16::f32_rows_to_bf16(dp, kBc, nr, nc, nc2, w->dsr.data(), kBc);
+        // dV^T += dO^T P, dK^T += Q^T dS (scaled when stored), dQ += dS K (scaled at the end).
+        attn_bf16::gemm(w->doT.data() + q0, Tq2, w->pv.data(), kBc, dvt, kBc, D, nr2 / 2, true, 1.0f);
+        attn_bf16::gemm(w->qT.data() + q0, Tq2, w->dsv.data(), kBc, dkt, kBc, D, nr2 / 2, true, 1.0f);
+        attn_bf16::gemm(w->dsr.data(), kBc, w->kv.data(), Dp, dq + q0 * Dp, Dp, nr, nc2 / 2, true, 1.0f);
+      }
+      for (int64_t j = 0; j < nc; ++j) {
+        for (int64_t d = 0; d < D; ++d) tmp[d] = dkt[d * kBc + j] * scale;
+        store_row<float>(*dk_t, bh * p.Tk + k0 + j, D, tmp);
+        for (int64_t d = 0; d < D; ++d) tmp[d] = dvt[d * kBc + j];
+        store_row<float>(*dv_t, bh * p.Tk + k0 + j, D, tmp);
+      }
+    }
+    BackwardHead<float>::store_dq(pr, *dq_t, bh, dq);
   }
 };
 
@@ -547,9 +616,17 @@ void backward_typed(const Tensor& dq, const Tensor& dk, const Tensor& dv, const 
   const bool avx512 = avx512_loops_enabled();
 #pragma omp parallel if (heads > 1)
   {
-    BackwardScratch<A> w(p.Tq, p.D, pr.Dp, pr.D2, pr.bf16dot);
+    BackwardScratch<A> w(pr);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < heads; ++bh) call_isa(avx512, BackwardHead<A>{}, &pr, &lse, &dq, &dk, &dv, bh, &w);
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      if constexpr (std::is_same_v<A, float>) {
+        if (pr.bf16dot) {
+          call_isa(avx512, BackwardHeadBf16{}, &pr, &lse, &dq, &dk, &dv, bh, &w);
+          continue;
+        }
+      }
+      call_isa(avx512, BackwardHead<A>{}, &pr, &lse, &dq, &dk, &dv, bh, &w);
+    }
   }
 }
 
