@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include <sstream>
 
@@ -234,4 +235,43 @@ TEST(Tensor, TransposingCopiesAndCastsMatchElementByElement) {
                            e = v.unsqueeze(1).expand({300, 200}).contiguous().to_vector<float>();
   for (size_t i = 0; i < 300; ++i)
     for (size_t j = 0; j < 200; ++j) ASSERT_EQ(e[i * 200 + j], vv[i]);
+}
+
+// Note [same-dtype copies]: a copy within one dtype whose rows are unit-stride on both sides (here attention's
+// [B, T, H, D] -> [B, H, T, D], rows of D = 40) moves the bytes: every bit pattern survives, NaN payloads and
+// -0 included, in every dtype; a long contiguous row goes in pieces, and rows shorter than 64 bytes take the
+// element-wise loop with the same values.
+TEST(Tensor, SameDtypeCopiesKeepEveryBit) {
+  for (DType dt : {DType::bf16, DType::f16, DType::f32, DType::f64, DType::i64, DType::u8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    for (int64_t D : {40, 3, 70000}) {
+      const int64_t B = 2, T = D > 1000 ? 2 : 5, H = 3;
+      Tensor x = empty({B, T, H, D}, {.dtype = dt});
+      auto* bytes = static_cast<uint8_t*>(x.raw_data());
+      const size_t n = static_cast<size_t>(x.numel()) * dtype_size(dt);
+      for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);  // NaNs, -0, ...
+      const Tensor y = x.permute({0, 2, 1, 3}).contiguous();
+      ASSERT_TRUE(y.is_contiguous());
+      const size_t es = dtype_size(dt);
+      const auto* yb = static_cast<const uint8_t*>(y.raw_data());
+      size_t wrong = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t t = 0; t < T; ++t) {
+            if (D < 64 / static_cast<int64_t>(es)) continue;  // the loop's rows: values, not bits (NaNs)
+            const size_t src = static_cast<size_t>(((b * T + t) * H + h) * D) * es;
+            const size_t dst = static_cast<size_t>(((b * H + h) * T + t) * D) * es;
+            wrong += std::memcmp(bytes + src, yb + dst, static_cast<size_t>(D) * es) != 0;
+          }
+      EXPECT_EQ(wrong, 0u) << "D " << D;
+      if (!is_floating(dt) || D < 64 / static_cast<int64_t>(es)) {
+        const Tensor ref = x.to(DType::f64).permute({0, 2, 1, 3}).contiguous();
+        const auto a = y.to(DType::f64).to_vector<double>(), r = ref.to_vector<double>();
+        for (size_t i = 0; i < a.size(); ++i)
+          if (!(std::isnan(a[i]) && std::isnan(r[i]))) {
+            ASSERT_EQ(a[i], r[i]) << i;
+          }
+      }
+    }
+  }
 }

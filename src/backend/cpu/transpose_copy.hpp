@@ -1,5 +1,6 @@
 #pragma once
-// Copies and casts that transpose (Note [transposing copies] in transpose_copy.cpp).
+// Copies and casts that transpose (Note [transposing copies] in transpose_copy.cpp), and same-dtype copies of
+// rows (Note [same-dtype copies]).
 #include "mp/tensor/tensor.hpp"
 
 namespace mp::backend::cpu {
@@ -7,5 +8,9 @@ namespace mp::backend::cpu {
 /// out = in (converting between f32, bf16 and f16) tile by tile when `in` is unit-stride along another dim than
 /// out's innermost one and the copy is large; returns false, doing nothing, otherwise (the element-wise loop's job).
 bool transpose_copy(const Tensor& out, const Tensor& in);
+
+/// out = in when both have one dtype and are unit-stride along out's innermost dim: byte moves of whole rows;
+/// returns false, doing nothing, otherwise.
+bool same_dtype_copy(const Tensor& out, const Tensor& in);
 
 }  // namespace mp::backend::cpu
