@@ -30,12 +30,13 @@ test: build
 	cd $(BUILD) && MP_TESTS_REQUIRE_PYTHON=1 ctest --output-on-failure -j $(JOBS) --timeout 900
 
 # The sanitizer tier (CI runs it after `make test`): AddressSanitizer + UndefinedBehaviorSanitizer, CPU only,
-# on the fast unit-test folders (the training, CLI and install tests run minutes even without sanitizers).
+# on the fast unit-test folders (the training, CLI and install tests run minutes even without sanitizers), which
+# are the only tests it builds (MP_TEST_LABELS).
 SAN_BUILD ?= build-sanitize
 SAN_LABELS ?= core|tensor|autograd|ops|backend|nn|optim|amp|data|models
 test-sanitize: setup
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMP_WERROR=ON -DMP_CUDA=OFF -DMP_BUILD_BENCH=OFF \
-	  -DMP_BUILD_APPS=OFF -DMP_SANITIZE=address,undefined
+	  -DMP_BUILD_APPS=OFF -DMP_SANITIZE=address,undefined -DMP_TEST_LABELS='$(SAN_LABELS)'
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	# detect_leaks=0: the runtime state and kernel caches are leaked on purpose (freed by the OS at exit).
 	# -E: the PyTorch name check builds every full-size model (20 s without sanitizers) to hand them to Python;
