@@ -10,6 +10,9 @@
 #   mlp      MLP 784-2048-2048-10 (28x28x1 input), batch 512, SGD momentum 0.9
 #   resnet18 ResNet-18, CIFAR shape 32x32x3, batch 32, SGD momentum 0.9
 #   lstm     word LM, LSTM 2 x 650, vocabulary 10k, sequence 35, batch 20, SGD momentum 0.9, clip 0.25, no dropout (the issue's configuration)
+# and with --only: gpt (gpt-mini 6 x 384, context 256, V 8192, batch 16, AdamW, clip 1) or gpt2 (GPT-2 124M,
+# context 1024, V 50304, batch 8, AdamW: ~6 TFLOP a step; PyTorch's CPU fp16 would take hours, so give it a
+# short --fp16-timeout).
 # it runs `mixprec bench step` (BUILD_DIR/apps/mixprec/mixprec) in fp32, bf16 O2, bf16 O1 and fp16 O2, and
 # bench/pytorch/bench_step.py on PyPI's newest torch (--python, default .venv-bench/bin/python, made by
 # scripts/setup.sh --bench) in fp32, bf16 autocast and fp16 autocast (torch.autocast('cpu')), with the
@@ -42,7 +45,7 @@
 # gives numbers that stay stable under such load.
 set -euo pipefail
 
-usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 [[ $# -ge 1 ]] || usage 2
 [[ "$1" == "-h" || "$1" == "--help" ]] && usage 0
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -107,9 +110,10 @@ for i, path in enumerate(paths):  # several files pool their rounds
             runs.append(r)
 TITLE = {"mlp": "MLP 784-2048-2048-10, batch 512", "resnet18": "ResNet-18 32x32x3, batch 32",
          "lstm": "LSTM LM 2x650, V 10k, seq 35, batch 20, no dropout",
-         "gpt": "gpt-mini 6x384, context 256, V 8192, batch 16, AdamW"}
-SHORT = {"mlp": "MLP", "resnet18": "ResNet-18", "lstm": "LSTM LM", "gpt": "gpt-mini"}
-BF16_TARGET = {"mlp": 1.25, "resnet18": 1.25, "lstm": 2.0, "gpt": None}  # issue 23: mixprec bf16 O2 vs PyTorch's autocast
+         "gpt": "gpt-mini 6x384, context 256, V 8192, batch 16, AdamW",
+         "gpt2": "GPT-2 124M 12x768, context 1024, V 50304, batch 8, AdamW"}
+SHORT = {"mlp": "MLP", "resnet18": "ResNet-18", "lstm": "LSTM LM", "gpt": "gpt-mini", "gpt2": "GPT-2 124M"}
+BF16_TARGET = {"mlp": 1.25, "resnet18": 1.25, "lstm": 2.0, "gpt": None, "gpt2": None}  # issue 23: mixprec bf16 O2 vs PyTorch's autocast
 MF, M2, M1, MH = "mixprec:fp32:O0:", "mixprec:bf16:O2:", "mixprec:bf16:O1:", "mixprec:fp16:O2:"
 PF, PB, PH = "pytorch:fp32:O0:", "pytorch:bf16:O1:", "pytorch:fp16:O1:"
 XF, XB = "extra:fp32:O0:", "extra:bf16:O1:"
@@ -215,7 +219,7 @@ def mib(name, key, field):
 def first(side, field):
     return next((r[field] for r in runs if r["variant"].startswith(side + ":") and r.get(field)), None)
 
-names = [n for n in ("mlp", "resnet18", "lstm", "gpt") if any(r["bench"] == n for r in runs)]
+names = [n for n in ("mlp", "resnet18", "lstm", "gpt", "gpt2") if any(r["bench"] == n for r in runs)]
 dev = next((r["device"] for r in runs if "device" in r), "?")
 cpu = next((r["cpu_model"] for r in runs if r.get("cpu_model")), None) or dev
 threads = next((r["threads"] for r in runs if "threads" in r), "?")
@@ -381,10 +385,11 @@ declare -A CONFIG=(
   [resnet18]="--model resnet18 --batch_size 32 --image_size 32 --in_channels 3 --num_classes 10 --optimizer sgd"
   [lstm]="--model lstm --batch_size 20 --bptt 35 --vocab_size 10000 --embed_size 650 --hidden_size 650 --num_layers 2 --dropout 0 --optimizer sgd"
   [gpt]="--model gpt-mini --batch_size 16 --vocab_size 8192 --dropout 0 --optimizer adamw"
+  [gpt2]="--model gpt2 --batch_size 8 --vocab_size 50304 --dropout 0 --optimizer adamw"
 )
 NAMES=(mlp resnet18 lstm)
 if [[ -n "$ONLY" ]]; then
-  [[ -n "${CONFIG[$ONLY]+x}" ]] || { echo "compare_pytorch.sh: --only takes mlp, resnet18, lstm or gpt, got '$ONLY'" >&2; exit 2; }
+  [[ -n "${CONFIG[$ONLY]+x}" ]] || { echo "compare_pytorch.sh: --only takes mlp, resnet18, lstm, gpt or gpt2, got '$ONLY'" >&2; exit 2; }
   NAMES=("$ONLY")
 fi
 # Variant = side:precision:opt_level:memory_format (side: mixprec, pytorch = --python, extra = --extra-python;
