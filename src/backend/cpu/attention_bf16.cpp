@@ -72,7 +72,9 @@ MP_BF16_TARGET inline __m512i interleave_rows(__m512i x0, __m512i x1) {
   return _mm512_permutex2var_epi16(x0, _mm512_load_si512(kIdx), x1);
 }
 
+// The first min(max(left, 0), 16) lanes.
 MP_BF16_TARGET inline __mmask16 tail_mask(int64_t left) {
+  if (left <= 0) return 0;
   return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
 }
 
