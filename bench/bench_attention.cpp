@@ -10,33 +10,22 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "mp/mp.hpp"
 #include "ops/attention_composite.hpp"
 
 using namespace mp;
+using mp::bench::cpu_seconds;
+using mp::bench::median;
+using mp::bench::wall_seconds;
 
 namespace {
-
-double cpu_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-double wall_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Variant {
   std::string name;
@@ -111,10 +100,10 @@ int main(int argc, char** argv) {
       const auto& x = in[v.dtype == DType::f32 ? 0 : 1];
       std::vector<double> wall, cpu;
       for (int i = 0; i < repeats; ++i) {
-        const double w0 = wall_now(), c0 = cpu_now();
+        const double w0 = wall_seconds(), c0 = cpu_seconds();
         call(v, x[0], x[1], x[2], o);
-        cpu.push_back(1e3 * (cpu_now() - c0));
-        wall.push_back(1e3 * (wall_now() - w0));
+        cpu.push_back(1e3 * (cpu_seconds() - c0));
+        wall.push_back(1e3 * (wall_seconds() - w0));
       }
       v.ms.push_back(median(wall));
       v.cpu_ms.push_back(median(cpu));

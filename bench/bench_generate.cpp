@@ -16,26 +16,16 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "mp/mp.hpp"
 
 using namespace mp;
 
 namespace {
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double cpu_ms() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+double now_ms() { return 1e3 * bench::wall_seconds(); }
+double cpu_ms() { return 1e3 * bench::cpu_seconds(); }
+using bench::median;
 
 }  // namespace
 

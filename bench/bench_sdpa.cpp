@@ -9,27 +9,21 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "mp/mp.hpp"
 
 using namespace mp;
+using mp::bench::cpu_seconds;
+using mp::bench::median;
+using mp::bench::wall_seconds;
 
 namespace {
-
-double cpu_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-double wall_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // The resident set now, from /proc/self/statm (pages), in bytes.
 double rss_now() {
@@ -43,11 +37,6 @@ double peak_rss() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) * 1024.0;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -87,10 +76,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < warmup; ++i) f();
     std::vector<double> w, c;
     for (int i = 0; i < repeats; ++i) {
-      const double w0 = wall_now(), c0 = cpu_now();
+      const double w0 = wall_seconds(), c0 = cpu_seconds();
       f();
-      c.push_back(1e3 * (cpu_now() - c0));
-      w.push_back(1e3 * (wall_now() - w0));
+      c.push_back(1e3 * (cpu_seconds() - c0));
+      w.push_back(1e3 * (wall_seconds() - w0));
     }
     wall_ms = median(w);
     cpu_ms = median(c);

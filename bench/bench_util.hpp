@@ -5,11 +5,31 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 namespace mp::bench {
+
+/// Seconds on the steady clock (wall time).
+inline double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// Seconds of CPU time this process has used, all threads: with one thread, the time the work ran on a core,
+/// which other processes sharing the machine do not inflate.
+inline double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+/// The median of v (the upper one of an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 /// Median wall time of `repeats` calls of fn after one warm-up call (page faults, caches, primitive creation).
 inline double median_seconds(const std::function<void()>& fn, int repeats) {

@@ -1,7 +1,7 @@
 // The unigram baseline of a GPT run (issue 27: "validation perplexity far below the unigram perplexity"): the
 // perplexity on the validation split of a model that predicts every token with its frequency in the training
 // split (add-one smoothing, so unseen tokens have a probability), both splits encoded as `mixprec train
-// --model gpt-*` encodes them (Note [GPT training data]: the lines joined by "\n") with the tokenizer a GPT
+// --model gpt-*` encodes them (BpeTokenizer::encode_lines) with the tokenizer a GPT
 // checkpoint stores. Prints one JSON object.
 // Usage: gpt_unigram CHECKPOINT [kjv|TEXT_PATH]
 #include <cmath>
@@ -14,15 +14,6 @@
 #include "mp/data/text.hpp"
 #include "mp/train/safetensors.hpp"
 
-namespace {
-
-std::vector<int64_t> encode(const mp::data::BpeTokenizer& tok, const std::vector<std::string>& lines) {
-  std::string text;
-  for (const std::string& l : lines) text.append(l).push_back('\n');
-  return tok.encode(text);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -41,7 +32,7 @@ int main(int argc, char** argv) {
     const mp::data::BpeTokenizer tok = mp::data::BpeTokenizer::from_json(it->second, "checkpoint metadata");
     const std::string data = argc > 2 ? argv[2] : "kjv";
     const mp::data::TextSplits s = data == "kjv" ? mp::data::kjv_splits() : mp::data::text_splits(data);
-    const std::vector<int64_t> train = encode(tok, s.train), valid = encode(tok, s.valid);
+    const std::vector<int64_t> train = tok.encode_lines(s.train), valid = tok.encode_lines(s.valid);
     const int64_t V = tok.vocab_size();
     std::vector<double> count(static_cast<size_t>(V), 1.0);  // add-one
     for (int64_t t : train) count[static_cast<size_t>(t)] += 1.0;

@@ -96,6 +96,12 @@ std::pair<size_t, size_t> BpeTokenizer::next_special(std::string_view text, size
   return {found, len};
 }
 
+std::vector<int64_t> BpeTokenizer::encode_lines(const std::vector<std::string>& lines) const {
+  std::string text;
+  for (const std::string& l : lines) text.append(l).push_back('\n');
+  return encode(text);
+}
+
 std::vector<int64_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int64_t> out;
   std::unordered_map<std::string_view, std::vector<int64_t>> cache;  // pieces repeat

@@ -49,9 +49,7 @@ struct GptData {
 };
 
 Tensor encode_lines(const data::BpeTokenizer& tok, const std::vector<std::string>& lines) {
-  std::string text;
-  for (const std::string& l : lines) text.append(l).push_back('\n');
-  const std::vector<int64_t> ids = tok.encode(text);
+  const std::vector<int64_t> ids = tok.encode_lines(lines);
   Tensor t = empty({static_cast<int64_t>(ids.size())}, {.dtype = DType::i64});
   std::copy(ids.begin(), ids.end(), t.data_ptr<int64_t>());
   return t;

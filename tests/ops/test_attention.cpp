@@ -327,8 +327,11 @@ TEST(Attention, SixteenBitDropoutKeepsTheMaskAndTheBounds) {
     const Grads low = run(fn, q, k, v, g);
     manual_seed(21);
     const Grads ref = run(fn, q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), g.to(DType::f64));
-    // A dropped weight is exactly 0 on both sides; kept ones are 1 / (1 - p) times the weight.
-    EXPECT_LE(max_abs_diff(low.out, ref.out), 2 * tol * max_abs(ref.out));
+    // A dropped weight is exactly 0 on both sides (another mask would miss by O(1)); kept ones are 1 / (1 - p)
+    // times the weight. Bounds as in the test above: out one rounding, dq and dk two; dv two, because on
+    // VDPBF16PS each kept weight is also rounded and with fewer, larger weights their errors average less
+    // (measured in units of tol: out 0.86 / 0.51, dq 1.53 / 1.47, dk 1.68 / 1.21, dv 1.08 / 0.80 for bf16 / f16).
+    EXPECT_LE(max_abs_diff(low.out, ref.out), tol * max_abs(ref.out));
     EXPECT_LE(max_abs_diff(low.dq, ref.dq), 2 * tol * max_abs(ref.dq));
     EXPECT_LE(max_abs_diff(low.dk, ref.dk), 2 * tol * max_abs(ref.dk));
     EXPECT_LE(max_abs_diff(low.dv, ref.dv), 2 * tol * max_abs(ref.dv));

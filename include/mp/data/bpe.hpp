@@ -44,6 +44,9 @@ class BpeTokenizer {
 
   /// Token ids of `text` (special tokens written literally in the text become their ids).
   std::vector<int64_t> encode(std::string_view text) const;
+  /// Token ids of the lines as one text, each line followed by "\n" (how a GPT run encodes a split:
+  /// Note [GPT training data]).
+  std::vector<int64_t> encode_lines(const std::vector<std::string>& lines) const;
   /// The text of `ids` (bytes joined; throws naming an id outside the vocabulary).
   std::string decode(std::span<const int64_t> ids) const;
 
