@@ -19,7 +19,7 @@
 // composite path (dropout of the [B, H, Tq, Tk] weights) draws the same mask; l sums the weights before
 // dropout, as the composite's softmax does.
 // Tile products are register-blocked loops on GCC vector types (4 rows x 64 keys, or 4 rows x 64
-// columns of D), compiled for AVX-512 and picked at run time (call_isa). With bf16 inputs on a CPU with
+// columns of D), compiled for AVX-512 and AVX2 + FMA and picked at run time (call_isa). With bf16 inputs on a CPU with
 // AVX512-BF16 every tile product runs on VDPBF16PS (attention_bf16.hpp: exact products of bf16 pairs, f32
 // sums): q k^T and dO v^T on the inputs' bf16 as they are, and P v, P^T dO, dS k and dS^T q on the weights
 // P and dS rounded to bf16 (to nearest even), as FlashAttention-2 and PyTorch's CPU flash attention do:
@@ -52,51 +52,78 @@ namespace {
 constexpr int64_t kBr = 64;  // query rows per tile
 constexpr int64_t kBc = 64;  // keys per tile
 
-typedef float VecF __attribute__((vector_size(64)));
-typedef double VecD __attribute__((vector_size(64)));
-template <class A>
-using Vec = std::conditional_t<std::is_same_v<A, float>, VecF, VecD>;
+// Padded row lengths (Dp) are multiples of 64 bytes, whichever register blocking runs.
 template <class A>
 constexpr int64_t kLanes = static_cast<int64_t>(64 / sizeof(A));
+
+// Register blocking of the tile products, per ISA: Bytes-wide vectors, NT vectors of key columns per block of
+// q k^T-like products, NN vectors of D columns per block of p v-like ones, 4 rows each. AVX-512 (32 registers of
+// 64 bytes): 4 x 4 accumulators. AVX2 and the baseline (16 registers of 32 or 16 bytes): 4 x 2 accumulators of
+// 32 bytes; the AVX-512 blocking there spilled most accumulators to the stack (perf on AMD Zen 3: 30x slower).
+typedef float VecF64 __attribute__((vector_size(64)));
+typedef double VecD64 __attribute__((vector_size(64)));
+typedef float VecF32 __attribute__((vector_size(32)));
+typedef double VecD32 __attribute__((vector_size(32)));
+template <int Bytes, int NT, int NN>
+struct Blocking {
+  static_assert(Bytes == 64 || Bytes == 32);
+  template <class A>
+  using Vec = std::conditional_t<std::is_same_v<A, float>, std::conditional_t<Bytes == 64, VecF64, VecF32>,
+                                 std::conditional_t<Bytes == 64, VecD64, VecD32>>;
+  template <class A>
+  static constexpr int64_t lanes = Bytes / static_cast<int64_t>(sizeof(A));
+  static constexpr int nt = NT, nn = NN;
+};
+using Wide = Blocking<64, 4, 4>;    // AVX-512
+using Narrow = Blocking<32, 2, 2>;  // AVX2 + FMA, baseline
 
 template <class A>
 constexpr A kInf = std::numeric_limits<A>::infinity();
 
 // ---------------------------------------------------------------- tile products
 
-// c[r][0:kBc] = sum_d a[r * lda + d] * bt[d * kBc + 0:kBc] for R rows (bt: a key tile transposed).
-template <class A, int R>
-MP_FORCE_INLINE void nt_rows(const A* a, int64_t lda, const A* bt, A* c, int64_t D) {
-  using V = Vec<A>;
-  constexpr int64_t W = kLanes<A>, NV = kBc / W;
+// c[r][0:NV W] = sum_d a[r * lda + d] * bt[d * kBc + 0:NV W] for R rows (bt: a key tile transposed, or columns of
+// it).
+template <class A, class G, int R, int NV>
+MP_FORCE_INLINE void nt_block(const A* a, int64_t lda, const A* bt, A* c, int64_t D) {
+  using V = typename G::template Vec<A>;
+  constexpr int64_t W = G::template lanes<A>;
   V acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int64_t u = 0; u < NV; ++u) acc[r][u] = V{};
+    for (int u = 0; u < NV; ++u) acc[r][u] = V{};
   for (int64_t d = 0; d < D; ++d) {
     V b[NV];
-    for (int64_t u = 0; u < NV; ++u) std::memcpy(&b[u], bt + d * kBc + u * W, sizeof(V));
+    for (int u = 0; u < NV; ++u) std::memcpy(&b[u], bt + d * kBc + u * W, sizeof(V));
     for (int r = 0; r < R; ++r) {
       const A x = a[r * lda + d];
-      for (int64_t u = 0; u < NV; ++u) acc[r][u] += x * b[u];
+      for (int u = 0; u < NV; ++u) acc[r][u] += x * b[u];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int64_t u = 0; u < NV; ++u) std::memcpy(c + r * kBc + u * W, &acc[r][u], sizeof(V));
+    for (int u = 0; u < NV; ++u) std::memcpy(c + r * kBc + u * W, &acc[r][u], sizeof(V));
+}
+
+// c[r][0:kBc] for R rows, a block of G::nt vectors of columns at a time.
+template <class A, class G, int R>
+MP_FORCE_INLINE void nt_rows(const A* a, int64_t lda, const A* bt, A* c, int64_t D) {
+  constexpr int64_t cols = G::nt * G::template lanes<A>;
+  static_assert(kBc % cols == 0);
+  for (int64_t j0 = 0; j0 < kBc; j0 += cols) nt_block<A, G, R, G::nt>(a, lda, bt + j0, c + j0, D);
 }
 
 // c [rows, kBc] = a [rows, D] (row stride lda) times bt [D, kBc].
-template <class A>
+template <class A, class G>
 MP_FORCE_INLINE void nt_tile(const A* a, int64_t lda, const A* bt, A* c, int64_t rows, int64_t D) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) nt_rows<A, 4>(a + r * lda, lda, bt, c + r * kBc, D);
-  for (; r < rows; ++r) nt_rows<A, 1>(a + r * lda, lda, bt, c + r * kBc, D);
+  for (; r + 4 <= rows; r += 4) nt_rows<A, G, 4>(a + r * lda, lda, bt, c + r * kBc, D);
+  for (; r < rows; ++r) nt_rows<A, G, 1>(a + r * lda, lda, bt, c + r * kBc, D);
 }
 
 // c[r][cols] += sum_{j < inner} p[r * ldp + j] * v[j * ldv + cols] for R rows and NV vectors of columns.
-template <class A, int R, int NV>
+template <class A, class G, int R, int NV>
 MP_FORCE_INLINE void nn_block(const A* p, int64_t ldp, const A* v, int64_t ldv, A* c, int64_t ldc, int64_t inner) {
-  using V = Vec<A>;
-  constexpr int64_t W = kLanes<A>;
+  using V = typename G::template Vec<A>;
+  constexpr int64_t W = G::template lanes<A>;
   V acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < NV; ++u) std::memcpy(&acc[r][u], c + r * ldc + u * W, sizeof(V));
@@ -112,28 +139,47 @@ MP_FORCE_INLINE void nn_block(const A* p, int64_t ldp, const A* v, int64_t ldv, 
     for (int u = 0; u < NV; ++u) std::memcpy(c + r * ldc + u * W, &acc[r][u], sizeof(V));
 }
 
-template <class A, int R>
+template <class A, class G, int R>
 MP_FORCE_INLINE void nn_rows(const A* p, int64_t ldp, const A* v, int64_t ldv, A* c, int64_t ldc, int64_t inner,
                              int64_t Dp) {
-  constexpr int64_t W = kLanes<A>;
-  for (int64_t d0 = 0; d0 < Dp; d0 += 4 * W) {
-    switch (std::min<int64_t>(4, (Dp - d0) / W)) {
-      case 4: nn_block<A, R, 4>(p, ldp, v + d0, ldv, c + d0, ldc, inner); break;
-      case 3: nn_block<A, R, 3>(p, ldp, v + d0, ldv, c + d0, ldc, inner); break;
-      case 2: nn_block<A, R, 2>(p, ldp, v + d0, ldv, c + d0, ldc, inner); break;
-      default: nn_block<A, R, 1>(p, ldp, v + d0, ldv, c + d0, ldc, inner); break;
+  constexpr int64_t W = G::template lanes<A>;
+  for (int64_t d0 = 0; d0 < Dp; d0 += G::nn * W) {
+    const int64_t nv = std::min<int64_t>(G::nn, (Dp - d0) / W);
+    if constexpr (G::nn >= 4) {
+      if (nv == 4) {
+        nn_block<A, G, R, 4>(p, ldp, v + d0, ldv, c + d0, ldc, inner);
+        continue;
+      }
+      if (nv == 3) {
+        nn_block<A, G, R, 3>(p, ldp, v + d0, ldv, c + d0, ldc, inner);
+        continue;
+      }
     }
+    if (nv >= 2)
+      nn_block<A, G, R, 2>(p, ldp, v + d0, ldv, c + d0, ldc, inner);
+    else
+      nn_block<A, G, R, 1>(p, ldp, v + d0, ldv, c + d0, ldc, inner);
   }
 }
 
 // c [rows, Dp] (row stride ldc) += p [rows, inner] (row stride ldp) times v [inner, Dp] (row stride ldv);
 // Dp is a multiple of the vector width.
-template <class A>
+template <class A, class G>
 MP_FORCE_INLINE void nn_acc(const A* p, int64_t ldp, const A* v, int64_t ldv, A* c, int64_t ldc, int64_t rows,
                             int64_t inner, int64_t Dp) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) nn_rows<A, 4>(p + r * ldp, ldp, v, ldv, c + r * ldc, ldc, inner, Dp);
-  for (; r < rows; ++r) nn_rows<A, 1>(p + r * ldp, ldp, v, ldv, c + r * ldc, ldc, inner, Dp);
+  for (; r + 4 <= rows; r += 4) nn_rows<A, G, 4>(p + r * ldp, ldp, v, ldv, c + r * ldc, ldc, inner, Dp);
+  for (; r < rows; ++r) nn_rows<A, G, 1>(p + r * ldp, ldp, v, ldv, c + r * ldc, ldc, inner, Dp);
+}
+
+// FWide{}(args...) compiled for AVX-512 where this CPU has it, else FNarrow{}(args...) compiled for AVX2 + FMA
+// (or the baseline where the CPU lacks them, or `vec` is false): call_isa with the blocking of each ISA.
+template <class FWide, class FNarrow, class... Args>
+MP_FORCE_INLINE void call_blocked(bool vec, Args... args) {
+#if defined(MP_HAVE_AVX512_LOOPS)
+  if (vec && avx512_loops_enabled()) return call_avx512(FWide{}, args...);
+#endif
+  call_isa(vec, FNarrow{}, args...);
 }
 
 // ---------------------------------------------------------------- bf16 operands
@@ -313,8 +359,8 @@ struct ForwardScratch {
         vp(pr.bf16dot ? (pr.p.Tk + kBc - 1) / kBc * kBc * pr.Dp : 0) {}
 };
 
-// One (batch, head, query tile) of the forward, all in A.
-template <class A>
+// One (batch, head, query tile) of the forward, all in A, with blocking G.
+template <class A, class G>
 struct ForwardTile {
   MP_FORCE_INLINE void operator()(const Problem<A>* prp, const Tensor* lse, int64_t item, ForwardScratch<A>* w) const {
     const Problem<A>& pr = *prp;
@@ -337,9 +383,9 @@ struct ForwardTile {
       const int64_t nc = std::min(kBc, p.Tk - k0);
       for (int64_t j = 0; j < nc; ++j) widen_row<A>(*pr.v, bh * p.Tk + k0 + j, D, Dp, A(1), vf + j * Dp, tmp);
       widen_transposed<A>(*pr.k, bh * p.Tk + k0, nc, D, kt, tmp);
-      nt_tile<A>(qf, Dp, kt, s, nr, D);
+      nt_tile<A, G>(qf, Dp, kt, s, nr, D);
       for (int64_t r = 0; r < nr; ++r) online_softmax_row(pr, bh, q0 + r, k0, nc, s + r * kBc, m[r], l[r], o + r * Dp, z);
-      nn_acc<A>(s, kBc, vf, Dp, o, Dp, nr, nc, Dp);
+      nn_acc<A, G>(s, kBc, vf, Dp, o, Dp, nr, nc, Dp);
     }
     finish_rows(pr, *lse, bh, q0, nr, m, l, o);
   }
@@ -391,7 +437,7 @@ void forward_typed(const Tensor& out, const Tensor& lse, const Tensor& q, const 
   pr.out = &out;
   const int64_t n_qt = (p.Tq + kBr - 1) / kBr;
   const int64_t items = p.B * p.H * n_qt;
-  const bool avx512 = avx512_loops_enabled();
+  const bool vec = vector_loops_enabled();
   // bf16: a thread takes a head's query tiles one after another, so it packs the head's keys and values once,
   // unless there are too few heads to keep the threads busy.
   const int64_t chunk = pr.bf16dot && p.B * p.H >= 2 * omp_get_max_threads() ? n_qt : 1;
@@ -402,11 +448,11 @@ void forward_typed(const Tensor& out, const Tensor& lse, const Tensor& q, const 
     for (int64_t it = 0; it < items; ++it) {
       if constexpr (std::is_same_v<A, float>) {
         if (pr.bf16dot) {
-          call_isa(avx512, ForwardTileBf16{}, &pr, &lse, it, &w);
+          call_isa(vec, ForwardTileBf16{}, &pr, &lse, it, &w);
           continue;
         }
       }
-      call_isa(avx512, ForwardTile<A>{}, &pr, &lse, it, &w);
+      call_blocked<ForwardTile<A, Wide>, ForwardTile<A, Narrow>>(vec, &pr, &lse, it, &w);
     }
   }
 }
@@ -486,8 +532,8 @@ struct BackwardScratch {
   }
 };
 
-// One (batch, head) of the backward, all in A.
-template <class A>
+// One (batch, head) of the backward, all in A, with blocking G.
+template <class A, class G>
 struct BackwardHead {
   MP_FORCE_INLINE void operator()(const Problem<A>* prp, const Tensor* lse_t, const Tensor* dq_t, const Tensor* dk_t,
                                   const Tensor* dv_t, int64_t bh, BackwardScratch<A>* w) const {
@@ -516,17 +562,17 @@ struct BackwardHead {
       const int64_t q_begin = p.causal ? k0 / kBr * kBr : 0;
       for (int64_t q0 = q_begin; q0 < p.Tq; q0 += kBr) {
         const int64_t nr = std::min(kBr, p.Tq - q0);
-        nt_tile<A>(qs + q0 * Dp, Dp, kt, s, nr, D);
-        nt_tile<A>(dob + q0 * Dp, Dp, vt, dp, nr, D);
+        nt_tile<A, G>(qs + q0 * Dp, Dp, kt, s, nr, D);
+        nt_tile<A, G>(dob + q0 * Dp, Dp, vt, dp, nr, D);
         for (int64_t r = 0; r < nr; ++r)
           weights_and_dscores_row(pr, bh, q0 + r, k0, nc, lse[q0 + r], dvec[q0 + r], s + r * kBc, dp + r * kBc, z);
         for (int64_t r = 0; r < nr; ++r)
           for (int64_t j = 0; j < nc; ++j) t[j * kBr + r] = s[r * kBc + j];
-        nn_acc<A>(t, kBr, dob + q0 * Dp, Dp, dv, Dp, nc, nr, Dp);  // dV += P^T dO
-        nn_acc<A>(dp, kBc, kf, Dp, dq + q0 * Dp, Dp, nr, nc, Dp);  // dQ += dS K (scaled at the end)
+        nn_acc<A, G>(t, kBr, dob + q0 * Dp, Dp, dv, Dp, nc, nr, Dp);  // dV += P^T dO
+        nn_acc<A, G>(dp, kBc, kf, Dp, dq + q0 * Dp, Dp, nr, nc, Dp);  // dQ += dS K (scaled at the end)
         for (int64_t r = 0; r < nr; ++r)
           for (int64_t j = 0; j < nc; ++j) t[j * kBr + r] = dp[r * kBc + j];
-        nn_acc<A>(t, kBr, qs + q0 * Dp, Dp, dk, Dp, nc, nr, Dp);  // dK += dS^T (Q scale)
+        nn_acc<A, G>(t, kBr, qs + q0 * Dp, Dp, dk, Dp, nc, nr, Dp);  // dK += dS^T (Q scale)
       }
       for (int64_t j = 0; j < nc; ++j) {
         store_row<A>(*dk_t, bh * p.Tk + k0 + j, D, dk + j * Dp);
@@ -601,7 +647,7 @@ struct BackwardHeadBf16 {
         store_row<float>(*dv_t, bh * p.Tk + k0 + j, D, tmp);
       }
     }
-    BackwardHead<float>::store_dq(pr, *dq_t, bh, dq);
+    BackwardHead<float, Narrow>::store_dq(pr, *dq_t, bh, dq);
   }
 };
 
@@ -613,7 +659,7 @@ void backward_typed(const Tensor& dq, const Tensor& dk, const Tensor& dv, const 
   pr.out = &out;
   pr.dout = &dout;
   const int64_t heads = p.B * p.H;
-  const bool avx512 = avx512_loops_enabled();
+  const bool vec = vector_loops_enabled();
 #pragma omp parallel if (heads > 1)
   {
     BackwardScratch<A> w(pr);
@@ -621,11 +667,11 @@ void backward_typed(const Tensor& dq, const Tensor& dk, const Tensor& dv, const 
     for (int64_t bh = 0; bh < heads; ++bh) {
       if constexpr (std::is_same_v<A, float>) {
         if (pr.bf16dot) {
-          call_isa(avx512, BackwardHeadBf16{}, &pr, &lse, &dq, &dk, &dv, bh, &w);
+          call_isa(vec, BackwardHeadBf16{}, &pr, &lse, &dq, &dk, &dv, bh, &w);
           continue;
         }
       }
-      call_isa(avx512, BackwardHead<A>{}, &pr, &lse, &dq, &dk, &dv, bh, &w);
+      call_blocked<BackwardHead<A, Wide>, BackwardHead<A, Narrow>>(vec, &pr, &lse, &dq, &dk, &dv, bh, &w);
     }
   }
 }

@@ -150,14 +150,14 @@ void dropout_typed(const Tensor& out, const Tensor& mask, const Tensor& in, floa
   const int64_t n = in.numel(), nblk = (n + kBlock - 1) / kBlock;
   uint8_t* mk = mask.data_ptr<uint8_t>();
   const DropoutLanes<A> lanes{st.seed, p, scale};
-  const bool avx512 = avx512_loops_enabled();
+  const bool vec = vector_loops_enabled();
 #pragma omp parallel for if (should_parallelize(n)) schedule(static)
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
     alignas(64) A xbuf[kBlock], ybuf[kBlock];
     const A* x = load_at<A>(in, i0, len, xbuf);
     A* y = dest_at<A>(out, i0, ybuf);
-    call_isa(avx512, lanes, st.offset + static_cast<uint64_t>(i0), len, x, y, mk + i0);
+    call_isa(vec, lanes, st.offset + static_cast<uint64_t>(i0), len, x, y, mk + i0);
     flush_at<A>(out, i0, len, y);
   }
 }
@@ -186,14 +186,14 @@ void dropout_backward_typed(const Tensor& gi, const Tensor& go, const Tensor& ma
   const int64_t n = go.numel(), nblk = (n + kBlock - 1) / kBlock;
   const uint8_t* mk = mask.data_ptr<uint8_t>();
   const DropoutBackwardLanes<A> lanes{scale};
-  const bool avx512 = avx512_loops_enabled();
+  const bool vec = vector_loops_enabled();
 #pragma omp parallel for if (should_parallelize(n)) schedule(static)
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
     alignas(64) A gbuf[kBlock], obuf[kBlock];
     const A* g = load_at<A>(go, i0, len, gbuf);
     A* o = dest_at<A>(gi, i0, obuf);
-    call_isa(avx512, lanes, g, mk + i0, o, len);
+    call_isa(vec, lanes, g, mk + i0, o, len);
     flush_at<A>(gi, i0, len, o);
   }
 }

@@ -166,24 +166,27 @@ void for_each_block(const LoopPlan<N>& p, Body&& body) {
   }
 }
 
-/// Instruction sets the inner loop of pointwise_loop can be compiled for.
+/// Whether pointwise_loop also compiles its inner loop for the vector ISAs (call_isa).
 enum class LoopIsa : uint8_t {
-  baseline,  ///< the library's build flags (x86-64: SSE2)
-  avx512,    ///< AVX-512 F/BW/VL (implies AVX2 and FMA); only where avx512_loops_enabled().
+  baseline,  ///< the library's build flags only (x86-64: SSE2): memory-bound loops
+  widest,    ///< also AVX2 + FMA and AVX-512 copies, the widest this CPU runs picked per call (compute-bound loops)
 };
 
 // Note [AVX-512 element-wise loops]
 // The library is built without -march flags, so its loops are SSE2 code. For compute-bound loops
-// (the fast_math.hpp transcendentals: exp/log/tanh/sigmoid/gelu, softmax, the LSTM gates) a kernel
-// also compiles the same inner loop for AVX-512 through a target attribute (MP_AVX512_LOOP_TARGET)
-// and picks it at run time when avx512_loops_enabled(): the loop body is a force-inlined functor
-// (SimdBlock, or a kernel's own *Lanes functor) that call_avx512() inlines into a function compiled
-// for AVX-512, so the float math is vectorised with 16 lanes and FMA. Measured 3.5-5.5x per core
-// over the SSE2 loop for the transcendentals (bench/bench_fast_math.cpp); memory-bound loops gain
+// (the fast_math.hpp transcendentals: exp/log/tanh/sigmoid/gelu, softmax, the LSTM gates, the fused attention's
+// tiles) a kernel also compiles the same inner loop for AVX-512 and for AVX2 + FMA through target attributes
+// (MP_AVX512_LOOP_TARGET, MP_AVX2_LOOP_TARGET) and call_isa() runs the widest copy this CPU has while
+// vector_loops_enabled(): the loop body is a force-inlined functor (SimdBlock, or a kernel's own *Lanes functor)
+// that call_avx512() / call_avx2() inline into a function compiled for that ISA, so the float math is vectorised
+// with 16 or 8 lanes and FMA. Measured 3.5-5.5x per core over the SSE2 loop for the transcendentals
+// (bench/bench_fast_math.cpp) on AVX-512; the AVX2 copy exists because CPUs without AVX-512 are common (AMD Zen 3:
+// the fused attention ran 30x slower than on Zen 4 on the SSE2 copy, bench/RESULTS.md); memory-bound loops gain
 // nothing and stay baseline. With FMA, GCC contracts a*b+c, so results may differ from the baseline
 // path in the last bit (both stay within the bounds of Note [fast float transcendentals]; the tests
-// compare the two paths, switching with set_avx512_loops()). Only code inlined into call_avx512
-// uses AVX-512: functions it calls out of line keep their own (baseline) target.
+// compare the two paths, switching with set_avx512_loops(), which turns both vector copies off). Only code
+// inlined into call_avx512 / call_avx2 uses their ISA: functions it calls out of line keep their own (baseline)
+// target.
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define MP_HAVE_AVX512_LOOPS 1
 /// Compiles a function for AVX-512 F/BW/VL (with AVX2 and FMA) and 512-bit vectors; call it only
@@ -193,11 +196,17 @@ enum class LoopIsa : uint8_t {
 #else
 #define MP_AVX512_LOOP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,prefer-vector-width=512")))
 #endif
+/// Compiles a function for AVX2 + FMA (and F16C) with 256-bit vectors; call it only where the CPU has them.
+#define MP_AVX2_LOOP_TARGET __attribute__((target("avx2,fma,f16c")))
 #endif
 
 /// Whether kernels run their AVX-512 inner loops: the CPU (and OS) support AVX-512 F/BW/VL and FMA,
 /// and set_avx512_loops(false) is not in effect. Cheap (a relaxed atomic load and a cached flag).
 bool avx512_loops_enabled();
+
+/// Whether call_isa(true, ...) runs a vector copy: AVX-512 as avx512_loops_enabled(), else AVX2 + FMA where the CPU
+/// has them (AMD Zen 3, Intel before Skylake-SP), and set_avx512_loops(false) is not in effect.
+bool vector_loops_enabled();
 
 /// Allows (true: where the CPU has AVX-512) or forbids (false) the AVX-512 inner loops for the whole
 /// process and returns the previous setting; for tests and benchmarks that compare the two paths.
@@ -212,11 +221,23 @@ MP_AVX512_LOOP_TARGET void call_avx512(const F& f, Args... args) {
 }
 #endif
 
-/// f(args...), compiled for AVX-512 when `avx512` (see call_avx512), else for the baseline.
-template <class F, class... Args>
-MP_FORCE_INLINE void call_isa(bool avx512, const F& f, Args... args) {
 #if defined(MP_HAVE_AVX512_LOOPS)
-  if (avx512) return call_avx512(f, args...);
+/// f(args...) compiled for AVX2 + FMA (as call_avx512). Only call where the CPU has them.
+template <class F, class... Args>
+MP_AVX2_LOOP_TARGET void call_avx2(const F& f, Args... args) {
+  f(args...);
+}
+#endif
+
+/// f(args...), compiled for the widest vector ISA this CPU runs when `vector` (callers pass
+/// vector_loops_enabled(), or false for an input the baseline handles better), else for the baseline.
+template <class F, class... Args>
+MP_FORCE_INLINE void call_isa(bool vector, const F& f, Args... args) {
+#if defined(MP_HAVE_AVX512_LOOPS)
+  if (vector) {
+    if (avx512_loops_enabled()) return call_avx512(f, args...);
+    return call_avx2(f, args...);  // vector_loops_enabled() without AVX-512: AVX2 + FMA
+  }
 #endif
   f(args...);
 }
@@ -244,8 +265,8 @@ struct SimdBlock {
 };
 
 /// out = f(ins...) element-wise with compute type C; f takes NIn values of C and returns C or bool.
-/// Isa = LoopIsa::avx512 also compiles the inner loop for AVX-512 and runs that copy when
-/// avx512_loops_enabled() (Note [AVX-512 element-wise loops]).
+/// Isa = LoopIsa::widest also compiles the inner loop for AVX2 and AVX-512 and runs the widest copy the CPU has
+/// while vector_loops_enabled() (Note [AVX-512 element-wise loops]).
 template <class C, int NIn, LoopIsa Isa = LoopIsa::baseline, class F>
 void pointwise_loop(const Tensor& out, std::span<const Tensor> ins, F f) {
   constexpr int N = NIn + 1;
@@ -257,7 +278,7 @@ void pointwise_loop(const Tensor& out, std::span<const Tensor> ins, F f) {
   using R = decltype([&]<size_t... I>(std::index_sequence<I...>) {
     return f((static_cast<void>(I), C{})...);
   }(std::make_index_sequence<NIn>{}));
-  const bool avx512 = Isa == LoopIsa::avx512 && avx512_loops_enabled();
+  const bool vector = Isa == LoopIsa::widest && vector_loops_enabled();
   for_each_block<N>(p, [&](const std::array<int64_t, N>& off, int64_t n) {
     alignas(64) C buf[NIn][kBlock];
     alignas(64) R obuf[kBlock];
@@ -267,8 +288,8 @@ void pointwise_loop(const Tensor& out, std::span<const Tensor> ins, F f) {
     const bool direct = p.dtypes[0] == dtype_of<R>() && p.strides[0][last] == 1;
     R* o = direct ? reinterpret_cast<R*>(p.base[0] + off[0]) : obuf;
     const SimdBlock<NIn, F> block{f};
-    if constexpr (Isa == LoopIsa::avx512) {
-      call_isa(avx512, block, o, static_cast<const C* const*>(in), n);
+    if constexpr (Isa == LoopIsa::widest) {
+      call_isa(vector, block, o, static_cast<const C* const*>(in), n);
     } else {
       block(o, static_cast<const C* const*>(in), n);
     }

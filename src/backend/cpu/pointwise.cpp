@@ -28,6 +28,18 @@ std::atomic<bool> g_avx512_loops_allowed{true};
 
 bool avx512_loops_enabled() { return g_avx512_loops_allowed.load(std::memory_order_relaxed) && cpu_has_avx512_loops(); }
 
+bool vector_loops_enabled() {
+#if defined(MP_HAVE_AVX512_LOOPS)
+  static const bool avx2 = [] {
+    const CpuFeatures& f = cpu_features();
+    return f.avx2 && f.fma && f.f16c;
+  }();
+  return g_avx512_loops_allowed.load(std::memory_order_relaxed) && (avx2 || cpu_has_avx512_loops());
+#else
+  return false;
+#endif
+}
+
 bool set_avx512_loops(bool allowed) {
   const bool was = avx512_loops_enabled();
   g_avx512_loops_allowed.store(allowed, std::memory_order_relaxed);
@@ -41,7 +53,7 @@ void run_pointwise(PointwiseOp op, const Tensor& out, std::span<const Tensor> in
   visit_pointwise_functor<C>(op, p, [&]<int N, class F>(PointwiseArity<N>, const F& f) {
     // The float transcendentals are compute-bound (fast_math.hpp): their loops also get an AVX-512
     // copy (Note [AVX-512 element-wise loops] in loops.hpp); double calls libm either way.
-    constexpr LoopIsa isa = std::is_same_v<C, float> && kTranscendentalFn<F> ? LoopIsa::avx512 : LoopIsa::baseline;
+    constexpr LoopIsa isa = std::is_same_v<C, float> && kTranscendentalFn<F> ? LoopIsa::widest : LoopIsa::baseline;
     pointwise_loop<C, N, isa>(out, ins, f);
   });
 }

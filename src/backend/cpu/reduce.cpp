@@ -150,7 +150,7 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
     // in one vector loop per block (Note [column sums]); the rest converts each row into a buffer.
     const bool direct = red.sizes.size() == 1 && std::is_same_v<A, float> && is_sum_like_v<Acc> &&
                         (dt == DType::f32 || dt == DType::bf16);
-    const bool avx512 = direct && std::is_same_v<Acc, SumAcc<A>> && avx512_loops_enabled();
+    const bool vec = direct && std::is_same_v<Acc, SumAcc<A>> && vector_loops_enabled();
 #pragma omp parallel for if (parallel) schedule(static)
     for (int64_t w = 0; w < nouter * nblk; ++w) {
       alignas(64) A buf[kBlock];
@@ -162,9 +162,9 @@ void reduce_impl(const Tensor& out, const Tensor& in, int64_t nreduce) {
         if (direct) {
           const char* p = base + ko * es;
           if (dt == DType::bf16)
-            call_isa(avx512, ColumnSumLanes<BFloat16, Acc>{}, acc, p, red.strides[0] * es, red.numel, n);
+            call_isa(vec, ColumnSumLanes<BFloat16, Acc>{}, acc, p, red.strides[0] * es, red.numel, n);
           else
-            call_isa(avx512, ColumnSumLanes<float, Acc>{}, acc, p, red.strides[0] * es, red.numel, n);
+            call_isa(vec, ColumnSumLanes<float, Acc>{}, acc, p, red.strides[0] * es, red.numel, n);
           continue;
         }
       }

@@ -3,7 +3,7 @@
 // (bulk-converted when 16-bit), the shared MP_HD functor runs over plain arrays, and the results are
 // stored (converted when the destination is not the compute type). The functors' sigmoid/tanh are
 // the vectorisable fast_math.hpp ones for float, so the lane loops vectorise; being compute-bound
-// (5 transcendentals per unit) they also get an AVX-512 copy (Note [AVX-512 element-wise loops]).
+// (5 transcendentals per unit) they also get AVX-512 and AVX2 copies (Note [AVX-512 element-wise loops]).
 #include <omp.h>
 
 #include <algorithm>
@@ -74,17 +74,17 @@ struct LstmBackwardLanes {
   }
 };
 
-// Whether the float lane loops take their AVX-512 copy (double calls libm: no gain).
+// Whether the float lane loops take their vector copy (AVX-512 or AVX2; double calls libm: no gain).
 template <class C>
-bool lanes_avx512() {
-  return std::is_same_v<C, float> && avx512_loops_enabled();
+bool lanes_vector() {
+  return std::is_same_v<C, float> && vector_loops_enabled();
 }
 
 template <class C>
 void lstm_forward_impl(const Tensor& h_out, const Tensor& c_out, const Tensor& gates, const Tensor& c) {
   const int64_t B = c.size(0), H = c.size(1);
   const Operand g(gates), cc(c), ho(h_out), co(c_out);
-  const bool avx512 = lanes_avx512<C>();
+  const bool vec = lanes_vector<C>();
   for_each_row_block(B, H, [&](int64_t b, int64_t j0, int64_t n) {
     alignas(64) C buf[5][kBlock];
     alignas(64) C hbuf[kBlock], cbuf[kBlock];
@@ -96,7 +96,7 @@ void lstm_forward_impl(const Tensor& h_out, const Tensor& c_out, const Tensor& g
     const C* cp = load_block<C>(cc.at(row), 1, cc.dtype, n, buf[4]);
     C* hp = out_ptr<C>(ho, row, hbuf);
     C* cn = out_ptr<C>(co, row, cbuf);
-    call_isa(avx512, LstmForwardLanes<C>{}, gi, gf, gg, go, cp, hp, cn, n);
+    call_isa(vec, LstmForwardLanes<C>{}, gi, gf, gg, go, cp, hp, cn, n);
     finish<C>(ho, row, n, hp);
     finish<C>(co, row, n, cn);
   });
@@ -107,7 +107,7 @@ void lstm_backward_impl(const Tensor& dgates, const Tensor& dc, const Tensor& dh
                         const Tensor& gates, const Tensor& c) {
   const int64_t B = c.size(0), H = c.size(1);
   const Operand g(gates), cc(c), dho(dh_out), dco(dc_out), dg(dgates), dcp(dc);
-  const bool avx512 = lanes_avx512<C>();
+  const bool vec = lanes_vector<C>();
   for_each_row_block(B, H, [&](int64_t b, int64_t j0, int64_t n) {
     alignas(64) C buf[7][kBlock];
     alignas(64) C obuf[5][kBlock];
@@ -122,7 +122,7 @@ void lstm_backward_impl(const Tensor& dgates, const Tensor& dc, const Tensor& dh
     C* out[5] = {out_ptr<C>(dg, grow, obuf[0]), out_ptr<C>(dg, grow + H, obuf[1]),
                  out_ptr<C>(dg, grow + 2 * H, obuf[2]), out_ptr<C>(dg, grow + 3 * H, obuf[3]),
                  out_ptr<C>(dcp, row, obuf[4])};
-    call_isa(avx512, LstmBackwardLanes<C>{}, static_cast<const C* const*>(in), static_cast<C* const*>(out), n);
+    call_isa(vec, LstmBackwardLanes<C>{}, static_cast<const C* const*>(in), static_cast<C* const*>(out), n);
     for (int k = 0; k < 4; ++k) finish<C>(dg, grow + k * H, n, out[k]);
     finish<C>(dcp, row, n, out[4]);
   });

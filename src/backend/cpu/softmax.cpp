@@ -9,7 +9,7 @@
 // 16-bit tensors compute in f32 and store rounded; f64 computes in double.
 // exp and log are math_exp/math_log (fast_math.hpp), so for float every pass is a vectorised loop;
 // the loops that evaluate exp are force-inlined *Lanes functors run through call_isa, which also
-// compiles them for AVX-512 (Note [AVX-512 element-wise loops] in loops.hpp).
+// compiles them for AVX-512 and AVX2 (Note [AVX-512 element-wise loops] in loops.hpp).
 #include <omp.h>
 
 #include <algorithm>
@@ -30,10 +30,10 @@ constexpr int64_t kCol = 128;
 template <class A>
 constexpr A kNegInf = -std::numeric_limits<A>::infinity();
 
-// Whether the lane functors take their AVX-512 copy (float only: double calls libm either way).
+// Whether the lane functors take their vector copy (AVX-512 or AVX2; float only: double calls libm either way).
 template <class A>
-bool lanes_avx512() {
-  return std::is_same_v<A, float> && avx512_loops_enabled();
+bool lanes_vector() {
+  return std::is_same_v<A, float> && vector_loops_enabled();
 }
 
 // Column blocks narrower than this stay on the baseline lanes: with a few lanes per call the call
@@ -216,7 +216,7 @@ inline void block_targets(const int64_t* tgt, int64_t C, int64_t wd, int32_t* ou
 
 template <class A>
 void softmax_rows(bool log, const Tensor& out, const Tensor& in, int64_t rows, int64_t n) {
-  const bool avx512 = lanes_avx512<A>();
+  const bool vec = lanes_vector<A>();
 #pragma omp parallel if (should_parallelize(rows * n))
   {
     std::vector<A> xbuf(static_cast<size_t>(n)), ybuf(static_cast<size_t>(n));
@@ -224,7 +224,7 @@ void softmax_rows(bool log, const Tensor& out, const Tensor& in, int64_t rows, i
     for (int64_t r = 0; r < rows; ++r) {
       const A* x = load_at<A>(in, r * n, n, xbuf.data());
       A* y = dest_at<A>(out, r * n, ybuf.data());
-      call_isa(avx512, RowSoftmaxLanes<A>{}, log, x, y, n);
+      call_isa(vec, RowSoftmaxLanes<A>{}, log, x, y, n);
       flush_at<A>(out, r * n, n, y);
     }
   }
@@ -233,11 +233,11 @@ void softmax_rows(bool log, const Tensor& out, const Tensor& in, int64_t rows, i
 template <class A>
 void softmax_cols(bool log, const Tensor& out, const Tensor& in, const SoftmaxShape& s) {
   const int64_t nblk = (s.inner + kCol - 1) / kCol;
-  const bool avx512 = lanes_avx512<A>();
+  const bool vec = lanes_vector<A>();
 #pragma omp parallel for if (should_parallelize(s.outer * s.n * s.inner)) schedule(static)
   for (int64_t w = 0; w < s.outer * nblk; ++w) {
     const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, s.inner - j0);
-    const bool wide = avx512 && wd >= kMinAvx512Cols;
+    const bool wide = vec && wd >= kMinAvx512Cols;
     const int64_t base = o * s.n * s.inner + j0;
     alignas(64) A m[kCol], sum[kCol], xbuf[kCol], ybuf[kCol];
     std::fill(m, m + wd, kNegInf<A>);
@@ -303,7 +303,7 @@ void softmax_cpu(bool log, const Tensor& out, const Tensor& in, const SoftmaxSha
 
 template <class A>
 void softmax_backward_rows(bool log, const Tensor& gi, const Tensor& go, const Tensor& y, int64_t rows, int64_t n) {
-  const bool avx512 = lanes_avx512<A>();
+  const bool vec = lanes_vector<A>();
 #pragma omp parallel if (should_parallelize(rows * n))
   {
     std::vector<A> gbuf(static_cast<size_t>(n)), ybuf(static_cast<size_t>(n)), obuf(static_cast<size_t>(n));
@@ -316,7 +316,7 @@ void softmax_backward_rows(bool log, const Tensor& gi, const Tensor& go, const T
       if (log) {
 #pragma omp simd reduction(+ : acc)
         for (int64_t j = 0; j < n; ++j) acc += g[j];
-        call_isa(avx512, LogSoftmaxGradLanes<A, true>{}, g, yy, static_cast<const A*>(&acc), o, n);
+        call_isa(vec, LogSoftmaxGradLanes<A, true>{}, g, yy, static_cast<const A*>(&acc), o, n);
       } else {
 #pragma omp simd reduction(+ : acc)
         for (int64_t j = 0; j < n; ++j) acc += g[j] * yy[j];
@@ -332,11 +332,11 @@ void softmax_backward_rows(bool log, const Tensor& gi, const Tensor& go, const T
 template <class A>
 void softmax_backward_cols(bool log, const Tensor& gi, const Tensor& go, const Tensor& y, const SoftmaxShape& s) {
   const int64_t nblk = (s.inner + kCol - 1) / kCol;
-  const bool avx512 = lanes_avx512<A>();
+  const bool vec = lanes_vector<A>();
 #pragma omp parallel for if (should_parallelize(s.outer * s.n * s.inner)) schedule(static)
   for (int64_t w = 0; w < s.outer * nblk; ++w) {
     const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, s.inner - j0);
-    const bool wide = avx512 && wd >= kMinAvx512Cols;
+    const bool wide = vec && wd >= kMinAvx512Cols;
     const int64_t base = o * s.n * s.inner + j0;
     alignas(64) A acc[kCol], gbuf[kCol], ybuf[kCol], obuf[kCol];
     std::fill(acc, acc + wd, A(0));
@@ -397,7 +397,7 @@ void class_loss_rows(const Tensor& losses, const Tensor& stats, const Tensor& in
                      const SoftmaxShape& s, const ClassLossParams& p, int64_t& bad) {
   const int64_t rows = s.outer, C = s.n;
   const A eps = static_cast<A>(p.label_smoothing);
-  const bool avx512 = lanes_avx512<A>();
+  const bool vec = lanes_vector<A>();
   A* L = losses.data_ptr<A>();
   A* S = stats.defined() ? stats.data_ptr<A>() : nullptr;
 #pragma omp parallel if (should_parallelize(rows * C))
@@ -416,7 +416,7 @@ void class_loss_rows(const Tensor& losses, const Tensor& stats, const Tensor& in
       const A* x = load_at<A>(input, r * C, C, xbuf.data());
       // Shifted by the row max m (0 for log-probabilities): l = lse', xs = x' (Note [class loss with label smoothing]).
       A m = 0, l = 0;
-      if (!p.log_probs) call_isa(avx512, RowShiftedLseLanes<A>{}, x, C, &m, &l);
+      if (!p.log_probs) call_isa(vec, RowShiftedLseLanes<A>{}, x, C, &m, &l);
       A mean_x = 0;
       if (eps != A(0)) {
         A sx = 0;
@@ -438,13 +438,13 @@ void class_loss_cols(const Tensor& losses, const Tensor& stats, const Tensor& in
                      const SoftmaxShape& s, const ClassLossParams& p, int64_t& bad) {
   const int64_t C = s.n, inner = s.inner, nblk = (inner + kCol - 1) / kCol;
   const A eps = static_cast<A>(p.label_smoothing);
-  const bool avx512 = lanes_avx512<A>();
+  const bool vec = lanes_vector<A>();
   A* L = losses.data_ptr<A>();
   A* S = stats.defined() ? stats.data_ptr<A>() : nullptr;
 #pragma omp parallel for if (should_parallelize(s.outer * C * inner)) schedule(static)
   for (int64_t w = 0; w < s.outer * nblk; ++w) {
     const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, inner - j0);
-    const bool wide = avx512 && wd >= kMinAvx512Cols;
+    const bool wide = vec && wd >= kMinAvx512Cols;
     const int64_t base = o * C * inner + j0, rbase = o * inner + j0;
     alignas(64) A m[kCol], sum[kCol], sx[kCol], xt[kCol], xbuf[kCol];
     alignas(64) int32_t t32[kCol];
@@ -511,7 +511,7 @@ void class_loss_backward_rows(const Tensor& gi, const A* W, bool shared_w, const
                               const int64_t* tgt, const SoftmaxShape& s, const ClassLossParams& p) {
   const int64_t rows = s.outer, C = s.n;
   const A eps = static_cast<A>(p.label_smoothing), eps_c = eps / static_cast<A>(C);
-  const bool avx512 = lanes_avx512<A>();
+  const bool vec = lanes_vector<A>();
 #pragma omp parallel if (should_parallelize(rows * C))
   {
     std::vector<A> xbuf(static_cast<size_t>(C)), obuf(static_cast<size_t>(C));
@@ -527,7 +527,7 @@ void class_loss_backward_rows(const Tensor& gi, const A* W, bool shared_w, const
           for (int64_t c = 0; c < C; ++c) out[c] = class_loss_grad<A>(A(0), c == t, eps, eps_c, w);
         } else {
           const A* x = load_at<A>(input, r * C, C, xbuf.data());
-          call_isa(avx512, RowClassLossGradLanes<A>{}, x, S[2 * r], S[2 * r + 1], t, eps, eps_c, w, out, C);
+          call_isa(vec, RowClassLossGradLanes<A>{}, x, S[2 * r], S[2 * r + 1], t, eps, eps_c, w, out, C);
         }
       }
       flush_at<A>(gi, r * C, C, out);
@@ -540,11 +540,11 @@ void class_loss_backward_cols(const Tensor& gi, const A* W, bool shared_w, const
                               const int64_t* tgt, const SoftmaxShape& s, const ClassLossParams& p) {
   const int64_t C = s.n, inner = s.inner, nblk = (inner + kCol - 1) / kCol;
   const A eps = static_cast<A>(p.label_smoothing), eps_c = eps / static_cast<A>(C);
-  const bool avx512 = lanes_avx512<A>();
+  const bool vec = lanes_vector<A>();
 #pragma omp parallel for if (should_parallelize(s.outer * C * inner)) schedule(static)
   for (int64_t w = 0; w < s.outer * nblk; ++w) {
     const int64_t o = w / nblk, j0 = (w % nblk) * kCol, wd = std::min(kCol, inner - j0);
-    const bool wide = avx512 && wd >= kMinAvx512Cols;
+    const bool wide = vec && wd >= kMinAvx512Cols;
     const int64_t base = o * C * inner + j0, rbase = o * inner + j0;
     alignas(64) A wt[kCol], m[kCol], l[kCol], xbuf[kCol], obuf[kCol];
     alignas(64) int32_t t32[kCol];
