@@ -213,10 +213,34 @@ struct DtypeCase {
 };
 const DtypeCase kDtypeCases[] = {{kF32, kF32}, {kBf16, kF32}, {kBf16, kBf16}, {kF32, kBf16}};
 
+// oneDNN 3.x has bf16 convolutions on AVX-512 CPUs only; on others (AMD Zen 3: AVX2) creating the primitive fails
+// with an mp::Error naming the call, and the library computes bf16 through f32 there (src/backend/cpu/bf16_policy.cpp).
+// The bf16 cases run where the primitive exists; elsewhere the probe's message is checked and printed.
+bool onednn_bf16_conv() {
+  static const bool has = [] {
+    Conv2dArgs a = shape(2, 8, 6, 6, 8, 3);
+    a.pad_h = a.pad_w = 1, a.src_dtype = kBf16, a.dst_dtype = kBf16;
+    try {
+      (void)conv2d_impl_info(a, ConvPass::forward, true);
+      return true;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const char* part : {"dnnl::convolution", "bf16", "unimplemented"})
+        EXPECT_NE(msg.find(part), std::string::npos) << part << " missing from: " << msg;
+      std::printf("[   INFO   ] no bf16 convolution on this CPU, bf16 cases left out: %s\n", msg.c_str());
+      return false;
+    }
+  }();
+  return has;
+}
+
+bool runs_here(const DtypeCase& d) { return (d.src != kBf16 && d.dst != kBf16) || onednn_bf16_conv(); }
+
 TEST(OnednnConv, AllGeometriesAndDtypes) {
   int i = 0;
   for (const DtypeCase& d : kDtypeCases)
     for (Conv2dArgs a : geometry_cases()) {
+      if (!runs_here(d)) continue;
       a.src_dtype = d.src, a.dst_dtype = d.dst;
       check_conv(a, ++i % 2 == 0);
     }
@@ -225,6 +249,7 @@ TEST(OnednnConv, AllGeometriesAndDtypes) {
 TEST(OnednnConv, ResNetLikeChannels) {
   // 64-channel 3x3 and a 1x1 projection: the shapes the blocked/AMX kernels are built for.
   for (const DtypeCase& d : {DtypeCase{kF32, kF32}, DtypeCase{kBf16, kBf16}}) {
+    if (!runs_here(d)) continue;
     Conv2dArgs a = shape(2, 64, 6, 6, 64, 3);
     a.pad_h = a.pad_w = 1, a.src_dtype = d.src, a.dst_dtype = d.dst;
     check_conv(a, true);
@@ -292,7 +317,7 @@ TEST(OnednnConv, ErrorsNameTheProblem) {
 
 TEST(OnednnConv, PrimitivesAreBuiltOncePerConfiguration) {
   Conv2dArgs a = shape(2, 8, 6, 6, 8, 3);
-  a.pad_h = a.pad_w = 1, a.src_dtype = kBf16;
+  a.pad_h = a.pad_w = 1, a.src_dtype = onednn_bf16_conv() ? kBf16 : kF32;
   check_conv(a, true, 1);
   const CacheStats before = conv2d_cache_stats();
   check_conv(a, true, 2);
@@ -312,6 +337,7 @@ bool cpu_has_amx_bf16() {
 }
 
 TEST(OnednnConv, Bf16UsesAmxWhenTheCpuHasIt) {
+  if (!onednn_bf16_conv()) GTEST_SKIP() << "oneDNN has no bf16 convolution on this CPU (no AVX-512)";
   Conv2dArgs a = shape(4, 64, 16, 16, 64, 3);
   a.pad_h = a.pad_w = 1, a.src_dtype = kBf16, a.dst_dtype = kBf16;
   const std::string fwd = conv2d_impl_info(a, ConvPass::forward, true);

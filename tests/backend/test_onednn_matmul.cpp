@@ -130,16 +130,40 @@ struct DtypeCase {
 };
 const DtypeCase kDtypeCases[] = {{kF32, kF32}, {kBf16, kF32}, {kBf16, kBf16}};
 
+// oneDNN 3.x has bf16 matmuls on AVX-512 CPUs only; on others (AMD Zen 3: AVX2) creating the primitive fails with an
+// mp::Error naming the call, and the library computes bf16 through f32 there (src/backend/cpu/bf16_policy.cpp). The
+// bf16 cases run where the primitive exists; elsewhere the probe's message is checked and printed.
+bool onednn_bf16_matmul() {
+  static const bool has = [] {
+    try {
+      (void)matmul_impl_info(MatmulArgs::contiguous(1, 64, 64, 64, kBf16, kBf16));
+      return true;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const char* part : {"dnnl::matmul", "bf16", "unimplemented"})
+        EXPECT_NE(msg.find(part), std::string::npos) << part << " missing from: " << msg;
+      std::printf("[   INFO   ] no bf16 matmul on this CPU, bf16 cases left out: %s\n", msg.c_str());
+      return false;
+    }
+  }();
+  return has;
+}
+
+bool runs_here(const DtypeCase& d) { return d.ab != kBf16 || onednn_bf16_matmul(); }
+
 TEST(OnednnMatmul, ContiguousAllDtypes) {
-  for (const auto& d : kDtypeCases)
+  for (const auto& d : kDtypeCases) {
+    if (!runs_here(d)) continue;
     for (const auto& [batch, m, n, k] : {std::tuple{1, 7, 5, 3}, {1, 33, 17, 65}, {3, 16, 24, 40}, {2, 1, 9, 130}}) {
       SCOPED_TRACE(detail::str_cat(dtype_name(d.ab), "->", dtype_name(d.c), " ", batch, "x", m, "x", n, "x", k));
       check_matmul(MatmulArgs::contiguous(batch, m, n, k, d.ab, d.c));
     }
+  }
 }
 
 TEST(OnednnMatmul, TransposedAndStridedViews) {
   for (const auto& d : kDtypeCases) {
+    if (!runs_here(d)) continue;
     SCOPED_TRACE(detail::str_cat(dtype_name(d.ab), "->", dtype_name(d.c)));
     const int64_t m = 19, n = 23, k = 37;
     MatmulArgs t = MatmulArgs::contiguous(1, m, n, k, d.ab, d.c);
@@ -175,6 +199,7 @@ TEST(OnednnMatmul, TransposedAndStridedViews) {
 
 TEST(OnednnMatmul, BatchBroadcast) {
   for (const auto& d : kDtypeCases) {
+    if (!runs_here(d)) continue;
     SCOPED_TRACE(detail::str_cat(dtype_name(d.ab), "->", dtype_name(d.c)));
     MatmulArgs args = MatmulArgs::contiguous(4, 9, 11, 13, d.ab, d.c);
     args.b_strides[0] = 0;  // shared weight
@@ -192,7 +217,7 @@ TEST(OnednnMatmul, BatchBroadcast) {
 TEST(OnednnMatmul, AccumulateAndBias) {
   for (const auto& d : kDtypeCases)
     for (DType bias_dtype : {kF32, kBf16}) {
-      if (d.ab == kF32 && bias_dtype == kBf16) continue;
+      if ((d.ab == kF32 && bias_dtype == kBf16) || !runs_here(d)) continue;
       SCOPED_TRACE(detail::str_cat(dtype_name(d.ab), "->", dtype_name(d.c), " bias ", dtype_name(bias_dtype)));
       MatmulArgs args = MatmulArgs::contiguous(1, 17, 29, 31, d.ab, d.c);
       args.accumulate = true;
@@ -331,7 +356,7 @@ TEST(OnednnCommon, PrimitiveCacheEvictsLeastRecentlyUsed) {
 }
 
 TEST(OnednnMatmul, PrimitiveIsBuiltOncePerConfiguration) {
-  const MatmulArgs args = MatmulArgs::contiguous(2, 12, 10, 14, kBf16, kF32);
+  const MatmulArgs args = MatmulArgs::contiguous(2, 12, 10, 14, onednn_bf16_matmul() ? kBf16 : kF32, kF32);
   check_matmul(args);
   const CacheStats before = matmul_cache_stats();
   check_matmul(args, 2);
@@ -350,7 +375,8 @@ TEST(OnednnMatmul, ConcurrentCallsFromSeveralThreads) {
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([t] {
       for (int r = 0; r < 3; ++r)
-        check_matmul(MatmulArgs::contiguous(2, 24 + t % 2, 20, 36, t % 2 ? kBf16 : kF32, kF32), 10 * t + r);
+        check_matmul(MatmulArgs::contiguous(2, 24 + t % 2, 20, 36, t % 2 && onednn_bf16_matmul() ? kBf16 : kF32, kF32),
+                     10 * t + r);
     });
   for (auto& th : threads) th.join();
 }
@@ -364,6 +390,7 @@ bool cpu_has_amx_bf16() {
 }
 
 TEST(OnednnMatmul, Bf16UsesAmxWhenTheCpuHasIt) {
+  if (!onednn_bf16_matmul()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (no AVX-512)";
   const MatmulArgs args = MatmulArgs::contiguous(1, 128, 128, 128, kBf16, kF32);
   const std::string impl = matmul_impl_info(args);
   EXPECT_FALSE(impl.empty());
