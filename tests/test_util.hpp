@@ -100,13 +100,16 @@ struct ScopedBf16Path {
 /// Runs `body` once per way a bf16 matmul or convolution can run on the CPU: oneDNN's bf16 primitives with the
 /// small-convolution GEMM paths, without them, and through f32 (by default each shape's path is measured, or pinned
 /// to oneDNN's kernels in the tests: Note [kernel paths chosen by measurement] in src/backend/cpu/kernel_paths.cpp),
-/// so all are tested on any CPU; a trace names the pass. Restores the CPU's default afterwards, also when `body`
-/// throws.
+/// so all are tested on any CPU that has oneDNN's bf16 primitives (AVX-512; without them, as on AMD Zen 3, only
+/// through f32, the one path such a CPU runs); a trace names the pass. Restores the CPU's default afterwards, also
+/// when `body` throws.
 template <class Body>
 void for_each_bf16_path(Body&& body) {
   using backend::cpu::Bf16Path;
   const ScopedBf16Path restore(Bf16Path::cpu_default);
+  const bool native = backend::cpu::onednn_has_native(DType::bf16);
   for (const Bf16Path path : {Bf16Path::native_gemm, Bf16Path::native, Bf16Path::via_f32}) {
+    if (!native && path != Bf16Path::via_f32) continue;
     backend::cpu::set_bf16_path(path);
     SCOPED_TRACE(std::string("bf16 path ") + backend::cpu::bf16_path_name(path));
     body();

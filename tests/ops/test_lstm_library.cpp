@@ -185,12 +185,14 @@ TEST(LstmLibrary, OneBiasAndPartialGradients) {
   const auto g = autograd::grad({sum(y)}, {x, w_hh});
   const auto gr = autograd::grad({sum(yr)}, {x, w_hh});
   for (size_t i = 0; i < 2; ++i) EXPECT_LE(max_diff(g[i], gr[i]), kF32Grad * std::max(max_abs(gr[i]), 1e-3));
-  // No input requires grad: the inference primitive (no workspace) gives the training one's values.
+  // No input requires grad: the inference primitive (no workspace) gives the training one's values: bit for bit
+  // on AVX-512 CPUs; on AVX2 (AMD Zen 3) oneDNN 3.2's two kernels differ by rounding (3.0e-8 measured on |y| < 1),
+  // so the bound is 1e-6: a few ulps, far below any wrong gate or state (>= 1e-2).
   autograd::NoGradGuard ng;
   auto [y2, h2, c2] = lstm_layer_library(x, h0, c0, w_ih, w_hh, b_ih);
   EXPECT_FALSE(y2.requires_grad());
-  EXPECT_EQ(max_diff(y2, y), 0.0);
-  EXPECT_EQ(max_diff(c2, c), 0.0);
+  EXPECT_LE(max_diff(y2, y), 1e-6);
+  EXPECT_LE(max_diff(c2, c), 1e-6);
 }
 
 TEST(LstmLibrary, BackwardTwiceWithRetainGraphGivesTheSameGradients) {

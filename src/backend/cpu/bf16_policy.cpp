@@ -39,12 +39,12 @@ bool probe_native(DType dt) {
   } catch (const Error&) { return false; }
 }
 
+}  // namespace
+
 bool onednn_has_native(DType dt) {
   static const bool bf16 = probe_native(DType::bf16), f16 = probe_native(DType::f16);
   return dt == DType::bf16 ? bf16 : f16;
 }
-
-}  // namespace
 
 const char* bf16_path_name(Bf16Path path) {
   switch (path) {

@@ -25,6 +25,10 @@ void set_bf16_path(Bf16Path path);
 /// The rule forced now (set_bf16_path's, else MP_BF16's), or cpu_default.
 Bf16Path bf16_path();
 
+/// Whether oneDNN has a non-reference matmul kernel for `dt` (bf16 or f16) on this CPU: without one (no AVX-512:
+/// AMD Zen 3) 16-bit calls go through f32 whatever is measured, and a forced native rule fails naming the call.
+bool onednn_has_native(DType dt);
+
 /// The path of one 16-bit (`dt`: bf16 or f16) matmul or convolution call: the forced rule's for bf16 when one is
 /// set, else choose_kernel_path over the candidates this CPU and library offer (bf16: native, via_f32, and gemm
 /// when `gemm_ok`; f16: via_f32). `key` names the call; `run` times a path on stand-in operands;
