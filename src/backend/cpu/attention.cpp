@@ -532,6 +532,19 @@ struct BackwardScratch {
   }
 };
 
+// dq (head bh's [Tq, Dp] rows) times the scale, stored.
+template <class A>
+MP_FORCE_INLINE void store_dq(const Problem<A>& pr, const Tensor& dq_t, int64_t bh, A* dq) {
+  const AttentionParams& p = pr.p;
+  const A sc = static_cast<A>(p.scale);
+  for (int64_t i = 0; i < p.Tq; ++i) {
+    A* row = dq + i * pr.Dp;
+#pragma omp simd
+    for (int64_t d = 0; d < p.D; ++d) row[d] *= sc;
+    store_row<A>(dq_t, bh * p.Tq + i, p.D, row);
+  }
+}
+
 // One (batch, head) of the backward, all in A, with blocking G.
 template <class A, class G>
 struct BackwardHead {
@@ -582,17 +595,6 @@ struct BackwardHead {
     store_dq(pr, *dq_t, bh, dq);
   }
 
-  // dq times the scale, stored.
-  static MP_FORCE_INLINE void store_dq(const Problem<A>& pr, const Tensor& dq_t, int64_t bh, A* dq) {
-    const AttentionParams& p = pr.p;
-    const A sc = static_cast<A>(p.scale);
-    for (int64_t i = 0; i < p.Tq; ++i) {
-      A* row = dq + i * pr.Dp;
-#pragma omp simd
-      for (int64_t d = 0; d < p.D; ++d) row[d] *= sc;
-      store_row<A>(dq_t, bh * p.Tq + i, p.D, row);
-    }
-  }
 };
 
 // The same with bf16 operands on VDPBF16PS (pr.bf16dot): the two score-shaped products from the bf16 pairs,
@@ -647,7 +649,7 @@ struct BackwardHeadBf16 {
         store_row<float>(*dv_t, bh * p.Tk + k0 + j, D, tmp);
       }
     }
-    BackwardHead<float, Narrow>::store_dq(pr, *dq_t, bh, dq);
+    store_dq<float>(pr, *dq_t, bh, dq);
   }
 };
 
