@@ -96,3 +96,51 @@ TEST(CudaConv, RunsOnTheChosenApi) {
 }
 
 // =============================================================================== pools
+
+// =============================================================================== attention
+
+// The CUDA attention (Note [CUDA attention]) against the CPU's fused kernel where the op table's small case does not
+// reach: rows longer than a block of the row kernel (300 keys), a broadcast bool mask with one row masked entirely
+// (zero output and gradients, lse = +inf), dropout (the same Philox draws on both devices: the masks must agree, or
+// whole weights differ), a head size whose [T, D] blocks are not 16-byte aligned (D = 12 in f16: the GEMMs go one
+// (batch, head) at a time) and Tq != Tk.
+TEST(CudaAttention, MaskDropoutAndLongRowsMatchTheCpu) {
+  MP_SKIP_WITHOUT_GPU();
+  struct Case {
+    DType dt;
+    int64_t D;
+  };
+  for (const Case c : {Case{DType::f32, 32}, Case{DType::bf16, 64}, Case{DType::f16, 12}}) {
+    SCOPED_TRACE(dtype_name(c.dt));
+    const int64_t B = 2, H = 3, Tq = 41, Tk = 300;
+    const Tensor q = uniform({B, H, Tq, c.D}, -1, 1, c.dt), k = uniform({B, H, Tk, c.D}, -1, 1, c.dt),
+                 v = uniform({B, H, Tk, c.D}, -1, 1, c.dt), w = uniform({B, H, Tq, c.D}, -1, 1, DType::f32);
+    Tensor mask = gt(uniform({B, 1, Tq, Tk}, 0, 1), full({}, 0.2));
+    mask.narrow(2, 5, 1).narrow(0, 1, 1).fill_(0.0);  // row 5 of batch 1: every key masked
+    const AttentionOptions o{.mask = mask, .dropout_p = 0.25};
+    const Tensor qc = cpu_leaf(q, true), kc = cpu_leaf(k, true), vc = cpu_leaf(v, true);
+    manual_seed(77);
+    const Tensor oc = scaled_dot_product_attention(qc, kc, vc, o);
+    sum(oc.to(DType::f32) * w).backward();
+    guarded("attention " + std::string(dtype_name(c.dt)), [&] {
+      const Tensor qd = on_dev(q, true), kd = on_dev(k, true), vd = on_dev(v, true);
+      AttentionOptions od = o;
+      od.mask = on_dev(mask);
+      manual_seed(77);
+      const Tensor out = scaled_dot_product_attention(qd, kd, vd, od);
+      sum(out.to(DType::f32) * on_dev(w)).backward();
+      // 16-bit: the CPU rounds only the weights (bf16 on native kernels) or nothing, CUDA rounds the weights and dS
+      // to the input dtype before their products: a few units of 2^-p relative to the largest value. f32: sums
+      // of 300 terms in different orders.
+      Tol t;
+      t.normwise = is_low_precision(c.dt) ? 16 * unit_roundoff(c.dt) : 1e-5;
+      t.why = "weights / dS rounded to the input dtype on CUDA (16-bit); summation order (f32): normwise";
+      EXPECT_TRUE(close("out", out, oc, t));
+      EXPECT_TRUE(close("dq", qd.grad(), qc.grad(), t));
+      EXPECT_TRUE(close("dk", kd.grad(), kc.grad(), t));
+      EXPECT_TRUE(close("dv", vd.grad(), vc.grad(), t));
+      const Tensor masked_row = out.detach().narrow(0, 1, 1).narrow(2, 5, 1).to(kCPU).to(DType::f64);
+      EXPECT_EQ(amax(abs(masked_row), {0, 1, 2, 3}).item<double>(), 0.0) << "a row with every key masked";
+    });
+  }
+}

@@ -183,8 +183,8 @@ std::vector<OpCase> linalg_conv_pool_cases() {
                        return chk;
                      }});
   }
-  // scaled_dot_product_attention: CUDA has no fused kernel and runs the composite (matmul q k^T, f32 masked
-  // softmax, matmul with v; Note [fused attention]); the CPU runs the fused tiled kernel.
+  // scaled_dot_product_attention: CUDA runs cuBLASLt products around a fused masked-softmax row kernel (Note [CUDA
+  // attention]), the CPU its fused tiled kernel (Note [fused attention]).
   for (const bool causal : {false, true}) {
     cases.push_back({std::string("scaled_dot_product_attention [2, 3, 17 | 23, 16]") + (causal ? " causal" : ""),
                      all_floats(), [causal](DType dt) {
@@ -196,12 +196,12 @@ std::vector<OpCase> linalg_conv_pool_cases() {
                        };
                        // Outputs are convex combinations of v's rows (|out| <= 1): the f32/f64 sums (K = 16 for the
                        // scores, 23 for the weighted sum) and exp differ in order and ulps, absolute relative to the
-                       // largest output. 16-bit: the composite rounds the scores and the weights to the input dtype
-                       // (the fused kernel rounds only bf16 weights, on VDPBF16PS), each a relative 2^-p change that
-                       // the softmax and the weighted sum carry to the output: 4 units of 2^-p.
+                       // largest output. 16-bit: CUDA rounds the weights (and in the backward dS) to the input
+                       // dtype (the CPU's fused kernel rounds only bf16 weights, on VDPBF16PS), each a relative 2^-p
+                       // change that the weighted sums carry to the output: 4 units of 2^-p.
                        const double u = unit_roundoff(dt);
                        chk.out.normwise = is_low_precision(dt) ? 8 * u : 64 * acc_roundoff(dt);
-                       chk.out.why = "composite (rounded scores and weights in 16-bit) vs fused f32 tiles: normwise";
+                       chk.out.why = "CUDA (weights rounded in 16-bit) vs fused f32 tiles: normwise";
                        Tol g;
                        g.normwise = is_low_precision(dt) ? 16 * u : 256 * acc_roundoff(dt);
                        g.why = "gradients: the forward's differences through dS = P (dP - rowsum(dO O)), normwise";

@@ -157,7 +157,8 @@ std::vector<OpCase> norm_softmax_loss_cases() {
                      }
                      chk.inputs = {x, r.to(dt), w, bias};
                      chk.fn = [sdt](const std::vector<Tensor>& in) {
-                       Tensor rm = zeros({5}, {.dtype = sdt}), rv = ones({5}, {.dtype = sdt});
+                       Tensor rm = zeros({5}, {.dtype = sdt, .device = in[0].device()}),
+                              rv = ones({5}, {.dtype = sdt, .device = in[0].device()});
                        return batch_norm_add_relu(in[0], in[1], rm, rv, in[2], in[3], true, 0.1, 1e-5);
                      };
                      chk.out = norm_out(dt, 196);
