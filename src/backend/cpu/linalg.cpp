@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -133,31 +134,55 @@ namespace {
 // Whether a 3-D operand is read column-major (a transposed view: the weight of linear, dY^T of a weight gradient).
 bool column_major(const Tensor& t) { return t.size(2) > 1 && t.stride(2) != 1; }
 
+// What a call adds to the product, as oneDNN sees it: a bias (its dtype), a ReLU post-op, accumulation into C (a
+// sum post-op). oneDNN 3.2's 16-bit kernels support some of these combinations only, so the stand-ins carry them.
+struct MatmulExtras {
+  std::optional<DType> bias;
+  bool relu = false;
+  bool accumulate = false;
+  std::string key() const {
+    return (bias ? std::string(" bias:") + dtype_name(*bias) : std::string()) + (relu ? " relu" : "") +
+           (accumulate ? " acc" : "");
+  }
+};
+
 // The path of a 16-bit matmul of these sizes (Note [kernel paths chosen by measurement]); timed on stand-in operands
 // of the call's layouts (row- or column-major A and B: oneDNN's 16-bit kernels may differ by 100x between them, a
-// reference implementation for one, while the f32 path reads both alike), whose key names the column-major ones.
-KernelPath matmul_path(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k, bool a_cm, bool b_cm) {
+// reference implementation for one, while the f32 path reads both alike) and with its bias, ReLU and accumulation
+// (measured on an AVX512-FP16 Xeon: the layouts alone left the fp16 O2 MLP step at 2.6 s, bench/RESULTS.md); the
+// key names all of them.
+KernelPath matmul_path(DType ab, DType c, int64_t batch, int64_t m, int64_t n, int64_t k, bool a_cm, bool b_cm,
+                       const MatmulExtras& x = {}) {
   auto key = [&] {
     return std::string("matmul ") + dtype_name(ab) + ">" + dtype_name(c) + " b" + std::to_string(batch) + " m" +
            std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) + (a_cm ? " a_cm" : "") +
-           (b_cm ? " b_cm" : "");
+           (b_cm ? " b_cm" : "") + x.key();
   };
-  auto ops = std::make_shared<std::vector<Tensor>>();  // a, b, out: made on first use
+  auto ops = std::make_shared<std::vector<Tensor>>();  // a, b, out, bias: made on first use
   auto stand_ins = [=]() -> const std::vector<Tensor>& {
     auto operand = [&](int64_t rows, int64_t cols, bool cm) {
       return cm ? full({batch, cols, rows}, 0.01, {.dtype = ab}).transpose(1, 2)
                 : full({batch, rows, cols}, 0.01, {.dtype = ab});
     };
-    if (ops->empty()) *ops = {operand(m, k, a_cm), operand(k, n, b_cm), empty({batch, m, n}, {.dtype = c})};
+    if (ops->empty())
+      *ops = {operand(m, k, a_cm), operand(k, n, b_cm), zeros({batch, m, n}, {.dtype = c}),
+              x.bias ? full({n}, 0.01, {.dtype = *x.bias}) : Tensor()};
     return *ops;
   };
-  auto run = [stand_ins](KernelPath p) {
+  const MatmulEpilogue epilogue = x.relu ? MatmulEpilogue::relu : MatmulEpilogue::none;
+  auto run = [stand_ins, epilogue, acc = x.accumulate](KernelPath p) {
     const std::vector<Tensor>& o = stand_ins();
-    matmul_on_path(p, o[2], o[0], o[1], Tensor(), false, MatmulEpilogue::none);
+    matmul_on_path(p, o[2], o[0], o[1], o[3], acc, epilogue);
   };
-  auto reference = [stand_ins] {
+  auto reference = [stand_ins, x, ab] {
     const std::vector<Tensor>& o = stand_ins();
-    return onednn_reference_impl(matmul_impl_info(matmul_args(o[2], o[0], o[1], false)));
+    MatmulArgs args = matmul_args(o[2], o[0], o[1], x.accumulate);
+    args.relu = x.relu;
+    if (x.bias) {
+      args.has_bias = true;
+      args.bias_dtype = *x.bias == DType::f32 || *x.bias == ab ? *x.bias : DType::f32;  // matmul_on_path's rule
+    }
+    return onednn_reference_impl(matmul_impl_info(args));
   };
   return choose_16bit_path(ab, false, key, run, reference);
 }
@@ -168,10 +193,13 @@ void matmul_cpu(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
   MP_ASSERT(!(epilogue == MatmulEpilogue::relu && accumulate),
             "matmul: a ReLU epilogue cannot be combined with accumulation");
   if (a.dtype() == DType::f64) return matmul_f64(out, a, b, bias, accumulate, epilogue == MatmulEpilogue::relu);
+  const MatmulExtras extras{.bias = bias.defined() ? std::optional<DType>(bias.dtype()) : std::nullopt,
+                            .relu = epilogue == MatmulEpilogue::relu,
+                            .accumulate = accumulate};
   const KernelPath path = a.dtype() == DType::f32 || out.numel() == 0 || a.size(2) == 0
                               ? KernelPath::native
                               : matmul_path(a.dtype(), out.dtype(), out.size(0), out.size(1), out.size(2), a.size(2),
-                                            column_major(a), column_major(b));
+                                            column_major(a), column_major(b), extras);
   matmul_on_path(path, out, a, b, bias, accumulate, epilogue);
 }
 
