@@ -94,8 +94,7 @@ struct SumOp {
 // Forward rows: S (compute type, rows of ld) of the chunk -> P (T, rows of ld) and lse of each row.
 template <class T, class A>
 __global__ void __launch_bounds__(kRowThreads)
-    attention_softmax_kernel(T* __restrict__ P, A* __restrict__ lse, const A* __restrict__ S, int64_t rows,
-                             RowArgs<A> a) {
+    attention_softmax_kernel(T* P, A* __restrict__ lse, const A* S, int64_t rows, RowArgs<A> a) {  // P may alias S
   __shared__ RowSmem smem;
   const int tid = static_cast<int>(threadIdx.x);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
