@@ -129,6 +129,7 @@ class TrainLoop {
   std::unique_ptr<amp::AutoPrecision> auto_;
   bool observe_next_ = false;  ///< the last step was skipped: the next is observed
   bool auto_step_ = false;     ///< the armed step is an observation for automatic precision
+  bool hinted_scaling_ = false;  ///< automatic precision has advised loss scaling (once a run)
   /// The running statistics of an epoch up to a mid-epoch checkpoint.
   struct EpochCarry {
     int64_t steps = 0;    ///< steps of the epoch done before

@@ -262,3 +262,33 @@ TEST(AutoPrecisionRun, ValidationNamesTheProblem) {
   c.auto_precision_patience = 0;
   refused(c, "--auto_precision_patience must be at least 1");
 }
+
+// An underflow move in a run without a dynamic loss scaler advises dynamic scaling, once; with one, nothing is added
+// (underflow threshold 1: every f16 layer's gradient amax at scale 1 is below it, so layers move at the first
+// observation).
+TEST(AutoPrecisionRun, UnderflowWithoutDynamicScalingAdvisesItOnce) {
+  const std::string hint = "dynamic loss scaling (--loss_scale dynamic";
+  auto count = [](const std::string& s, const std::string& what) {
+    int64_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+  };
+  TrainConfig c = image_config("fp16");
+  c.epochs = 1;
+  c.stop_after_steps = 3;
+  c.auto_precision = true;
+  c.auto_precision_every = 1;
+  c.auto_precision_patience = 1;
+  c.auto_precision_underflow = 1.0;
+  c.loss_scale = mp::amp::LossScale{.kind = mp::amp::LossScale::Kind::none};
+  std::ostringstream none;
+  (void)mp::train::train(c, none);
+  ASSERT_NE(none.str().find("underflow in 1 consecutive observation"), std::string::npos) << none.str();
+  EXPECT_EQ(count(none.str(), hint), 1) << none.str();
+  c.loss_scale = mp::amp::LossScale{.kind = mp::amp::LossScale::Kind::dynamic};
+  c.init_scale = 1;  // the same moves, now under a dynamic scaler
+  std::ostringstream dynamic;
+  (void)mp::train::train(c, dynamic);
+  ASSERT_NE(dynamic.str().find("auto precision: step"), std::string::npos) << dynamic.str();
+  EXPECT_EQ(count(dynamic.str(), hint), 0) << dynamic.str();
+}
