@@ -3,7 +3,9 @@
 #include "mp/ops/attention.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "backend/attention_kernels.hpp"
 #include "mp/autocast/autocast.hpp"
@@ -159,10 +161,27 @@ Tensor sdpa_composite(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in
 
 }  // namespace detail
 
+namespace {
+
+// MP_ATTENTION=composite runs the composite on every device (a fallback, and the reference of the fused kernels in
+// benchmarks); unset or `fused`, a device's fused kernels run where it has them.
+bool composite_forced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("MP_ATTENTION");
+    if (e == nullptr || *e == '\0' || std::string(e) == "fused") return false;
+    MP_CHECK(std::string(e) == "composite", "MP_ATTENTION: expected fused or composite, got '", e,
+             "'; unset it to run the fused kernels");
+    return true;
+  }();
+  return forced;
+}
+
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
   MP_AUTOCAST(amp::Op::scaled_dot_product_attention, scaled_dot_product_attention, q, q, k, v, options);
-  if (!q.defined() || backend::attention_forward_kernel.find(q.device().type) == nullptr)
+  if (!q.defined() || composite_forced() || backend::attention_forward_kernel.find(q.device().type) == nullptr)
     return detail::sdpa_composite(q, k, v, options);
   const Prepared r = prepare(q, k, v, options);
   Tensor out = fused(r);

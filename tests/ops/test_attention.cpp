@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
+#include <string>
 
 #include "backend/cpu/loops.hpp"
 #include "mp/mp.hpp"
@@ -518,4 +520,22 @@ TEST(Attention, RefusalsSayWhatWasExpectedAndWhatToDo) {
   // 3-D inputs take a 3-D target for the mask.
   expect_error(sdpa(randn({2, 5, 8}), randn({2, 7, 8}), randn({2, 7, 8}), {.mask = ones({3, 5, 7})}),
                {"broadcastable to [2, 5, 7]"});
+}
+
+// MP_ATTENTION picks the fused kernels (unset or "fused") or the composite of separate ops ("composite"; ctest runs
+// this test again with it: tests/CMakeLists.txt), seen in the autograd node the result hangs from; both compute the
+// same values.
+TEST(Attention, MpAttentionChoosesFusedOrComposite) {
+  manual_seed(9);
+  const Tensor q = randn({1, 2, 5, 8}).requires_grad_(true), k = randn({1, 2, 7, 8}), v = randn({1, 2, 7, 8});
+  const Tensor out = scaled_dot_product_attention(q, k, v, {.causal = true});
+  const char* e = std::getenv("MP_ATTENTION");
+  const bool composite = e != nullptr && std::string(e) == "composite";
+  ASSERT_NE(out.grad_fn(), nullptr);
+  if (composite)
+    EXPECT_NE(out.grad_fn()->name(), "ScaledDotProductAttentionBackward");
+  else
+    EXPECT_EQ(out.grad_fn()->name(), "ScaledDotProductAttentionBackward");
+  const Tensor ref = detail::sdpa_composite(q.detach(), k, v, {.causal = true});
+  EXPECT_LT(amax(abs(out.detach() - ref), {0, 1, 2, 3}).item<double>(), 1e-5);
 }
