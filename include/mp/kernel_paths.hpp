@@ -1,7 +1,8 @@
 #pragma once
-// Which kernel path each 16-bit CPU matmul and convolution takes: chosen per shape by timing the candidates on
-// the machine at hand, cached in memory and in the user's cache folder, recorded in a run's checkpoint so a
-// resumed run reuses them (Note [kernel paths chosen by measurement] in src/backend/cpu/kernel_paths.cpp).
+// Which kernel path each 16-bit CPU matmul and convolution, and each small f32 convolution, takes: chosen per shape
+// by timing the candidates on the machine at hand, cached in memory and in the user's cache folder, recorded in a
+// run's checkpoint so a resumed run reuses them (Note [kernel paths chosen by measurement] in
+// src/backend/cpu/kernel_paths.cpp).
 #include <map>
 #include <string>
 

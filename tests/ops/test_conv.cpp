@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -388,4 +389,65 @@ TEST(Conv2d, ErrorMessages) {
   expect_error([&] { conv2d(x, w, Tensor(), {.stride = {0, 1}}); }, {"conv2d", "stride >= 1", "stride=(0, 1)"});
   expect_error([&] { conv2d(x, w, Tensor(), {.padding = {-1, 0}}); }, {"conv2d", "padding >= 0"});
   expect_error([&] { conv2d(ones({2, 4, 5, 5}, {.dtype = DType::i64}), w); }, {"conv2d", "expected floating", "i64"});
+}
+
+// f32 convolutions with few output pixels may run as im2col + one f32 GEMM (Note [small convolutions as one GEMM],
+// chosen per shape by measurement): every pass of that path against oneDNN's convolution, NCHW and channels-last,
+// stride 1 and 2, 3x3 and 1x1. The tests pin the paths (their defaults: oneDNN), so the GEMM path is adopted by key,
+// the keys being those the pinned run recorded. Tolerance: the same f32 products summed in another order over
+// C kH kW terms (and N oh ow for the weight gradient): 1e-5 relative to the largest value.
+TEST(Conv2d, F32GemmPathMatchesOneDnn) {
+  struct Case {
+    const char* name;
+    Shape x, w;
+    Conv2dOptions opt;
+    bool channels_last;
+  };
+  const Case cases[] = {
+      {"3x3 s1 4x4", {4, 16, 4, 4}, {8, 16, 3, 3}, {.padding = {1, 1}}, false},
+      {"3x3 s1 4x4 channels-last", {4, 16, 4, 4}, {8, 16, 3, 3}, {.padding = {1, 1}}, true},
+      {"3x3 s2 8x8", {3, 8, 8, 8}, {12, 8, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}, true},
+      {"1x1 s2 8x8", {3, 8, 8, 8}, {12, 8, 1, 1}, {.stride = {2, 2}}, false},
+  };
+  struct Restore {
+    KernelPathMode mode = kernel_path_mode();
+    ~Restore() {
+      reset_kernel_paths();
+      set_kernel_path_mode(mode);
+    }
+  } restore;
+  set_kernel_path_mode(KernelPathMode::pinned);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    manual_seed(31);
+    const MemoryFormat fmt = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+    const Tensor x = randn(c.x).contiguous(fmt), w = randn(c.w), b = randn({c.w[0]});
+    auto run = [&] {
+      Tensor xi = x.detach().requires_grad_(), wi = w.detach().requires_grad_(), bi = b.detach().requires_grad_();
+      Tensor y = conv2d(xi, wi, bi, c.opt);
+      y.backward(ones(y.sizes()) + y.detach());
+      return std::vector<Tensor>{y.detach(), xi.grad(), wi.grad(), bi.grad()};
+    };
+    reset_kernel_paths();
+    const std::vector<Tensor> native = run();
+    std::map<std::string, std::string> gemm;
+    for (const auto& [key, path] : kernel_path_record().choices)
+      if (key.starts_with("conv_") && key.find(" f32 ") != std::string::npos) gemm[key] = "gemm";
+    ASSERT_FALSE(gemm.empty()) << "no f32 convolution pass is a GEMM candidate here";
+    reset_kernel_paths();
+    adopt_kernel_paths(gemm);
+    const std::vector<Tensor> via_gemm = run();
+    EXPECT_EQ(kernel_path_record().from_record, static_cast<int>(gemm.size()));
+    const char* names[] = {"y", "dx", "dw", "db"};
+    auto maxabs = [](const Tensor& t) {
+      Shape all;
+      for (int64_t d = 0; d < t.dim(); ++d) all.push_back(d);
+      return amax(abs(t), all).item<double>();
+    };
+    for (size_t i = 0; i < native.size(); ++i) {
+      const double scale = maxabs(native[i]);
+      const double err = maxabs(via_gemm[i] - native[i]);
+      EXPECT_LE(err, 1e-5 * scale) << names[i] << ": " << err << " of " << scale;
+    }
+  }
 }

@@ -1,6 +1,6 @@
-// CPU conv2d: oneDNN for f32; for bf16, per shape and pass by measurement (Note [kernel paths chosen by
-// measurement] in kernel_paths.cpp), oneDNN's bf16 primitives, its f32 ones on widened operands, or im2col + one
-// bf16 GEMM; f16 through f32 (oneDNN has f16 kernels only with AVX512-FP16/AMX-FP16, where they are measured too;
+// CPU conv2d: for f32, oneDNN, or im2col + one f32 GEMM where the output is small, per shape and pass by measurement
+// (Note [kernel paths chosen by measurement] in kernel_paths.cpp); for bf16 likewise oneDNN's bf16 primitives, its
+// f32 ones on widened operands, or im2col + one bf16 GEMM; f16 through f32 (oneDNN has f16 kernels only with AVX512-FP16/AMX-FP16, where they are measured too;
 // the result is rounded to f16 once); plain OpenMP loops in double for f64 (gradient checks: correctness over speed).
 #include <omp.h>
 
@@ -158,15 +158,17 @@ void check_out(const Tensor& t, const char* what, MemoryFormat f = MemoryFormat:
 // col = im2col(x) (Note [bf16 weight gradient as one GEMM]), then one small transposing copy into NCHW.
 // The data gradient of a stride-1 convolution is a forward convolution of dy with the flipped, transposed
 // weights (Note [backward data as a forward convolution] in onednn/conv.cpp), so it takes the same GEMM.
-// This is KernelPath::gemm, a candidate for bf16, groups 1, kernels larger than 1x1 (1x1 ones run oneDNN's
+// This is KernelPath::gemm, a candidate for bf16 and f32, groups 1, kernels larger than 1x1 (1x1 ones run oneDNN's
 // GEMM on the plain layout anyway) and at most kGemmMaxPixels output pixels per image (input pixels for the
 // data gradient): whether it wins is measured per shape (Note [kernel paths chosen by measurement]); it lost
 // on AVX512-BF16 without AMX, and at 16x16 pixels everywhere it was tried (bench/RESULTS.md), hence the bound,
-// which keeps hopeless candidates from being timed.
+// which keeps hopeless candidates from being timed. In f32 it won on AVX2 (AMD Zen 3: oneDNN 3.2's jit:avx2 ran
+// the 512 -> 512 4x4 convolution at ~90 GFLOP/s, its weight gradient at ~60): 9 of ResNet-18's 12 eligible passes,
+// the fp32 step 1.06-1.32x faster (bench/RESULTS.md); f32 convolutions that are not eligible are not measured.
 constexpr int64_t kGemmMaxPixels = 64;
 
 bool gemm_eligible(const Conv2dArgs& a, ConvPass pass) {
-  if (a.src_dtype != DType::bf16 || a.groups != 1) return false;
+  if ((a.src_dtype != DType::bf16 && a.src_dtype != DType::f32) || a.groups != 1) return false;
   switch (pass) {
     case ConvPass::forward: return !(a.kh == 1 && a.kw == 1) && a.out_h() * a.out_w() <= kGemmMaxPixels;
     case ConvPass::backward_data:
@@ -177,13 +179,15 @@ bool gemm_eligible(const Conv2dArgs& a, ConvPass pass) {
   return false;
 }
 
-void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col);
+// col = im2col(x) in x's dtype (bf16 or f32).
+Tensor im2col_of(const Conv2dArgs& a, const Tensor& xc);
 
-// out [N, O, oh, ow] (bf16) = conv(x, w2) + bias with w2 = the weights as [O, C kH kW] (bf16, contiguous).
+// out [N, O, oh, ow] (bf16 or f32) = conv(x, w2) + bias with w2 = the weights as [O, C kH kW] (x's dtype,
+// contiguous).
 void forward_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& w2, const Tensor& bias, const Tensor& out) {
-  const int64_t P = a.out_h() * a.out_w(), K = a.c * a.kh * a.kw, R = a.n * P;
-  Tensor col = empty({1, R, K}, {.dtype = DType::bf16});
-  im2col_bf16(a, static_cast<const uint16_t*>(xc.raw_data()), static_cast<uint16_t*>(col.raw_data()));
+  const int64_t P = a.out_h() * a.out_w(), R = a.n * P;
+  const int64_t K = a.c * a.kh * a.kw;
+  const Tensor col = im2col_of(a, xc);
   const Tensor wt = w2.view({1, a.oc, K}).transpose(1, 2);
   if (a.channels_last) {  // y^T [N oh ow, O] is the NHWC output itself
     matmul_on_path(KernelPath::native, out.permute({0, 2, 3, 1}).view({1, R, a.oc}), col, wt, bias, false,
@@ -205,16 +209,22 @@ void backward_data_gemm(const Conv2dArgs& a, const Tensor& dyc, const Tensor& wc
   t.pad_h = a.dil_h * (a.kh - 1) - a.pad_h;
   t.pad_w = a.dil_w * (a.kw - 1) - a.pad_w;
   const int64_t taps = a.kh * a.kw;
-  Tensor wt = empty({a.c, a.oc * taps}, {.dtype = DType::bf16});
-  const auto* w = static_cast<const uint16_t*>(wc.raw_data());
-  auto* o = static_cast<uint16_t*>(wt.raw_data());
+  Tensor wt = empty({a.c, a.oc * taps}, {.dtype = wc.dtype()});
+  const auto flip = [&]<class E>() {
+    const auto* w = static_cast<const E*>(wc.raw_data());
+    auto* o = static_cast<E*>(wt.raw_data());
 #pragma omp parallel for if (a.c * a.oc * taps >= kParallelGrain && !omp_in_parallel()) schedule(static)
-  for (int64_t c = 0; c < a.c; ++c)
-    for (int64_t oc = 0; oc < a.oc; ++oc) {
-      const uint16_t* src = w + (oc * a.c + c) * taps;
-      uint16_t* dst = o + (c * a.oc + oc) * taps;
-      for (int64_t k = 0; k < taps; ++k) dst[k] = src[taps - 1 - k];
-    }
+    for (int64_t c = 0; c < a.c; ++c)
+      for (int64_t oc = 0; oc < a.oc; ++oc) {
+        const E* src = w + (oc * a.c + c) * taps;
+        E* dst = o + (c * a.oc + oc) * taps;
+        for (int64_t k = 0; k < taps; ++k) dst[k] = src[taps - 1 - k];
+      }
+  };
+  if (wc.dtype() == DType::f32)
+    flip.template operator()<float>();
+  else
+    flip.template operator()<uint16_t>();
   forward_gemm(t, dyc, wt, Tensor(), dx);
 }
 
@@ -234,7 +244,8 @@ void backward_data_gemm(const Conv2dArgs& a, const Tensor& dyc, const Tensor& wc
 // zero-bordered buffer and the table points into it, which removes the padding test too; otherwise
 // (strided, few outputs per input pixel) padding taps are marked -1. ResNet-18's 512x4x4 stage, batch 32,
 // 1 thread: 6.5 ms with per-element index arithmetic, 1.8 ms so.
-void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col) {
+template <class E>
+void im2col(const Conv2dArgs& a, const E* x, E* col) {
   const int64_t oh = a.out_h(), ow = a.out_w(), P = oh * ow, taps = a.kh * a.kw, K = a.c * taps, HW = a.h * a.w;
   const int64_t PH = a.h + 2 * a.pad_h, PW = a.w + 2 * a.pad_w;
   const bool padded = P * taps >= 2 * HW;
@@ -256,41 +267,41 @@ void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col) {
   const int32_t* tab = table.data();
 #pragma omp parallel if (a.n * P * K >= kParallelGrain && !omp_in_parallel())
   {
-    std::vector<uint16_t> pad(padded ? static_cast<size_t>(a.c * PH * PW) : 0, uint16_t{0});  // borders stay 0
+    std::vector<E> pad(padded ? static_cast<size_t>(a.c * PH * PW) : 0, E{0});  // borders stay 0
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < a.n; ++n) {
-      const uint16_t* xn = x + n * a.c * HW;
-      const uint16_t* planes = xn;
+      const E* xn = x + n * a.c * HW;
+      const E* planes = xn;
       int64_t plane_size = HW;
       if (padded && a.channels_last) {  // NHWC image -> zero-bordered CHW planes (a transposing copy)
         for (int64_t y = 0; y < a.h; ++y)
           for (int64_t xx = 0; xx < a.w; ++xx) {
-            const uint16_t* src = xn + (y * a.w + xx) * a.c;
-            uint16_t* dst = &pad[static_cast<size_t>((y + a.pad_h) * PW + xx + a.pad_w)];
+            const E* src = xn + (y * a.w + xx) * a.c;
+            E* dst = &pad[static_cast<size_t>((y + a.pad_h) * PW + xx + a.pad_w)];
             for (int64_t c = 0; c < a.c; ++c) dst[c * PH * PW] = src[c];
           }
       } else if (padded) {
         for (int64_t c = 0; c < a.c; ++c)
           for (int64_t y = 0; y < a.h; ++y)
             std::memcpy(&pad[static_cast<size_t>((c * PH + y + a.pad_h) * PW + a.pad_w)], xn + c * HW + y * a.w,
-                        static_cast<size_t>(a.w) * sizeof(uint16_t));
+                        static_cast<size_t>(a.w) * sizeof(E));
       }
       if (padded) {
         planes = pad.data();
         plane_size = PH * PW;
       }
       for (int64_t p = 0; p < P; ++p) {
-        uint16_t* out = col + (n * P + p) * K;
+        E* out = col + (n * P + p) * K;
         const int32_t* tp = tab + p * taps;
         for (int64_t c = 0; c < a.c; ++c, out += taps) {
           if (padded) {
-            const uint16_t* plane = planes + c * plane_size;
+            const E* plane = planes + c * plane_size;
             for (int64_t t = 0; t < taps; ++t) out[t] = plane[tp[t]];
           } else if (a.channels_last) {  // pixel q of channel c at xn[q C + c]
-            for (int64_t t = 0; t < taps; ++t) out[t] = tp[t] >= 0 ? xn[tp[t] * a.c + c] : uint16_t{0};
+            for (int64_t t = 0; t < taps; ++t) out[t] = tp[t] >= 0 ? xn[tp[t] * a.c + c] : E{0};
           } else {
-            const uint16_t* plane = planes + c * plane_size;
-            for (int64_t t = 0; t < taps; ++t) out[t] = tp[t] >= 0 ? plane[tp[t]] : uint16_t{0};
+            const E* plane = planes + c * plane_size;
+            for (int64_t t = 0; t < taps; ++t) out[t] = tp[t] >= 0 ? plane[tp[t]] : E{0};
           }
         }
       }
@@ -298,11 +309,20 @@ void im2col_bf16(const Conv2dArgs& a, const uint16_t* x, uint16_t* col) {
   }
 }
 
+Tensor im2col_of(const Conv2dArgs& a, const Tensor& xc) {
+  const int64_t R = a.n * a.out_h() * a.out_w(), K = a.c * a.kh * a.kw;
+  Tensor col = empty({1, R, K}, {.dtype = xc.dtype()});
+  if (xc.dtype() == DType::f32)
+    im2col(a, static_cast<const float*>(xc.raw_data()), static_cast<float*>(col.raw_data()));
+  else
+    im2col(a, static_cast<const uint16_t*>(xc.raw_data()), static_cast<uint16_t*>(col.raw_data()));
+  return col;
+}
+
 void backward_weights_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& dyc, const Tensor& dweight,
                            const Tensor& dbias) {
   const int64_t P = a.out_h() * a.out_w(), K = a.c * a.kh * a.kw, R = a.n * P;
-  Tensor col = empty({1, R, K}, {.dtype = DType::bf16});
-  im2col_bf16(a, static_cast<const uint16_t*>(xc.raw_data()), static_cast<uint16_t*>(col.raw_data()));
+  const Tensor col = im2col_of(a, xc);
   // dY^T [O, N P]: NCHW dy is copied so (small: O x N P); NHWC dy is [N P, O] already, read transposed.
   const Tensor dyt = a.channels_last ? dyc.permute({0, 2, 3, 1}).reshape({1, R, a.oc}).transpose(1, 2)
                                      : dyc.view({a.n, a.oc, P}).permute({1, 0, 2}).contiguous().view({1, a.oc, R});
@@ -364,7 +384,7 @@ const char* pass_name(ConvPass pass) {
 
 // The path of one pass (Note [kernel paths chosen by measurement]); f32 operands and empty batches: native.
 KernelPath conv_path(const Conv2dArgs& a, ConvPass pass) {
-  if (a.src_dtype == DType::f32 || a.n == 0) return KernelPath::native;
+  if (a.n == 0 || (a.src_dtype == DType::f32 && !gemm_eligible(a, pass))) return KernelPath::native;
   auto key = [&] {
     auto d = [](int64_t x, int64_t y) { return std::to_string(x) + "x" + std::to_string(y); };
     return std::string(pass_name(pass)) + " " + dtype_name(a.src_dtype) + " n" + std::to_string(a.n) + " c" +
@@ -387,6 +407,10 @@ KernelPath conv_path(const Conv2dArgs& a, ConvPass pass) {
       case ConvPass::backward_weights: return backward_weights_on(p, a, ops[3], Tensor(), ops[0], ops[2], fmt);
     }
   };
+  if (a.src_dtype == DType::f32) {  // Note [small convolutions as one GEMM]: f32 too, measured against oneDNN's
+    static constexpr KernelPath kF32[] = {KernelPath::native, KernelPath::gemm};
+    return choose_kernel_path(key(), kF32, run);
+  }
   auto reference = [a, pass] { return onednn_reference_impl(conv2d_impl_info(a, pass)); };
   return choose_16bit_path(a.src_dtype, gemm_eligible(a, pass), key, run, reference);
 }

@@ -18,7 +18,8 @@ namespace mp::backend::cpu {
 // Note [kernel paths chosen by measurement]
 // A 16-bit matmul or convolution on the CPU can run oneDNN's 16-bit primitive (native), widen its operands to
 // f32 and run the f32 primitive (via_f32: exact products, f32 sums, one rounding), or, for convolutions with
-// few output pixels, im2col + one 16-bit GEMM (gemm). Which is fastest depends on the CPU, the library and the
+// few output pixels, im2col + one 16-bit GEMM (gemm). An f32 convolution with few output pixels likewise has oneDNN's
+// primitive (native) and im2col + one f32 GEMM (gemm). Which is fastest depends on the CPU, the library and the
 // shape, and no CPU flag predicts it: bf16 kernels ran 0.52-0.78x f32 on a Sapphire Rapids VM without AMX and
 // ~2x f32 on AMD Zen 4, both with AVX512-BF16 (bench/RESULTS.md). So, as cudnn.benchmark does, each shape's
 // candidates are timed on first use on the machine at hand: one warm-up run (it builds the primitives) and
@@ -28,7 +29,7 @@ namespace mp::backend::cpu {
 // kernels that oneDNN 3.2 runs 100x slower than f32 for some layouts on a CPU with AVX512-FP16 cost 2.5 s per MLP step
 // when chosen from contiguous stand-ins, and 11 s of measuring for ResNet-18 when timed 2 runs each, bench/RESULTS.md).
 // Candidates that the caller knows to be oneDNN's reference implementations for the call are not timed at all. The
-// default (native for bf16, via_f32 for f16) is replaced only by a path at least kReplaceFactor faster, so a choice
+// default (native for bf16 and f32, via_f32 for f16) is replaced only by a path at least kReplaceFactor faster, so a choice
 // does not flip with noise. The choice is kept for the process and in the machine's cache file (Note [the kernel-path
 // cache file]), so a second process times nothing; but where one candidate's timed runs spread by more than
 // kNoisySpread (another process held a core: with OpenMP barriers a 2-thread call then takes several times longer) the
