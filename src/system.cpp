@@ -69,11 +69,11 @@ int64_t cuda_host_syncs() { return backend::cuda::host_sync_count(); }
 
 std::vector<KernelPathProbe> probe_kernel_paths() {
   const TensorOptions bf{.dtype = DType::bf16};
-  auto act = [](const Shape& s) {
-    return full(s, 0.01, {.dtype = DType::bf16, .memory_format = MemoryFormat::channels_last}).requires_grad_();
+  auto act = [](const Shape& s, DType dt) {
+    return full(s, 0.01, {.dtype = dt, .memory_format = MemoryFormat::channels_last}).requires_grad_();
   };
-  auto conv = [&](int64_t c, int64_t hw) {
-    const Tensor x = act({32, c, hw, hw}), w = full({c, c, 3, 3}, 0.01, bf).requires_grad_();
+  auto conv = [&](int64_t c, int64_t hw, DType dt = DType::bf16) {
+    const Tensor x = act({32, c, hw, hw}, dt), w = full({c, c, 3, 3}, 0.01, {.dtype = dt}).requires_grad_();
     sum(conv2d(x, w, Tensor(), {.padding = {1, 1}})).backward();
   };
   const std::vector<std::pair<std::string, std::function<void()>>> cases{
@@ -91,6 +91,7 @@ std::vector<KernelPathProbe> probe_kernel_paths() {
        }},
       {"conv 3x3 64->64 32x32 batch 32 NHWC", [&] { conv(64, 32); }},
       {"conv 3x3 512->512 4x4 batch 32 NHWC", [&] { conv(512, 4); }},
+      {"f32 conv 3x3 512->512 4x4 batch 32 NHWC", [&] { conv(512, 4, DType::f32); }},
   };
   std::vector<KernelPathProbe> probes;
   for (const auto& [what, run] : cases) {

@@ -18,7 +18,7 @@ namespace {
 // The measured kernel paths of representative shapes (timed now where this machine's cache has no entry) and
 // what the cache file holds (Note [kernel paths chosen by measurement]).
 void print_kernel_paths(const std::vector<mp::KernelPathProbe>& probes) {
-  std::printf("  bf16 calls of representative shapes: the path taken, each candidate's median ms:\n");
+  std::printf("  bf16 (and small f32) calls of representative shapes: the path taken, each candidate's median ms:\n");
   for (const mp::KernelPathProbe& p : probes) {
     std::string times;
     for (const auto& [path, ms] : p.ms) {

@@ -73,8 +73,9 @@ struct KernelPathProbe {
   std::map<std::string, double> ms;  ///< each candidate's measured median (empty when not measured)
 };
 
-/// Runs bf16 calls of representative shapes (an MLP layer, a square GEMM, an LSTM step, ResNet convolutions):
-/// measured now where this machine's cache has no entry, so it can take a few seconds the first time.
+/// Runs bf16 calls of representative shapes (an MLP layer, a square GEMM, an LSTM step, ResNet convolutions) and
+/// ResNet's small f32 convolution: measured now where this machine's cache has no entry, so it can take a few
+/// seconds the first time.
 std::vector<KernelPathProbe> probe_kernel_paths();
 
 /// What precision the CPU should train in, and why, from the features and the measured probes (bf16 advised where
