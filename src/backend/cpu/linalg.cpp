@@ -101,6 +101,9 @@ MatmulArgs matmul_args(const Tensor& out, const Tensor& a, const Tensor& b, bool
   return args;
 }
 
+// The dtype a bias reaches oneDNN in: f32, or A's and B's dtype; any other is widened to f32.
+DType bias_dtype_for(DType bias, DType ab) { return bias == DType::f32 || bias == ab ? bias : DType::f32; }
+
 }  // namespace
 
 void matmul_on_path(KernelPath path, const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias,
@@ -122,7 +125,7 @@ void matmul_on_path(KernelPath path, const Tensor& out, const Tensor& a, const T
   Tensor bias_c;
   if (bias.defined()) {
     bias_c = bias.contiguous();
-    if (bias_c.dtype() != DType::f32 && bias_c.dtype() != a.dtype()) bias_c = bias_c.to(DType::f32);
+    bias_c = bias_c.to(bias_dtype_for(bias_c.dtype(), a.dtype()));
     args.has_bias = true;
     args.bias_dtype = bias_c.dtype();
   }
@@ -180,7 +183,7 @@ KernelPath matmul_path(DType ab, DType c, int64_t batch, int64_t m, int64_t n, i
     args.relu = x.relu;
     if (x.bias) {
       args.has_bias = true;
-      args.bias_dtype = *x.bias == DType::f32 || *x.bias == ab ? *x.bias : DType::f32;  // matmul_on_path's rule
+      args.bias_dtype = bias_dtype_for(*x.bias, ab);
     }
     return onednn_reference_impl(matmul_impl_info(args));
   };

@@ -40,14 +40,6 @@ constexpr int64_t kScratchBytes = int64_t{1} << 30;
 
 int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
 
-template <class A>
-__device__ MP_FORCE_INLINE A neg_inf_v() {
-  if constexpr (std::is_same_v<A, float>)
-    return __int_as_float(static_cast<int>(0xff800000u));
-  else
-    return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
-}
-
 // Where a row's scores come from, and its mask and dropout.
 template <class A>
 struct RowArgs {
@@ -65,7 +57,7 @@ struct RowArgs {
 // The masked score of row (bh, i), key j: S + mask, -inf where causal hides it.
 template <class A>
 __device__ MP_FORCE_INLINE A masked(const RowArgs<A>& a, A s, int64_t bh, int64_t i, int64_t j) {
-  if (a.causal && j > i) return neg_inf_v<A>();
+  if (a.causal && j > i) return neg_inf<A>();
   if (a.mask != nullptr) {
     const int64_t b = bh / a.H, h = bh - b * a.H;
     s += a.mask[b * a.ms[0] + h * a.ms[1] + i * a.ms[2] + j * a.ms[3]];
@@ -82,15 +74,6 @@ __device__ MP_FORCE_INLINE A drop_factor(const RowArgs<A>& a, int64_t bh, int64_
   return dropout_keeps(philox_to_uniform(blk.v[e & 3]), a.drop_p) ? a.keep : A(0);
 }
 
-template <class A>
-struct MaxOp {
-  __device__ MP_FORCE_INLINE A operator()(A x, A y) const { return y > x ? y : x; }
-};
-template <class A>
-struct SumOp {
-  __device__ MP_FORCE_INLINE A operator()(A x, A y) const { return x + y; }
-};
-
 // Forward rows: S (compute type, rows of ld) of the chunk -> P (T, rows of ld) and lse of each row.
 template <class T, class A>
 __global__ void __launch_bounds__(kRowThreads)
@@ -101,17 +84,17 @@ __global__ void __launch_bounds__(kRowThreads)
     const int64_t bh = a.bh0 + r / a.Tq, i = r % a.Tq;
     const A* s = S + r * a.ld;
     T* p = P + r * a.ld;
-    A m = neg_inf_v<A>();
-    for (int64_t j = tid; j < a.Tk; j += kRowThreads) m = MaxOp<A>{}(m, masked(a, s[j], bh, i, j));
-    m = row_allreduce<kRowThreads>(m, MaxOp<A>{}, neg_inf_v<A>(), smem);
-    if (m == neg_inf_v<A>()) {  // every key masked: zero weights, lse = +inf
+    A m = neg_inf<A>();
+    for (int64_t j = tid; j < a.Tk; j += kRowThreads) m = Max<A>{}(m, masked(a, s[j], bh, i, j));
+    m = row_allreduce<kRowThreads>(m, Max<A>{}, neg_inf<A>(), smem);
+    if (m == neg_inf<A>()) {  // every key masked: zero weights, lse = +inf
       for (int64_t j = tid; j < a.Tk; j += kRowThreads) p[j] = device_cast<T>(A(0));
-      if (tid == 0) lse[r] = -neg_inf_v<A>();
+      if (tid == 0) lse[r] = -neg_inf<A>();
       continue;
     }
     A sum = 0;
     for (int64_t j = tid; j < a.Tk; j += kRowThreads) sum += math_exp(masked(a, s[j], bh, i, j) - m);
-    sum = row_allreduce<kRowThreads>(sum, SumOp<A>{}, A(0), smem);
+    sum = row_allreduce<kRowThreads>(sum, Plus<A>{}, A(0), smem);
     const A l = m + math_log(sum);
     for (int64_t j = tid; j < a.Tk; j += kRowThreads)
       p[j] = device_cast<T>(math_exp(masked(a, s[j], bh, i, j) - l) * drop_factor(a, bh, i, j));
@@ -133,14 +116,14 @@ __global__ void __launch_bounds__(kRowThreads)
     const A* dp = dP + r * a.ld;
     T* pz = Pz + r * a.ld;
     T* ds = dS + r * a.ld;
-    if (l == -neg_inf_v<A>()) {
+    if (l == -neg_inf<A>()) {
       for (int64_t j = tid; j < a.Tk; j += kRowThreads) pz[j] = ds[j] = device_cast<T>(A(0));
       continue;
     }
     A delta = 0;
     for (int64_t j = tid; j < a.Tk; j += kRowThreads)
       delta += math_exp(masked(a, s[j], bh, i, j) - l) * drop_factor(a, bh, i, j) * dp[j];
-    delta = row_allreduce<kRowThreads>(delta, SumOp<A>{}, A(0), smem);
+    delta = row_allreduce<kRowThreads>(delta, Plus<A>{}, A(0), smem);
     for (int64_t j = tid; j < a.Tk; j += kRowThreads) {
       const A p = math_exp(masked(a, s[j], bh, i, j) - l), z = drop_factor(a, bh, i, j), g = dp[j];
       pz[j] = device_cast<T>(p * z);
@@ -323,29 +306,17 @@ void backward_typed(const Tensor& dq, const Tensor& dk, const Tensor& dv, const 
   }
 }
 
-template <class F>
-void visit_attention_dtype(DType dt, F&& f) {
-  switch (dt) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
-    case DType::f16: return f.template operator()<Half>();
-    case DType::bf16: return f.template operator()<BFloat16>();
-    default: break;
-  }
-  MP_CHECK(false, "scaled_dot_product_attention on CUDA: expected f32, f64, f16 or bf16, got ", dtype_name(dt));
-}
-
 void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& mask, const AttentionParams& p) {
   DeviceGuard guard(q.device(), "scaled_dot_product_attention");
-  visit_attention_dtype(q.dtype(), [&]<class T>() { forward_typed<T>(out, lse, q, k, v, mask, p); });
+  visit_floating(q.dtype(), "scaled_dot_product_attention on CUDA", [&]<class T>() { forward_typed<T>(out, lse, q, k, v, mask, p); });
 }
 
 void attention_backward_cuda(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& /*out*/,
                              const Tensor& lse, const Tensor& mask, const AttentionParams& p) {
   DeviceGuard guard(q.device(), "scaled_dot_product_attention");
-  visit_attention_dtype(q.dtype(), [&]<class T>() { backward_typed<T>(dq, dk, dv, dout, q, k, v, lse, mask, p); });
+  visit_floating(q.dtype(), "scaled_dot_product_attention on CUDA", [&]<class T>() { backward_typed<T>(dq, dk, dv, dout, q, k, v, lse, mask, p); });
 }
 
 }  // namespace

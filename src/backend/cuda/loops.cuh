@@ -310,6 +310,17 @@ OffsetCalc<N> make_offset_calc(std::span<const int64_t> sizes, const std::array<
   return c;
 }
 
+// ================================================================ special values
+
+/// -inf in A (float or double), without host-only numeric_limits in device code.
+template <class A>
+__device__ MP_FORCE_INLINE A neg_inf() {
+  if constexpr (std::is_same_v<A, float>)
+    return __int_as_float(static_cast<int>(0xff800000u));
+  else
+    return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+}
+
 // ================================================================ launching
 
 /// Threads per block of the element-wise and reduction kernels.

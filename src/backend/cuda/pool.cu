@@ -70,14 +70,6 @@ Geom geom(int64_t H, int64_t W, int64_t OH, int64_t OW, const Pool2dWindow& w) {
   return {H, W, OH, OW, w.kernel[0], w.kernel[1], w.stride[0], w.stride[1], w.padding[0], w.padding[1]};
 }
 
-// -inf in A (float or double).
-template <class A>
-__device__ MP_FORCE_INLINE A neg_inf() {
-  if constexpr (std::is_same_v<A, float>)
-    return __int_as_float(static_cast<int>(0xff800000u));
-  else
-    return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
-}
 
 // Floor division for a positive divisor.
 __device__ MP_FORCE_INLINE int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }

@@ -25,6 +25,16 @@ __device__ MP_FORCE_INLINE V broadcast_lane0(V v) {
   return r;
 }
 
+// The combines of row sums and maxima.
+template <class A>
+struct Plus {
+  __device__ MP_FORCE_INLINE A operator()(A a, A b) const { return a + b; }
+};
+template <class A>
+struct Max {  // NaN never wins, as the CPU's lanes_max
+  __device__ MP_FORCE_INLINE A operator()(A a, A b) const { return b > a ? b : a; }
+};
+
 // Shared scratch of the block-per-row reductions: 32 partials plus the broadcast slot.
 struct alignas(16) RowSmem {
   unsigned char bytes[33 * 32];

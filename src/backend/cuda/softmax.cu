@@ -52,13 +52,6 @@ constexpr int kColThreads = 256;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 template <class A>
-__device__ MP_FORCE_INLINE A neg_inf() {
-  if constexpr (std::is_same_v<A, float>)
-    return __int_as_float(static_cast<int>(0xff800000u));
-  else
-    return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
-}
-template <class A>
 __device__ MP_FORCE_INLINE A quiet_nan() {
   if constexpr (std::is_same_v<A, float>)
     return __int_as_float(0x7fc00000);
@@ -98,14 +91,6 @@ __device__ MP_FORCE_INLINE MaxSum<A> finish_max_sum(MaxSum<A> st) {
   return st;
 }
 
-template <class A>
-struct Plus {
-  __device__ MP_FORCE_INLINE A operator()(A a, A b) const { return a + b; }
-};
-template <class A>
-struct Max {  // NaN never wins, as the CPU's lanes_max
-  __device__ MP_FORCE_INLINE A operator()(A a, A b) const { return b > a ? b : a; }
-};
 
 // ---------------------------------------------------------------- softmax forward
 
