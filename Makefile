@@ -34,8 +34,11 @@ test: build
 # are the only tests it builds (MP_TEST_LABELS).
 SAN_BUILD ?= build-sanitize
 SAN_LABELS ?= core|tensor|autograd|ops|backend|nn|optim|amp|data|models
+# -O1 -g1 (ASan's advice; line tables for the reports' stack traces, no variable info): the library compiles in
+# about half the time of RelWithDebInfo's -O2 -g (bench/RESULTS.md, CI budget).
+SAN_FLAGS ?= -O1 -g1 -DNDEBUG
 test-sanitize: setup
-	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMP_WERROR=ON -DMP_CUDA=OFF -DMP_BUILD_BENCH=OFF \
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO='$(SAN_FLAGS)' -DMP_WERROR=ON -DMP_CUDA=OFF -DMP_BUILD_BENCH=OFF \
 	  -DMP_BUILD_APPS=OFF -DMP_SANITIZE=address,undefined -DMP_TEST_LABELS='$(SAN_LABELS)'
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	# detect_leaks=0: the runtime state and kernel caches are leaked on purpose (freed by the OS at exit).

@@ -359,7 +359,7 @@ TEST_F(DataFiles, Cifar100UsesFineLabel) {
 TEST_F(DataFiles, CifarErrors) {
   // Not a multiple of the record size.
   Bytes recs = cifar_records({{1}, {2}}, 0);
-  recs.resize(recs.size() - 5);
+  recs.erase(recs.end() - 5, recs.end());  // (resize() here: a false -Wstringop-overflow of GCC 12 at -O1 + ASan)
   write_file(path("short.bin"), recs);
   std::string m = error_of([&] { read_cifar({path("short.bin")}, 10); });
   EXPECT_CONTAINS(m, path("short.bin"));

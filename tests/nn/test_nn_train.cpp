@@ -43,7 +43,7 @@ double accuracy(const Tensor& logits, const Tensor& target) {
 }
 
 // Full-batch training; returns the final loss.
-double train(UnaryModule& model, optim::Optimizer& opt, const Tensor& x, const Tensor& y, int steps) {
+double train_for(UnaryModule& model, optim::Optimizer& opt, const Tensor& x, const Tensor& y, int steps) {
   double loss_value = 0;
   for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
@@ -65,7 +65,7 @@ TEST(NnTrain, MlpWithAdamLearnsQuadrants) {
   optim::Adam opt(mlp->parameters(), {.lr = 1e-2});
   const double initial = cross_entropy(mlp->forward(x), y).item<double>();
   EXPECT_NEAR(initial, std::log(4.0), 0.3);  // near chance at initialisation
-  const double final_loss = train(*mlp, opt, x, y, 200);
+  const double final_loss = train_for(*mlp, opt, x, y, 200);
   // This run reaches ~0.002; 0.1 is 7% of chance level (ln 4 = 1.39).
   EXPECT_LT(final_loss, 0.1);
   auto [xt, yt] = quadrants(512);  // fresh samples
@@ -147,7 +147,7 @@ TEST(NnTrain, SmallCnnLearnsBarOrientation) {
       std::make_shared<MaxPool2d>(Pool2dOptions{.kernel = {2, 2}}), std::make_shared<Flatten>(),
       std::make_shared<Linear>(8 * 4 * 4, 2));
   optim::Adam opt(cnn->parameters(), {.lr = 1e-2});
-  const double final_loss = train(*cnn, opt, x, y, 60);
+  const double final_loss = train_for(*cnn, opt, x, y, 60);
   // Chance level is ln 2 = 0.69; this run reaches ~0.01.
   EXPECT_LT(final_loss, 0.05);
   // Eval mode (running batch-norm statistics) generalises to fresh images.
