@@ -3,6 +3,7 @@
 // the gradients that are (not) computed, and error messages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -449,5 +450,55 @@ TEST(Conv2d, F32GemmPathMatchesOneDnn) {
       const double err = maxabs(via_gemm[i] - native[i]);
       EXPECT_LE(err, 1e-5 * scale) << names[i] << ": " << err << " of " << scale;
     }
+  }
+}
+
+// Note [through f32 on f32's path]: a bf16 convolution through f32 runs the f32 path its shape chose; with the f32
+// passes pinned to the GEMM it computes what it computes with them on oneDNN, up to the order of the f32 sums
+// (then one bf16 rounding of y and dx: a result next to a rounding boundary may move by one bf16 ulp, 2^-8).
+TEST(Conv2d, Bf16ThroughF32TakesTheF32GemmPath) {
+  struct Restore {
+    KernelPathMode mode = kernel_path_mode();
+    ~Restore() {
+      reset_kernel_paths();
+      set_kernel_path_mode(mode);
+    }
+  } restore;
+  set_kernel_path_mode(KernelPathMode::pinned);
+  manual_seed(37);
+  const MemoryFormat fmt = MemoryFormat::channels_last;
+  const Tensor x = randn({4, 16, 4, 4}).to(DType::bf16).contiguous(fmt), w = randn({8, 16, 3, 3}).to(DType::bf16);
+  auto run = [&] {
+    Tensor xi = x.detach().requires_grad_(), wi = w.detach().requires_grad_();
+    Tensor y = conv2d(xi, wi, Tensor(), {.padding = {1, 1}});
+    y.backward(ones(y.sizes(), {.dtype = DType::bf16}));
+    return std::vector<Tensor>{y.detach().to(DType::f32), xi.grad().to(DType::f32), wi.grad().to(DType::f32)};
+  };
+  reset_kernel_paths();
+  (void)run();
+  std::map<std::string, std::string> on_gemm, on_onednn;
+  for (const auto& [key, path] : kernel_path_record().choices) {
+    if (!key.starts_with("conv_")) continue;
+    const bool f32 = key.find(" f32 ") != std::string::npos;
+    on_gemm[key] = f32 ? "gemm" : "via_f32";
+    on_onednn[key] = f32 ? "native" : "via_f32";
+  }
+  // The three f32 copies always; the three bf16 passes too where bf16 has candidates of its own (without bf16
+  // instructions it computes through f32 with no choice to record).
+  ASSERT_EQ(std::count_if(on_gemm.begin(), on_gemm.end(), [](const auto& kv) { return kv.second == "gemm"; }), 3);
+  reset_kernel_paths();
+  adopt_kernel_paths(on_onednn);
+  const std::vector<Tensor> onednn = run();
+  reset_kernel_paths();
+  adopt_kernel_paths(on_gemm);
+  const std::vector<Tensor> gemm = run();
+  EXPECT_EQ(kernel_path_record().from_record, static_cast<int>(on_gemm.size())) << "each pass read its adopted path";
+  const char* names[] = {"y", "dx", "dw"};
+  const double tol[] = {0x1p-8, 0x1p-8, 1e-5};  // y, dx rounded to bf16; dw stays f32
+  for (size_t i = 0; i < gemm.size(); ++i) {
+    const double scale = amax(abs(onednn[i]), {0, 1, 2, 3}).item<double>();
+    const double err = amax(abs(gemm[i] - onednn[i]), {0, 1, 2, 3}).item<double>();
+    EXPECT_LE(err, tol[i] * scale) << names[i] << ": " << err << " of " << scale;
+    EXPECT_GT(scale, 0.0) << names[i];
   }
 }

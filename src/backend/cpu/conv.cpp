@@ -336,6 +336,18 @@ void backward_weights_gemm(const Conv2dArgs& a, const Tensor& xc, const Tensor& 
 
 DType path_dtype(const Conv2dArgs& a, KernelPath p) { return p == KernelPath::via_f32 ? DType::f32 : a.src_dtype; }
 
+KernelPath conv_path(const Conv2dArgs& a, ConvPass pass);
+
+// Note [through f32 on f32's path]: a 16-bit convolution through f32 runs its f32 copy on the path that f32
+// convolution of that shape chose (oneDNN or one GEMM), so it costs the f32 convolution plus the casts. It used
+// oneDNN's f32 kernel always: on AMD Zen 3, where f32 took the GEMM for ResNet-18's small convolutions and 16-bit
+// computes through f32, bf16 O2 steps became 1.3-1.45x slower than fp32 (bench/RESULTS.md). conv_path decides
+// the f32 path before it times the 16-bit candidates (one shape is timed at a time).
+bool via_f32_gemm(Conv2dArgs a, ConvPass pass) {
+  a.src_dtype = a.dst_dtype = DType::f32;
+  return gemm_eligible(a, pass) && conv_path(a, pass) == KernelPath::gemm;
+}
+
 Tensor scratch_for(const Tensor& t, DType ct, MemoryFormat fmt) {
   return t.dtype() == ct ? t : empty(t.sizes(), {.dtype = ct, .device = t.device(), .memory_format = fmt});
 }
@@ -346,9 +358,13 @@ void forward_on(KernelPath p, Conv2dArgs a, const Tensor& out, const Tensor& x, 
   if (p == KernelPath::gemm)  // Note [small convolutions as one GEMM]
     return forward_gemm(a, x.contiguous(fmt), weight.contiguous().view({a.oc, a.c * a.kh * a.kw}), bc, out);
   const DType ct = path_dtype(a, p);
+  const bool gemm = p == KernelPath::via_f32 && via_f32_gemm(a, ConvPass::forward);
   a.src_dtype = a.dst_dtype = ct;
   const Tensor xc = x.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous(), dst = scratch_for(out, ct, fmt);
-  conv2d_forward(a, xc.raw_data(), wc.raw_data(), bc.defined() ? bc.raw_data() : nullptr, dst.raw_data());
+  if (gemm)  // Note [through f32 on f32's path]
+    forward_gemm(a, xc, wc.view({a.oc, a.c * a.kh * a.kw}), bc, dst);
+  else
+    conv2d_forward(a, xc.raw_data(), wc.raw_data(), bc.defined() ? bc.raw_data() : nullptr, dst.raw_data());
   if (dst.raw_data() != out.raw_data()) Tensor(out).copy_(dst);
 }
 
@@ -356,9 +372,13 @@ void backward_data_on(KernelPath p, Conv2dArgs a, const Tensor& dx, const Tensor
                       MemoryFormat fmt) {
   if (p == KernelPath::gemm) return backward_data_gemm(a, dy.contiguous(fmt), weight.contiguous(), dx);
   const DType ct = path_dtype(a, p);
+  const bool gemm = p == KernelPath::via_f32 && via_f32_gemm(a, ConvPass::backward_data);
   a.src_dtype = a.dst_dtype = ct;
   const Tensor dyc = dy.to(ct).contiguous(fmt), wc = weight.to(ct).contiguous(), dst = scratch_for(dx, ct, fmt);
-  conv2d_backward_data(a, dyc.raw_data(), wc.raw_data(), dst.raw_data());
+  if (gemm)  // Note [through f32 on f32's path]
+    backward_data_gemm(a, dyc, wc, dst);
+  else
+    conv2d_backward_data(a, dyc.raw_data(), wc.raw_data(), dst.raw_data());
   if (dst.raw_data() != dx.raw_data()) Tensor(dx).copy_(dst);
 }
 
@@ -367,8 +387,11 @@ void backward_weights_on(KernelPath p, Conv2dArgs a, const Tensor& dweight, cons
   if (p == KernelPath::gemm)  // Note [bf16 weight gradient as one GEMM]
     return backward_weights_gemm(a, x.contiguous(fmt), dy.contiguous(fmt), dweight, dbias);
   const DType ct = path_dtype(a, p);
+  const bool gemm = p == KernelPath::via_f32 && via_f32_gemm(a, ConvPass::backward_weights);
   a.src_dtype = a.dst_dtype = ct;
   const Tensor xc = x.to(ct).contiguous(fmt), dyc = dy.to(ct).contiguous(fmt);
+  if (gemm)  // Note [through f32 on f32's path]
+    return backward_weights_gemm(a, xc, dyc, dweight, dbias);
   conv2d_backward_weights(a, xc.raw_data(), dyc.raw_data(), dweight.raw_data(),
                           dbias.defined() ? dbias.raw_data() : nullptr);
 }
@@ -412,6 +435,7 @@ KernelPath conv_path(const Conv2dArgs& a, ConvPass pass) {
     return choose_kernel_path(key(), kF32, run);
   }
   auto reference = [a, pass] { return onednn_reference_impl(conv2d_impl_info(a, pass)); };
+  (void)via_f32_gemm(a, pass);  // f32's path first (Note [through f32 on f32's path])
   return choose_16bit_path(a.src_dtype, gemm_eligible(a, pass), key, run, reference);
 }
 
@@ -481,8 +505,8 @@ void conv2d_backward_weights_cpu(const Tensor& dweight, const Tensor& dbias, con
   backward_weights_on(conv_path(a, ConvPass::backward_weights), a, dweight, dbias, x, dy, fmt);
 }
 
-// Both gradients: when both passes take one primitive path (native, or both through f32), one call, which
-// reorders dy into oneDNN's layout once for the two; otherwise the two kernels.
+// Both gradients: when both passes take one primitive path (native, or both through f32 on oneDNN's f32 kernels),
+// one call, which reorders dy into oneDNN's layout once for the two; otherwise the two kernels.
 void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& x,
                          const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g) {
   if (!dx.defined() || !dweight.defined() || dx.dtype() == DType::f64) {
@@ -504,7 +528,9 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
   MP_ASSERT(dy.size(2) == a.out_h() && dy.size(3) == a.out_w(), "conv2d backward kernel: dy ", dy.describe(),
             " does not match the geometry");
   const KernelPath pd = conv_path(a, ConvPass::backward_data), pw = conv_path(a, ConvPass::backward_weights);
-  if (a.n == 0 || pd != pw || pd == KernelPath::gemm) {
+  if (a.n == 0 || pd != pw || pd == KernelPath::gemm ||
+      (pd == KernelPath::via_f32 && (via_f32_gemm(a, ConvPass::backward_data) ||
+                                     via_f32_gemm(a, ConvPass::backward_weights)))) {
     backward_data_on(pd, a, dx, dy, weight, fmt);
     backward_weights_on(pw, a, dweight, dbias, x, dy, fmt);
     return;
