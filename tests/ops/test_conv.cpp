@@ -90,6 +90,18 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
   for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message lacks '" << p << "': " << msg;
 }
 
+// Kernel paths pinned to their defaults for one test (paths adopted explicitly), the caller's mode restored after.
+struct PinnedKernelPaths {
+  KernelPathMode mode = kernel_path_mode();
+  PinnedKernelPaths() { set_kernel_path_mode(KernelPathMode::pinned); }
+  PinnedKernelPaths(const PinnedKernelPaths&) = delete;
+  PinnedKernelPaths& operator=(const PinnedKernelPaths&) = delete;
+  ~PinnedKernelPaths() {
+    reset_kernel_paths();
+    set_kernel_path_mode(mode);
+  }
+};
+
 }  // namespace
 
 TEST(Conv2d, KnownValuesAndShape) {
@@ -410,14 +422,7 @@ TEST(Conv2d, F32GemmPathMatchesOneDnn) {
       {"3x3 s2 8x8", {3, 8, 8, 8}, {12, 8, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}, true},
       {"1x1 s2 8x8", {3, 8, 8, 8}, {12, 8, 1, 1}, {.stride = {2, 2}}, false},
   };
-  struct Restore {
-    KernelPathMode mode = kernel_path_mode();
-    ~Restore() {
-      reset_kernel_paths();
-      set_kernel_path_mode(mode);
-    }
-  } restore;
-  set_kernel_path_mode(KernelPathMode::pinned);
+  const PinnedKernelPaths pinned;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     manual_seed(31);
@@ -457,14 +462,7 @@ TEST(Conv2d, F32GemmPathMatchesOneDnn) {
 // passes pinned to the GEMM it computes what it computes with them on oneDNN, up to the order of the f32 sums
 // (then one bf16 rounding of y and dx: a result next to a rounding boundary may move by one bf16 ulp, 2^-8).
 TEST(Conv2d, Bf16ThroughF32TakesTheF32GemmPath) {
-  struct Restore {
-    KernelPathMode mode = kernel_path_mode();
-    ~Restore() {
-      reset_kernel_paths();
-      set_kernel_path_mode(mode);
-    }
-  } restore;
-  set_kernel_path_mode(KernelPathMode::pinned);
+  const PinnedKernelPaths pinned;
   manual_seed(37);
   const MemoryFormat fmt = MemoryFormat::channels_last;
   const Tensor x = randn({4, 16, 4, 4}).to(DType::bf16).contiguous(fmt), w = randn({8, 16, 3, 3}).to(DType::bf16);
