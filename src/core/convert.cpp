@@ -298,6 +298,18 @@ void convert_bf16_to_f32(ConvertPath path, const BFloat16* src, float* dst, size
   dispatch<U16, float>(path, MP_KERNELS(bf16_to_f32), bits(src), dst, n);
 }
 
+const BlockConverters& block_converters() {
+  static const BlockConverters k = [] {
+    const ConvertPath p = best_convert_path();
+    auto pick = [p](auto scalar, auto avx2, auto avx512) {
+      return p == ConvertPath::avx512 ? avx512 : p == ConvertPath::avx2 ? avx2 : scalar;
+    };
+    return BlockConverters{pick(MP_KERNELS(f32_to_f16)), pick(MP_KERNELS(f16_to_f32)), pick(MP_KERNELS(f32_to_bf16)),
+                           pick(MP_KERNELS(bf16_to_f32))};
+  }();
+  return k;
+}
+
 }  // namespace detail
 
 void convert_f32_to_f16(const float* src, Half* dst, size_t n) {

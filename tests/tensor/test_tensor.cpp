@@ -237,7 +237,60 @@ TEST(Tensor, TransposingCopiesAndCastsMatchElementByElement) {
     for (size_t j = 0; j < 200; ++j) ASSERT_EQ(e[i * 200 + j], vv[i]);
 }
 
-// Note [same-dtype copies]: a copy within one dtype whose rows are unit-stride on both sides (here attention's
+// Note [row copies]: a cast between f32 and bf16/f16 whose rows are unit-stride on both sides converts whole rows
+// with the bulk converters; it must agree bit for bit with the scalar conversion (round to nearest even, NaNs kept
+// NaN, -0, infinities, subnormals) on every 16-bit pattern widened and on f32 patterns around every rounding tie,
+// through a transpose of outer dims and in long rows split into pieces.
+TEST(Tensor, RowCastsMatchTheScalarConversion) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto widen = [dt](uint16_t b) {
+      return dt == DType::bf16 ? detail::bf16_bits_to_float(b) : detail::half_bits_to_float(b);
+    };
+    auto narrow = [dt](float f) {
+      return dt == DType::bf16 ? detail::float_to_bf16_bits(f) : detail::float_to_half_bits(f);
+    };
+    // Every 16-bit pattern, as [2, 4, 128, 64] permuted to [2, 128, 4, 64]: rows of 64 elements.
+    Tensor h = empty({2, 4, 128, 64}, {.dtype = dt});
+    auto* hb = static_cast<uint16_t*>(h.raw_data());
+    for (uint32_t i = 0; i < 65536; ++i) hb[i] = static_cast<uint16_t>(i);
+    const Tensor hp = h.permute({0, 2, 1, 3});
+    const Tensor w = hp.to(DType::f32);
+    ASSERT_TRUE(w.is_contiguous());
+    const auto wv = w.to_vector<float>();
+    const auto* hb_p = static_cast<const uint16_t*>(hp.contiguous().raw_data());
+    size_t wrong = 0;
+    for (size_t i = 0; i < wv.size(); ++i) {
+      const float r = widen(hb_p[i]);
+      wrong += std::isnan(r) ? !std::isnan(wv[i]) : std::memcmp(&r, &wv[i], 4) != 0;
+    }
+    EXPECT_EQ(wrong, 0u) << "widening";
+    // f32 patterns: each widened value, its neighbours one f32 ulp away and the midpoints to the next 16-bit value
+    // (ties), in one long contiguous row (pieces) and through the same permute.
+    std::vector<float> f;
+    for (uint32_t i = 0; i < 65536; i += 3) {
+      const float v = widen(static_cast<uint16_t>(i)), u = widen(static_cast<uint16_t>(i + 1));
+      f.insert(f.end(), {v, std::nextafter(v, INFINITY), std::nextafter(v, -INFINITY), v + (u - v) / 2});
+    }
+    f.resize(f.size() / 128 * 128);
+    const Tensor x = from_vector(f, {2, static_cast<int64_t>(f.size()) / 128, 64});
+    for (const Tensor& src : {x, x.permute({1, 0, 2})}) {
+      const Tensor n16 = src.to(dt);
+      ASSERT_TRUE(n16.is_contiguous());
+      const Tensor srcc = src.contiguous();
+      const auto* sv = srcc.data_ptr<float>();
+      const auto* nb = static_cast<const uint16_t*>(n16.raw_data());
+      size_t bad = 0;
+      for (int64_t i = 0; i < n16.numel(); ++i) {
+        const uint16_t r = narrow(sv[i]);
+        bad += std::isnan(sv[i]) ? !std::isnan(widen(nb[i])) : r != nb[i];
+      }
+      EXPECT_EQ(bad, 0u) << "narrowing, " << (src.is_contiguous() ? "contiguous" : "permuted");
+    }
+  }
+}
+
+// Note [row copies]: a copy within one dtype whose rows are unit-stride on both sides (here attention's
 // [B, T, H, D] -> [B, H, T, D], rows of D = 40) moves the bytes: every bit pattern survives, NaN payloads and
 // -0 included, in every dtype; a long contiguous row goes in pieces, and rows shorter than 64 bytes take the
 // element-wise loop with the same values.
@@ -268,9 +321,7 @@ TEST(Tensor, SameDtypeCopiesKeepEveryBit) {
         const Tensor ref = x.to(DType::f64).permute({0, 2, 1, 3}).contiguous();
         const auto a = y.to(DType::f64).to_vector<double>(), r = ref.to_vector<double>();
         for (size_t i = 0; i < a.size(); ++i)
-          if (!(std::isnan(a[i]) && std::isnan(r[i]))) {
-            ASSERT_EQ(a[i], r[i]) << i;
-          }
+          if (!(std::isnan(a[i]) && std::isnan(r[i]))) { ASSERT_EQ(a[i], r[i]) << i; }
       }
     }
   }

@@ -90,11 +90,11 @@ const C* load_block(const char* ptr, int64_t stride, DType dt, int64_t n, C* buf
   if (dt == dtype_of<C>() && stride == 1) return reinterpret_cast<const C*>(ptr);
   if constexpr (std::is_same_v<C, float>) {
     if (stride == 1 && dt == DType::bf16) {
-      convert_bf16_to_f32(reinterpret_cast<const BFloat16*>(ptr), buf, static_cast<size_t>(n));
+      detail::block_converters().bf16_to_f32(reinterpret_cast<const uint16_t*>(ptr), buf, static_cast<size_t>(n));
       return buf;
     }
     if (stride == 1 && dt == DType::f16) {
-      convert_f16_to_f32(reinterpret_cast<const Half*>(ptr), buf, static_cast<size_t>(n));
+      detail::block_converters().f16_to_f32(reinterpret_cast<const uint16_t*>(ptr), buf, static_cast<size_t>(n));
       return buf;
     }
   }
@@ -114,11 +114,11 @@ template <class R>
 void store_block(char* ptr, int64_t stride, DType dt, int64_t n, const R* vals) {
   if constexpr (std::is_same_v<R, float>) {
     if (stride == 1 && dt == DType::bf16) {
-      convert_f32_to_bf16(vals, reinterpret_cast<BFloat16*>(ptr), static_cast<size_t>(n));
+      detail::block_converters().f32_to_bf16(vals, reinterpret_cast<uint16_t*>(ptr), static_cast<size_t>(n));
       return;
     }
     if (stride == 1 && dt == DType::f16) {
-      convert_f32_to_f16(vals, reinterpret_cast<Half*>(ptr), static_cast<size_t>(n));
+      detail::block_converters().f32_to_f16(vals, reinterpret_cast<uint16_t*>(ptr), static_cast<size_t>(n));
       return;
     }
   }

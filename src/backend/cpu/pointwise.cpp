@@ -61,8 +61,8 @@ void run_pointwise(PointwiseOp op, const Tensor& out, std::span<const Tensor> in
 void pointwise_cpu(PointwiseOp op, const Tensor& out, std::span<const Tensor> ins, DType compute,
                    const PointwiseParams& p) {
   MP_ASSERT(static_cast<int>(ins.size()) == pointwise_arity(op), "wrong operand count");
-  if (op == PointwiseOp::copy && (same_dtype_copy(out, ins[0]) || transpose_copy(out, ins[0])))
-    return;  // Note [same-dtype copies], Note [transposing copies]
+  if (op == PointwiseOp::copy && (row_copy(out, ins[0]) || transpose_copy(out, ins[0])))
+    return;  // Note [row copies], Note [transposing copies]
   switch (compute) {
     case DType::f64: return run_pointwise<double>(op, out, ins, p);
     case DType::f32:

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "backend/cpu/loops.hpp"
+#include "mp/core/convert.hpp"
 
 namespace mp::backend::cpu {
 namespace {
@@ -24,26 +25,57 @@ constexpr int64_t kMinElements = 4096;
 
 bool tileable(DType dt) { return dt == DType::f32 || dt == DType::bf16 || dt == DType::f16; }
 
-// Note [same-dtype copies]
-// A copy between tensors of one dtype that are both unit-stride along the output's innermost dim (contiguous
-// tensors, a transpose of outer dims such as attention's [B, T, H, D] <-> [B, H, T, D], a slice) moves bytes row
-// by row (memmove), so the bits are kept exactly (NaN payloads too) and 16-bit rows are not widened to f32 and
-// narrowed back as the element-wise loop does (that round trip was 2.4% of a bf16 gpt-mini step; RESULTS).
+// Note [row copies]
+// A copy whose tensors are both unit-stride along the output's innermost dim (contiguous tensors, a transpose of
+// outer dims such as attention's [B, T, H, D] <-> [B, H, T, D], a slice) goes row by row in one call per piece:
+// - one dtype: byte moves (memmove), so the bits are kept exactly (NaN payloads too) and 16-bit rows are not
+//   widened to f32 and narrowed back as the element-wise loop does (that round trip was 2.4% of a bf16 gpt-mini
+//   step; RESULTS);
+// - f32 <-> bf16/f16 (a cast): the bulk converters of mp/core/convert.hpp straight from one tensor to the other.
+//   The element-wise loop converted into a block buffer and copied that out, block by block: 3x slower than this
+//   (bf16 -> f32 at 23 GB/s where an f32 copy runs at 76, Zen 3, 2 threads; RESULTS), and the casts around the
+//   through-f32 matmuls were 7% of a bf16 MLP step.
 // Rows shorter than kMinRowBytes keep the loop.
 constexpr int64_t kMinRowBytes = 64;
-constexpr int64_t kChunk = int64_t{1} << 16;  // elements per piece of one long row (for the threads)
+constexpr int64_t kChunk = int64_t{1} << 14;  // elements per piece of one long row (for the threads; below the
+                                              // converters' own parallel threshold)
+
+// Copies n elements from `src` to `dst` with the dtypes of row_copy's operands; nullptr when they have no row kernel.
+using RowKernel = void (*)(const char* src, char* dst, int64_t n, int64_t es);
+RowKernel row_kernel(DType out, DType in) {
+  if (out == in)
+    return [](const char* s, char* d, int64_t n, int64_t es) { std::memmove(d, s, static_cast<size_t>(n * es)); };
+  if (in == DType::f32 && out == DType::bf16)
+    return [](const char* s, char* d, int64_t n, int64_t) {
+      convert_f32_to_bf16(reinterpret_cast<const float*>(s), reinterpret_cast<BFloat16*>(d), static_cast<size_t>(n));
+    };
+  if (in == DType::bf16 && out == DType::f32)
+    return [](const char* s, char* d, int64_t n, int64_t) {
+      convert_bf16_to_f32(reinterpret_cast<const BFloat16*>(s), reinterpret_cast<float*>(d), static_cast<size_t>(n));
+    };
+  if (in == DType::f32 && out == DType::f16)
+    return [](const char* s, char* d, int64_t n, int64_t) {
+      convert_f32_to_f16(reinterpret_cast<const float*>(s), reinterpret_cast<Half*>(d), static_cast<size_t>(n));
+    };
+  if (in == DType::f16 && out == DType::f32)
+    return [](const char* s, char* d, int64_t n, int64_t) {
+      convert_f16_to_f32(reinterpret_cast<const Half*>(s), reinterpret_cast<float*>(d), static_cast<size_t>(n));
+    };
+  return nullptr;
+}
 
 }  // namespace
 
-bool same_dtype_copy(const Tensor& out, const Tensor& in) {
-  if (out.dtype() != in.dtype() || out.numel() == 0) return false;
+bool row_copy(const Tensor& out, const Tensor& in) {
+  const RowKernel kernel = row_kernel(out.dtype(), in.dtype());
+  if (kernel == nullptr || out.numel() == 0) return false;
   const LoopPlan<2> p = make_plan<2>({&out, &in});
   if (p.ndim < 1) return false;
   const int last = p.ndim - 1;
   if (p.strides[0][last] != 1 || p.strides[1][last] != 1) return false;
-  const int64_t es = static_cast<int64_t>(dtype_size(out.dtype()));
+  const int64_t eo = static_cast<int64_t>(dtype_size(out.dtype())), ei = static_cast<int64_t>(dtype_size(in.dtype()));
   const int64_t nl = p.sizes[last];
-  if (nl * es < kMinRowBytes) return false;
+  if (nl * std::min(eo, ei) < kMinRowBytes) return false;
   // A piece: row r's elements [c kChunk, ...) (one piece per row unless the row is long).
   const int64_t rows = p.numel / nl, chunks = (nl + kChunk - 1) / kChunk;
   auto piece = [&](int64_t w) {
@@ -56,7 +88,7 @@ bool same_dtype_copy(const Tensor& out, const Tensor& in) {
       off[0] += idx * p.strides[0][d];
       off[1] += idx * p.strides[1][d];
     }
-    std::memmove(p.base[0] + off[0] * es, p.base[1] + off[1] * es, static_cast<size_t>(n * es));
+    kernel(p.base[1] + off[1] * ei, p.base[0] + off[0] * eo, n, ei);
   };
   const int64_t work = rows * chunks;
   if (should_parallelize(p.numel) && work > 1) {
