@@ -103,6 +103,30 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 namespace {
 
+// Note [linear through f32]
+// Where the device computes a 16-bit GEMM by widening its operands to f32 (backend::matmul_compute_dtype: the CPU
+// for f16, and for bf16 where that path is chosen), each of linear's three GEMMs would widen its own operands: the
+// weight twice a step (forward, data gradient) and the output gradient twice (data and weight gradients). linear
+// widens each once instead: the weight in the forward, kept for the backward (an f32 copy of the weight held from
+// forward to backward, 4 bytes a parameter, only on such devices), the output gradient once in the backward. The
+// products are the kernel's own (the same f32 operands in the same layouts, one rounding of each result), so the
+// values are bit for bit those of the kernel's path (tests/ops/test_linalg.cpp). Casts were 6% of a bf16 LSTM
+// step on Zen 3, the word LM's decoder weight and its [T*B, V] gradient the largest of them (bench/RESULTS.md).
+struct LinearGemms {
+  bool forward = false;   // the forward GEMM goes through f32
+  bool backward = false;  // both gradient GEMMs go through f32
+};
+
+LinearGemms linear_through_f32(DType dt, Device dev, int64_t rows, int64_t in, int64_t outf, bool grad) {
+  auto* const compute = backend::matmul_compute_dtype.find(dev.type);
+  if (compute == nullptr || !is_low_precision(dt) || rows == 0 || in == 0 || outf == 0) return {};
+  auto f32 = [&](int64_t m, int64_t n, int64_t k, bool a_cm, bool b_cm) {
+    return compute(dt, dt, 1, m, n, k, a_cm, b_cm) == DType::f32;
+  };
+  return {.forward = f32(rows, outf, in, false, true),
+          .backward = grad && f32(rows, in, outf, false, false) && f32(outf, in, rows, true, false)};
+}
+
 // linear and linear_relu: y = epilogue(x W^T + b); the backward masks the gradient with y > 0 first
 // when the ReLU was fused.
 // Not fused (deliberately): GELU, since mp::gelu is the exact erf form (PyTorch's default) and cuBLASLt's GELU
@@ -123,28 +147,50 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, bool re
   Shape out_shape = x.sizes();
   out_shape.back() = outf;
   const int64_t rows = shape_numel(Shape(x.sizes().begin(), x.sizes().end() - 1));  // also when in == 0
-  Tensor out;
+  std::vector<Tensor> inputs{xc, wc, bias};
+  const bool grad = autograd::any_requires_grad(inputs);
+  // Contiguous operands only: their f32 copies then have the layouts the kernel's own widening gives them.
+  const LinearGemms f32 = xc.is_contiguous() && wc.is_contiguous()
+                              ? linear_through_f32(dt, xc.device(), rows, in, outf, grad)
+                              : LinearGemms{};
+  const auto epilogue = relu ? backend::MatmulEpilogue::relu : backend::MatmulEpilogue::none;
+  Tensor out, w32;  // w32: the widened weight (Note [linear through f32])
   {
     autograd::NoGradGuard ng;
     Tensor x2 = xc.detach().reshape({1, rows, in});
-    Tensor wt = wc.detach().t().unsqueeze(0);  // [1, in, out] strided view of W: no copy
-    out = mm3(x2, wt, bias.defined() ? bias.detach() : Tensor(),
-              relu ? backend::MatmulEpilogue::relu : backend::MatmulEpilogue::none)
-              .view(out_shape);
+    if (f32.forward) {
+      w32 = wc.detach().to(DType::f32);
+      out = mm3(x2.to(DType::f32), w32.t().unsqueeze(0), bias.defined() ? bias.detach().to(DType::f32) : Tensor(),
+                epilogue)
+                .to(dt)
+                .view(out_shape);
+    } else {
+      Tensor wt = wc.detach().t().unsqueeze(0);  // [1, in, out] strided view of W: no copy
+      out = mm3(x2, wt, bias.defined() ? bias.detach() : Tensor(), epilogue).view(out_shape);
+    }
   }
-  std::vector<Tensor> inputs{xc, wc, bias};
-  if (autograd::any_requires_grad(inputs)) {
+  if (grad) {
     Tensor xd = xc.detach(), wd = wc.detach();
+    if (f32.backward && !w32.defined()) w32 = wd.to(DType::f32);
     Tensor od = relu ? out.detach() : Tensor();
     const bool need_x = xc.requires_grad(), need_w = wc.requires_grad(),
                need_b = bias.defined() && bias.requires_grad();
+    const bool through_f32 = f32.backward;
+    if (through_f32) wd = need_x ? w32 : Tensor();  // the f32 copy serves the data gradient; w itself is not needed
     Shape xs = xc.sizes();
     autograd::record(relu ? "LinearReluBackward" : "LinearBackward", inputs, {out}, [=](const std::vector<Tensor>& g) {
       Tensor gy = relu ? detail::relu_backward_from_output(g[0], od) : g[0];
       Tensor g2 = gy.reshape({1, rows, outf});
       Tensor gx, gw, gb;
-      if (need_x) gx = mm3(g2, wd.unsqueeze(0)).view(xs);                                    // g W
-      if (need_w) gw = mm3(g2.transpose(1, 2), xd.reshape({1, rows, in})).view({outf, in});  // g^T x
+      if (through_f32) {
+        const Tensor g32 = need_x || need_w ? g2.contiguous().to(DType::f32) : Tensor();
+        if (need_x) gx = mm3(g32, wd.unsqueeze(0)).to(g2.dtype()).view(xs);
+        if (need_w)
+          gw = mm3(g32.transpose(1, 2), xd.reshape({1, rows, in}).to(DType::f32)).to(g2.dtype()).view({outf, in});
+      } else {
+        if (need_x) gx = mm3(g2, wd.unsqueeze(0)).view(xs);                                    // g W
+        if (need_w) gw = mm3(g2.transpose(1, 2), xd.reshape({1, rows, in})).view({outf, in});  // g^T x
+      }
       if (need_b) gb = sum(g2.view({rows, outf}), {0});
       return std::vector<Tensor>{gx, gw, gb};
     });

@@ -134,7 +134,8 @@ std::pair<Tensor, Tensor> lstm_cell(const Tensor& x, const Tensor& h, const Tens
 // weight again: 2T copies of a [4H, H] matrix per layer (the word LM, bf16 on such a CPU: most of the 113 ms of casts
 // in a 382 ms step, bench/RESULTS.md). So w_hh (and b_hh) are widened once per pass, the small per-step operand is
 // widened and the f32 result rounded to the gates' dtype: bit for bit the kernel's own widening (exact
-// widening into the same layouts, the same f32 GEMM, one rounding; tests/ops/test_rnn.cpp checks both).
+// widening into the same layouts, the same f32 GEMM, one rounding; tests/ops/test_rnn.cpp checks both). The
+// forward's f32 copy is kept for the backward when both go through f32 (as linear does, Note [linear through f32]).
 std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor& h0_in, const Tensor& c0_in,
                                               const Tensor& w_hh_in, const Tensor& b_hh_in) {
   constexpr const char* op = "lstm_layer";
@@ -211,11 +212,13 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer(const Tensor& gx_in, const Tensor&
     cT = cT.detach();
     const bool with_bias = b_hh.defined();
     autograd::record("LstmLayerBackward", inputs, {y, hT, cT},
-                     [hs, cs, gates = std::move(gates), w, mm_bwd, with_bias, T, B, H](const std::vector<Tensor>& g) {
+                     [hs, cs, gates = std::move(gates), w, wm_fwd = mm_bwd == mm ? wm : Tensor(), mm_bwd, with_bias, T,
+                      B, H](const std::vector<Tensor>& g) {
                        const Device d = hs.device();
                        const DType gdt = gates[0].dtype();
-                       const Tensor wm =
-                           w.to(mm_bwd);  // widened once for the T data-gradient GEMMs (w itself when mm is w's dtype)
+                       // Widened once for the T data-gradient GEMMs (w itself when mm is w's dtype); the forward's
+                       // copy when it made one of that dtype.
+                       const Tensor wm = wm_fwd.defined() ? wm_fwd : w.to(mm_bwd);
                        Tensor dG = empty({T, B, 4 * H}, {.dtype = gdt, .device = d});
                        // Two ping-pong buffers of our own (never written through g[2], which may be the caller's).
                        Tensor dc_a = empty({B, H}, {.dtype = cs.dtype(), .device = d});

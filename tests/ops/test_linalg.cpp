@@ -108,6 +108,39 @@ TEST(Linalg, SixteenBitThroughF32KeepsTransposedLayouts) {
   }
 }
 
+TEST(Linalg, LinearThroughF32WidensOnceWithTheKernelsValues) {
+  // Note [linear through f32]: where the 16-bit GEMMs go through f32, linear widens the weight once for the forward
+  // and the data gradient and the output gradient once for both gradients. Bit for bit what the kernel gives when
+  // it widens each product's operands itself (KernelPath::via_f32 called directly), for the output (with bias, with
+  // and without the ReLU epilogue) and the input and weight gradients, in f16 and bf16.
+  using backend::cpu::KernelPath;
+  using backend::cpu::matmul_on_path;
+  const test::ScopedBf16Path via_f32(backend::cpu::Bf16Path::via_f32);
+  manual_seed(23);
+  const int64_t rows = 2 * 37, in = 53, outf = 29;
+  for (const DType dt : {DType::f16, DType::bf16}) {
+    for (const bool relu : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (relu ? " relu" : ""));
+      const Tensor x = randn({2, 37, in}).to(dt).requires_grad_(), w = randn({outf, in}).to(dt).requires_grad_();
+      const Tensor b = randn({outf}).to(dt), g = randn({2, 37, outf}).to(dt);
+      const Tensor y = relu ? linear_relu(x, w, b) : linear(x, w, b);
+      autograd::backward({y}, {g});
+      const auto epilogue = relu ? backend::MatmulEpilogue::relu : backend::MatmulEpilogue::none;
+      const Tensor x3 = x.detach().reshape({1, rows, in}), w2 = w.detach();
+      const Tensor y_ref = empty({1, rows, outf}, {.dtype = dt});
+      matmul_on_path(KernelPath::via_f32, y_ref, x3, w2.t().unsqueeze(0), b, false, epilogue);
+      EXPECT_EQ(y.to_vector<float>(), y_ref.to_vector<float>());
+      const Tensor g3 = (relu ? mul(g, gt(y.detach(), zeros({2, 37, outf}, {.dtype = dt})).to(dt)) : g).reshape({1, rows, outf});
+      const Tensor gx_ref = empty({1, rows, in}, {.dtype = dt}), gw_ref = empty({1, outf, in}, {.dtype = dt});
+      matmul_on_path(KernelPath::via_f32, gx_ref, g3, w2.unsqueeze(0), Tensor(), false, backend::MatmulEpilogue::none);
+      matmul_on_path(KernelPath::via_f32, gw_ref, g3.transpose(1, 2), x3, Tensor(), false,
+                     backend::MatmulEpilogue::none);
+      EXPECT_EQ(x.grad().to_vector<float>(), gx_ref.to_vector<float>());
+      EXPECT_EQ(w.grad().to_vector<float>(), gw_ref.to_vector<float>());
+    }
+  }
+}
+
 TEST(Linalg, Bf16UsesF32Accumulation) {
   // k = 4096 products of bf16 ones: a bf16 accumulator would stop at 256; f32 accumulation is exact.
   Tensor a = ones({4, 4096}, {.dtype = DType::bf16}), b = ones({4096, 8}, {.dtype = DType::bf16});
