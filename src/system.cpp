@@ -138,6 +138,14 @@ PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu, const std::vector<K
           "and cost conversion time"};
 }
 
+std::string cpu_16bit_note(DType dt) {
+  if (!is_low_precision(dt) || backend::cpu::onednn_has_native(dt)) return {};
+  const std::string n = dtype_name(dt);
+  return n + " computes through f32 on this CPU (its oneDNN has no " + n +
+         " kernel here): a step takes about an fp32 step's time and saves activation memory only; fp32 is as fast "
+         "and more precise (`mixprec info`, bench/RESULTS.md)";
+}
+
 PrecisionAdvice gpu_precision_advice(const GpuInfo& g) {
   const int cc = g.cc_major * 10 + g.cc_minor;
   if (cc >= 80)

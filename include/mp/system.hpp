@@ -35,7 +35,8 @@ struct SystemInfo {
 
 /// cuDNN convolution calls of this process (Note [conv layout counters]): all of them, those asked for in
 /// channels-last (NHWC), those of the latter that ran in NCHW because cuDNN had no NHWC algorithm, and those
-/// that ran through cuDNN's graph API (the default; MP_CUDNN_GRAPH=0 turns it off). All zero without the CUDA backend or cuDNN.
+/// that ran through cuDNN's graph API (the default; MP_CUDNN_GRAPH=0 turns it off). All zero without the CUDA backend
+/// or cuDNN.
 struct CudnnConvCounts {
   int64_t calls = 0;
   int64_t nhwc_calls = 0;
@@ -81,6 +82,10 @@ std::vector<KernelPathProbe> probe_kernel_paths();
 /// What precision the CPU should train in, and why, from the features and the measured probes (bf16 advised where
 /// its fastest path beats f32 on the probes' GEMMs; `probes` may be empty: the features alone then).
 PrecisionAdvice cpu_precision_advice(const CpuFeatures& cpu, const std::vector<KernelPathProbe>& probes = {});
+/// Where `dt` (bf16 or f16) has no kernel on this CPU (oneDNN 3.2 has none without AVX-512; f16 none without
+/// AVX512-FP16 or AMX-FP16), so that every 16-bit product computes through f32: a line saying so and what it means
+/// for a run; empty otherwise (and for other dtypes). The trainers print it when a run asks for such a dtype.
+std::string cpu_16bit_note(DType dt);
 /// What precision a GPU should train in, and why (tensor cores need compute capability >= 7.0).
 PrecisionAdvice gpu_precision_advice(const GpuInfo& gpu);
 

@@ -24,6 +24,7 @@
 #include "mp/ops/ops.hpp"
 #include "mp/optim/optim.hpp"
 #include "mp/train/interop.hpp"
+#include "mp/system.hpp"
 #include "mp/train/progress.hpp"
 #include "train/setup.hpp"
 #include "train/train_loop.hpp"
@@ -100,6 +101,10 @@ TrainObjects prepare_training(const TrainConfig& c, nn::Module& model, Device de
   t.scaler = std::make_unique<amp::GradScaler>(t.amp.scaler);
   t.params = model.parameters();
   if (c.ema_decay > 0) t.ema = std::make_unique<optim::ModelEma>(model, c.ema_decay, t.optimizer.get());
+  if (!c.quiet && dev.is_cpu() && t.amp.opt_level != amp::OptLevel::O0) {
+    const std::string note = cpu_16bit_note(t.amp.dtype);
+    if (!note.empty()) out << "note: " << note << "\n";
+  }
   return t;
 }
 

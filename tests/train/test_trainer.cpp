@@ -9,7 +9,6 @@
 #include <map>
 #include <sstream>
 
-#include "backend/cpu/bf16_policy.hpp"
 #include "mp/core/error.hpp"
 #include "mp/models/registry.hpp"
 #include "mp/optim/optimizer.hpp"
@@ -40,6 +39,31 @@ TEST(Trainer, ImageTaskLearnsInFp32AndBf16) {
     EXPECT_EQ(s.steps, 2 * (384 / 32));
     EXPECT_GT(s.peak_bytes, 0);
     EXPECT_EQ(s.skipped_steps, 0);
+  }
+}
+
+TEST(Trainer, SaysWhenItsSixteenBitDtypeComputesThroughF32) {
+  // A 16-bit run on a CPU where oneDNN has no kernel of that dtype (no AVX-512 for bf16; no AVX512-FP16 for f16)
+  // says so before it starts, once (mp::cpu_16bit_note); fp32 runs and CPUs with the kernels say nothing.
+  EXPECT_TRUE(mp::cpu_16bit_note(mp::DType::f32).empty());
+  for (const char* p : {"fp32", "bf16", "fp16"}) {
+    SCOPED_TRACE(p);
+    TrainConfig c = image_config(p);
+    c.model = "mlp";
+    c.epochs = 1;
+    c.train_subset = 64;
+    c.quiet = false;
+    std::ostringstream out;
+    mp::train::train(c, out);
+    const std::string note = mp::cpu_16bit_note(c.precision);
+    EXPECT_EQ(note.empty(), std::string(p) == "fp32" || mp::backend::cpu::onednn_has_native(c.precision));
+    const size_t at = out.str().find("note: " + note + "\n");
+    if (note.empty()) {
+      EXPECT_EQ(out.str().find("computes through f32"), std::string::npos) << out.str();
+    } else {
+      EXPECT_EQ(at, 0u) << out.str();
+      EXPECT_EQ(out.str().find("computes through f32", at + note.size()), std::string::npos) << out.str();
+    }
   }
 }
 
