@@ -531,8 +531,10 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
   if (a.n == 0 || pd != pw || pd == KernelPath::gemm ||
       (pd == KernelPath::via_f32 && (via_f32_gemm(a, ConvPass::backward_data) ||
                                      via_f32_gemm(a, ConvPass::backward_weights)))) {
-    backward_data_on(pd, a, dx, dy, weight, fmt);
-    backward_weights_on(pw, a, dweight, dbias, x, dy, fmt);
+    // Both passes through f32: dy widened once for the two (each pass's own widening would give the same copy).
+    const Tensor dyw = pd == KernelPath::via_f32 && pw == KernelPath::via_f32 ? dy.to(DType::f32) : dy;
+    backward_data_on(pd, a, dx, dyw, weight, fmt);
+    backward_weights_on(pw, a, dweight, dbias, x, dyw, fmt);
     return;
   }
   const DType ct = path_dtype(a, pd);
