@@ -1,7 +1,8 @@
 // CPU conv2d: for f32, oneDNN, or im2col + one f32 GEMM where the output is small, per shape and pass by measurement
 // (Note [kernel paths chosen by measurement] in kernel_paths.cpp); for bf16 likewise oneDNN's bf16 primitives, its
-// f32 ones on widened operands, or im2col + one bf16 GEMM; f16 through f32 (oneDNN has f16 kernels only with AVX512-FP16/AMX-FP16, where they are measured too;
-// the result is rounded to f16 once); plain OpenMP loops in double for f64 (gradient checks: correctness over speed).
+// f32 ones on widened operands, or im2col + one bf16 GEMM; f16 through f32 (oneDNN has f16 kernels only with
+// AVX512-FP16/AMX-FP16, where they are measured too; the result is rounded to f16 once); plain OpenMP loops in double
+// for f64 (gradient checks: correctness over speed).
 #include <omp.h>
 
 #include <cstring>
@@ -529,8 +530,8 @@ void conv2d_backward_cpu(const Tensor& dx, const Tensor& dweight, const Tensor& 
             " does not match the geometry");
   const KernelPath pd = conv_path(a, ConvPass::backward_data), pw = conv_path(a, ConvPass::backward_weights);
   if (a.n == 0 || pd != pw || pd == KernelPath::gemm ||
-      (pd == KernelPath::via_f32 && (via_f32_gemm(a, ConvPass::backward_data) ||
-                                     via_f32_gemm(a, ConvPass::backward_weights)))) {
+      (pd == KernelPath::via_f32 &&
+       (via_f32_gemm(a, ConvPass::backward_data) || via_f32_gemm(a, ConvPass::backward_weights)))) {
     // Both passes through f32: dy widened once for the two (each pass's own widening would give the same copy).
     const Tensor dyw = pd == KernelPath::via_f32 && pw == KernelPath::via_f32 ? dy.to(DType::f32) : dy;
     backward_data_on(pd, a, dx, dyw, weight, fmt);
