@@ -337,7 +337,8 @@ inline ::testing::AssertionResult detail::close_in(const std::string& what, cons
 inline ::testing::AssertionResult identical(const std::string& what, const Tensor& got, const Tensor& want) {
   const std::string bad_meta = detail::mismatch(got, want);
   if (!bad_meta.empty()) return ::testing::AssertionFailure() << what << ": " << bad_meta;
-  const Tensor a = got.detach().to(kCPU).contiguous(), b = want.detach().contiguous();
+  // want may live on the device too (the NCCL tests compare with device clones): both are read on the host.
+  const Tensor a = got.detach().to(kCPU).contiguous(), b = want.detach().to(kCPU).contiguous();
   const size_t es = b.element_size();
   const auto* pa = static_cast<const unsigned char*>(a.raw_data());
   const auto* pb = static_cast<const unsigned char*>(b.raw_data());
