@@ -407,6 +407,17 @@ inline Tensor uniform(const Shape& shape, double lo, double hi, DType dt = DType
   return make(v, shape, dt);
 }
 
+/// Values offset + k / den for integers k uniform in [-kmax, kmax] (a CPU tensor): exact in every floating dtype
+/// while the values need at most 8 significant bits, so products and sums of them are exact in an f32 accumulator
+/// in any order. For cases whose result depends on a sign (a ReLU mask), which then no device can flip.
+inline Tensor dyadic(const Shape& shape, int kmax, double den, double offset, DType dt) {
+  std::mt19937_64 gen(next_seed());
+  std::uniform_int_distribution<int> u(-kmax, kmax);
+  std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
+  for (double& x : v) x = offset + u(gen) / den;
+  return make(v, shape, dt);
+}
+
 /// Normal(mean, std) values rounded to dt (a CPU tensor).
 inline Tensor normal(const Shape& shape, double mean, double stddev, DType dt = DType::f32) {
   std::mt19937_64 gen(next_seed());
