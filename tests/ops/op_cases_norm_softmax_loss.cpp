@@ -24,12 +24,17 @@ namespace {
 // mean differs from the exact one by <= ~2 sqrt(M) u_acc mean|x| and its invstd by ~4 sqrt(M) u_acc relative (a sum
 // of squares), so y = (x - mean) invstd w + b differs by <= |w| invstd (2 sqrt(M) u mean|x| + 4 sqrt(M) u |xhat|):
 // with the test data (x ~ N(0.5, 1), |w| <= 1.5, |xhat| <= 5) <= 32 sqrt(M) u_acc, times 1 + |mean| / std for a far
-// pivot; the element-wise pass adds a rounding or an FMA (2 ulps).
+// pivot; the element-wise pass adds a rounding or an FMA (2 ulps). A 16-bit y is rounded after that: statistics
+// differing in their last f32 bits put a y on either side of a 16-bit rounding boundary, one 16-bit ulp (at most
+// 2^-7 / 2^-10 of |y| in bf16 / f16). `ulps` cannot say it where y is packed with the f32 running statistics
+// (cat promotes to f32, so ulps count f32 ulps; seen on the H200: 1-6 of 131088 elements one f16 / bf16 ulp apart).
 Tol norm_out(DType dt, int64_t M, double pivot = 1.0) {
   return Tol{.ulps = 2,
+             .rtol = dt == DType::bf16 ? std::ldexp(1.0, -7) : dt == DType::f16 ? std::ldexp(1.0, -10) : 0.0,
              .atol = 32 * std::sqrt(static_cast<double>(M)) * acc_roundoff(dt) * pivot,
              .why = "normalisation statistics over M = " + std::to_string(M) + " values in another order" +
-                    (pivot > 1 ? " times (1 + |mean| / std)" : "")};
+                    (pivot > 1 ? " times (1 + |mean| / std)" : "") +
+                    (is_low_precision(dt) ? ", then one 16-bit rounding" : "")};
 }
 // Gradients of x, weight and bias in one tolerance: dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)), two sums
 // over M values and the statistics (128 sqrt(M) u_acc); dweight = sum(dy xhat), dbias = sum(dy) over R values each,
