@@ -171,7 +171,7 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, bool re
   }
   if (grad) {
     Tensor xd = xc.detach(), wd = wc.detach();
-    if (f32.backward && !w32.defined()) w32 = wd.to(DType::f32);
+    if (f32.backward && xc.requires_grad() && !w32.defined()) w32 = wd.to(DType::f32);
     Tensor od = relu ? out.detach() : Tensor();
     const bool need_x = xc.requires_grad(), need_w = wc.requires_grad(),
                need_b = bias.defined() && bias.requires_grad();

@@ -40,27 +40,23 @@ constexpr int64_t kMinRowBytes = 64;
 constexpr int64_t kChunk = int64_t{1} << 14;  // elements per piece of one long row (for the threads; below the
                                               // converters' own parallel threshold)
 
-// Copies n elements from `src` to `dst` with the dtypes of row_copy's operands; nullptr when they have no row kernel.
+// Copies n elements from `src` to `dst` with the dtypes of row_copy's operands (es: the element size when they
+// are one dtype); nullptr when they have no row kernel.
 using RowKernel = void (*)(const char* src, char* dst, int64_t n, int64_t es);
+
+// One bulk conversion of mp/core/convert.hpp as a RowKernel.
+template <class S, class D, void (*Convert)(const S*, D*, size_t)>
+void convert_row(const char* s, char* d, int64_t n, int64_t) {
+  Convert(reinterpret_cast<const S*>(s), reinterpret_cast<D*>(d), static_cast<size_t>(n));
+}
+
 RowKernel row_kernel(DType out, DType in) {
   if (out == in)
     return [](const char* s, char* d, int64_t n, int64_t es) { std::memmove(d, s, static_cast<size_t>(n * es)); };
-  if (in == DType::f32 && out == DType::bf16)
-    return [](const char* s, char* d, int64_t n, int64_t) {
-      convert_f32_to_bf16(reinterpret_cast<const float*>(s), reinterpret_cast<BFloat16*>(d), static_cast<size_t>(n));
-    };
-  if (in == DType::bf16 && out == DType::f32)
-    return [](const char* s, char* d, int64_t n, int64_t) {
-      convert_bf16_to_f32(reinterpret_cast<const BFloat16*>(s), reinterpret_cast<float*>(d), static_cast<size_t>(n));
-    };
-  if (in == DType::f32 && out == DType::f16)
-    return [](const char* s, char* d, int64_t n, int64_t) {
-      convert_f32_to_f16(reinterpret_cast<const float*>(s), reinterpret_cast<Half*>(d), static_cast<size_t>(n));
-    };
-  if (in == DType::f16 && out == DType::f32)
-    return [](const char* s, char* d, int64_t n, int64_t) {
-      convert_f16_to_f32(reinterpret_cast<const Half*>(s), reinterpret_cast<float*>(d), static_cast<size_t>(n));
-    };
+  if (in == DType::f32 && out == DType::bf16) return &convert_row<float, BFloat16, convert_f32_to_bf16>;
+  if (in == DType::bf16 && out == DType::f32) return &convert_row<BFloat16, float, convert_bf16_to_f32>;
+  if (in == DType::f32 && out == DType::f16) return &convert_row<float, Half, convert_f32_to_f16>;
+  if (in == DType::f16 && out == DType::f32) return &convert_row<Half, float, convert_f16_to_f32>;
   return nullptr;
 }
 
